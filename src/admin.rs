@@ -1,0 +1,303 @@
+//! The admin HTTP endpoint (axum):
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /metrics` | Prometheus text exposition |
+//! | `GET /status` | JSON: throttling per direction, sensors, queues |
+//! | `GET /healthz` | 200 while the process runs |
+//! | `GET /readyz` | 200 when the transport answers and receivers run, else 503 |
+//! | `POST /queues/{name}/messages` | ingest through the throttled publish path |
+//! | `PUT /throttling/{direction}/override` | `none`, `throttle` or `never` |
+//!
+//! Mutating routes need `Authorization: Bearer <admin.token>` when a token is set (compared in
+//! constant time). Every error is a JSON body `{"error": "..."}` with a 4xx/5xx status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use serde::Deserialize;
+use serde_json::json;
+use subtle::ConstantTimeEq;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::OverrideMode;
+use crate::host::HostInner;
+use crate::message::OutgoingMessage;
+use crate::throttling::Direction;
+use crate::transport::QueueName;
+
+/// How long `/readyz` waits for the transport.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+type Shared = Arc<HostInner>;
+
+/// Serves the admin routes on `listener` until `stop` is cancelled.
+pub async fn serve(listener: tokio::net::TcpListener, host: Shared, stop: CancellationToken) {
+    let app = router(host);
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "admin endpoint stopped");
+    }
+}
+
+/// The routes, for serving or for tests.
+pub fn router(host: Shared) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/status", get(status))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/queues/{name}/messages", post(ingest))
+        .route("/throttling/{direction}/override", put(set_override))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(host)
+}
+
+/// A JSON error response.
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, axum::Json(json!({ "error": message.into() }))).into_response()
+}
+
+async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "no such route; try /metrics, /status, /healthz, /readyz, POST /queues/{name}/messages, PUT /throttling/{direction}/override",
+    )
+}
+
+async fn method_not_allowed() -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this route",
+    )
+}
+
+async fn metrics(State(host): State<Shared>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        host.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn status(State(host): State<Shared>) -> Response {
+    axum::Json(host.status()).into_response()
+}
+
+async fn healthz() -> Response {
+    axum::Json(json!({ "status": "ok" })).into_response()
+}
+
+async fn readyz(State(host): State<Shared>) -> Response {
+    if !host.is_receiving() {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting down: receivers stopped",
+        );
+    }
+    match tokio::time::timeout(READY_TIMEOUT, host.transport().ping()).await {
+        Ok(Ok(())) => axum::Json(json!({ "status": "ready" })).into_response(),
+        Ok(Err(e)) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("transport unavailable: {e}"),
+        ),
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "transport did not answer within {}s",
+                READY_TIMEOUT.as_secs()
+            ),
+        ),
+    }
+}
+
+fn authorize(host: &HostInner, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let config = host.config();
+    let token = config.admin.token.expose();
+    if token.is_empty() {
+        return Ok(());
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if bool::from(presented.as_bytes().ct_eq(token.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Box::new(error(
+            StatusCode::UNAUTHORIZED,
+            "this route needs `Authorization: Bearer <admin.token>`",
+        )))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IngestQuery {
+    /// Time to be received, e.g. `30s`.
+    ttbr: Option<String>,
+}
+
+const HEADER_PREFIX: &str = "x-header-";
+
+async fn ingest(
+    State(host): State<Shared>,
+    Path(name): Path<String>,
+    query: Result<Query<IngestQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(denied) = authorize(&host, &headers) {
+        return *denied;
+    }
+    let Ok(Query(query)) = query else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "the only query parameter is `ttbr` (a duration such as 30s)",
+        );
+    };
+    let queue = match QueueName::new(&name) {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    if !host.is_known_queue(&queue) {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "unknown queue `{queue}`: this host accepts messages for the queues it receives from, forwards to or sends errors to"
+            ),
+        );
+    }
+    let config = host.config();
+    let wait = host.publisher().current_wait();
+    if wait > config.admin.ingest_reject_after {
+        let retry_after = wait.as_secs_f64().ceil().max(1.0) as u64;
+        let mut response = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "publishing is throttled (wait {:.3}s > admin.ingest_reject_after {}s); retry later",
+                wait.as_secs_f64(),
+                config.admin.ingest_reject_after.as_secs_f64()
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+        return response;
+    }
+    let limit = config.admin.max_body_size.bytes() as usize;
+    let body = match to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the body is larger than admin.max_body_size ({})",
+                    config.admin.max_body_size
+                ),
+            );
+        }
+    };
+    let mut message = OutgoingMessage::new(body.to_vec());
+    if let Some(ttbr) = query.ttbr {
+        match crate::config::units::duration::parse(&ttbr) {
+            Ok(d) => message = message.with_time_to_be_received(d),
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("ttbr: {e}")),
+        }
+    }
+    if let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
+        message = message.with_header("NServiceBus.ContentType", ct);
+    }
+    for (name, value) in &headers {
+        let Some(header_name) = name.as_str().strip_prefix(HEADER_PREFIX) else {
+            continue;
+        };
+        match value.to_str() {
+            Ok(v) => message = message.with_header(header_name, v),
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "header `{name}` is not visible ASCII; send UTF-8 values in the body instead"
+                    ),
+                );
+            }
+        }
+    }
+    let id = message.logical_id();
+    match host.publisher().send(&queue, &message).await {
+        Ok(()) => (
+            StatusCode::ACCEPTED,
+            axum::Json(json!({ "id": id, "queue": queue.as_str() })),
+        )
+            .into_response(),
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("could not store the message: {e}"),
+        ),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverrideBody {
+    mode: OverrideMode,
+}
+
+async fn set_override(
+    State(host): State<Shared>,
+    Path(direction): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(denied) = authorize(&host, &headers) {
+        return *denied;
+    }
+    let Some(direction) = Direction::parse(&direction) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("unknown direction `{direction}`; use delivery or publishing"),
+        );
+    };
+    let Ok(body) = to_bytes(body, 1024).await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "the body must be a few bytes",
+        );
+    };
+    let text = String::from_utf8_lossy(&body);
+    let text = text.trim();
+    let mode = if text.starts_with('{') {
+        serde_json::from_str::<OverrideBody>(text)
+            .map(|b| b.mode)
+            .ok()
+    } else {
+        serde_json::from_value::<OverrideMode>(json!(text.trim_matches('"'))).ok()
+    };
+    let Some(mode) = mode else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "`{text}` is not an override; send none, throttle or never (plain text or {{\"mode\": \"throttle\"}})"
+            ),
+        );
+    };
+    host.set_override(direction, mode);
+    axum::Json(json!({ "direction": direction.name(), "override": mode })).into_response()
+}

@@ -1,0 +1,124 @@
+//! `throttlehost send`: writes messages straight to a queue table.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use throttlehost::config::TransportKind;
+use throttlehost::message::OutgoingMessage;
+use throttlehost::transport::{self, QueueName};
+
+/// Arguments of `send`.
+pub struct SendArgs {
+    /// Destination.
+    pub queue: String,
+    /// Body text.
+    pub body: Option<String>,
+    /// Body file.
+    pub body_file: Option<PathBuf>,
+    /// NAME=VALUE headers.
+    pub headers: Vec<String>,
+    /// Copies.
+    pub count: u64,
+    /// Time to be received.
+    pub ttbr: Option<Duration>,
+}
+
+/// Concurrent writers for `--count` above one.
+const WRITERS: u64 = 8;
+
+/// Sends `count` messages.
+pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
+    let invalid = |message: String| {
+        eprintln!("error: {message}");
+        ExitCode::from(super::INVALID)
+    };
+    let config = match super::read_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if config.transport.kind == TransportKind::Memory {
+        return invalid(format!(
+            "{} uses the memory transport; `send` needs a postgres or sqlserver configuration (or POST to a running host's /queues/{{name}}/messages)",
+            path.display()
+        ));
+    }
+    let queue = match QueueName::new(&args.queue) {
+        Ok(q) => q,
+        Err(e) => return invalid(e.to_string()),
+    };
+    if args.count == 0 {
+        return invalid("--count must be at least 1".into());
+    }
+    let body = match (&args.body, &args.body_file) {
+        (Some(text), _) => text.clone().into_bytes(),
+        (None, Some(file)) => match std::fs::read(file) {
+            Ok(b) => b,
+            Err(e) => return invalid(format!("cannot read --body-file {}: {e}", file.display())),
+        },
+        (None, None) => Vec::new(),
+    };
+    let mut headers = Vec::new();
+    for h in &args.headers {
+        match h.split_once('=') {
+            Some((name, value)) if !name.trim().is_empty() => {
+                headers.push((name.trim().to_string(), value.to_string()))
+            }
+            _ => return invalid(format!("--header `{h}` is not NAME=VALUE")),
+        }
+    }
+    let transport = match transport::connect(&config.transport).await {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let template = Arc::new((body, headers, args.ttbr));
+    let started = Instant::now();
+    let mut writers = Vec::new();
+    for w in 0..WRITERS.min(args.count) {
+        let (transport, queue, template) = (transport.clone(), queue.clone(), template.clone());
+        let count = args.count;
+        writers.push(tokio::spawn(async move {
+            let mut i = w;
+            while i < count {
+                let (body, headers, ttbr) = &*template;
+                let mut m = OutgoingMessage::new(body.clone());
+                for (name, value) in headers {
+                    m = m.with_header(name.clone(), value.clone());
+                }
+                if let Some(t) = ttbr {
+                    m = m.with_time_to_be_received(*t);
+                }
+                transport.send(&queue, &m).await?;
+                if count == 1 {
+                    println!("{}", m.logical_id());
+                }
+                i += WRITERS;
+            }
+            Ok::<(), throttlehost::transport::TransportError>(())
+        }));
+    }
+    for w in writers {
+        match w.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(1);
+            }
+            Err(e) => {
+                eprintln!("error: a sender failed: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "sent {} message(s) to {queue} in {secs:.2}s ({:.0}/s)",
+        args.count,
+        args.count as f64 / secs.max(1e-9)
+    );
+    ExitCode::SUCCESS
+}

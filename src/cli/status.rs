@@ -1,0 +1,144 @@
+//! `throttlehost status`: reads `/status` of a running host and prints a table. Exit code 0:
+//! not throttling, 1: throttling, 2: unreachable or not a throttlehost.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Fetches and prints the status.
+pub async fn status(url: &str, raw: bool) -> ExitCode {
+    let url = format!("{}/status", url.trim_end_matches('/'));
+    let fetched = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || -> Result<String, String> {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .timeout_global(Some(Duration::from_secs(5)))
+                .build()
+                .into();
+            let mut response = agent.get(&url).call().map_err(|e| e.to_string())?;
+            response
+                .body_mut()
+                .read_to_string()
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    let text = match fetched {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: cannot read {url}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let status: Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {url} did not answer with a throttlehost status document: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if raw {
+        println!("{text}");
+    } else {
+        print!("{}", render(&status));
+    }
+    let throttling = ["delivery", "publishing"]
+        .iter()
+        .any(|d| status["throttling"][d]["state"].as_u64().unwrap_or(0) != 0);
+    if throttling {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn render(s: &Value) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "host {} ({})  transport {}  up {:.0}s  in process {}\n",
+        s["host"].as_str().unwrap_or("?"),
+        s["instance"].as_str().unwrap_or("?"),
+        s["transport"].as_str().unwrap_or("?"),
+        s["uptime_seconds"].as_f64().unwrap_or(0.0),
+        s["in_process"].as_u64().unwrap_or(0),
+    ));
+    let t = &s["throttling"];
+    if t.is_null() {
+        out.push_str("throttling: no sample yet\n");
+    } else {
+        out.push_str(&format!(
+            "{:<11} {:<36} {:>9} {:>10} {:>14}  active conditions\n",
+            "direction", "state", "delay", "for", "in/out msg/s"
+        ));
+        for d in ["delivery", "publishing"] {
+            let x = &t[d];
+            let conditions: Vec<String> = x["active_conditions"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|c| {
+                            format!(
+                                "{} {}/{}",
+                                c["condition"].as_str().unwrap_or("?"),
+                                short(c["value"].as_f64().unwrap_or(0.0)),
+                                short(c["threshold"].as_f64().unwrap_or(0.0))
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let wait = x["delay_seconds"].as_f64().unwrap_or(0.0)
+                + x["pacing_interval_seconds"].as_f64().unwrap_or(0.0);
+            out.push_str(&format!(
+                "{:<11} {:<36} {:>8.3}s {:>9.0}s {:>14}  {}\n",
+                d,
+                format!(
+                    "{} {}",
+                    x["state"].as_u64().unwrap_or(0),
+                    x["state_name"].as_str().unwrap_or("")
+                ),
+                wait,
+                x["state_duration_seconds"].as_f64().unwrap_or(0.0),
+                format!(
+                    "{:.0}/{:.0}",
+                    x["incoming_per_second"].as_f64().unwrap_or(0.0),
+                    x["outgoing_per_second"].as_f64().unwrap_or(0.0)
+                ),
+                if conditions.is_empty() {
+                    "-".to_string()
+                } else {
+                    conditions.join(", ")
+                }
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "{:<28} {:<9} {:>5} {:>6} {:>10} {:>8} {:>6}  breaker\n",
+        "queue", "model", "max", "limit", "in-flight", "depth", "loops"
+    ));
+    for q in s["queues"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "{:<28} {:<9} {:>5} {:>6} {:>10} {:>8} {:>6}  {}\n",
+            q["name"].as_str().unwrap_or("?"),
+            q["model"].as_str().unwrap_or("?"),
+            q["max"].as_u64().unwrap_or(0),
+            q["limit"].as_u64().unwrap_or(0),
+            q["in_flight"].as_u64().unwrap_or(0),
+            q["depth"].as_u64().unwrap_or(0),
+            q["loops"].as_u64().unwrap_or(0),
+            q["circuit_breaker"].as_str().unwrap_or("?"),
+        ));
+    }
+    out
+}
+
+/// Big numbers (bytes) shortened.
+fn short(v: f64) -> String {
+    if v >= 1024.0 * 1024.0 {
+        throttlehost::config::units::format_byte_size(v as u64)
+    } else {
+        format!("{v:.0}")
+    }
+}

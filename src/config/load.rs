@@ -1,0 +1,257 @@
+//! Reading a configuration file into [`Config`], with errors a person can act on: each names
+//! the file, the line, the key path (`queues[0].concurrency.max`) and what was wrong with the
+//! value. Syntax, type and unknown-key errors come from the TOML parser; the checks across
+//! fields come from [`super::validate`] and are located in the file afterwards.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use toml::de::{DeTable, DeValue};
+
+use super::Config;
+use super::validate::validate;
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read configuration file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The file was read but is not a valid configuration.
+    #[error("{}", render_problems(.origin, .problems))]
+    Invalid {
+        /// File name or other origin shown in messages.
+        origin: String,
+        /// Every problem found, in file order where known.
+        problems: Vec<Problem>,
+    },
+}
+
+/// One thing wrong in a configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// 1-based line, when the key could be found in the file.
+    pub line: Option<usize>,
+    /// Dotted key path such as `throttling.delivery.max_delay`; empty for syntax errors.
+    pub key: String,
+    /// What is wrong and, where possible, what to write instead.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(line) = self.line {
+            write!(f, "{line}: ")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, "`{}`: ", self.key)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+fn render_problems(origin: &str, problems: &[Problem]) -> String {
+    let mut out = String::new();
+    for (i, p) in problems.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(origin);
+        out.push(':');
+        out.push_str(&p.to_string());
+    }
+    out
+}
+
+impl ConfigError {
+    /// The problems, if the file was read.
+    pub fn problems(&self) -> &[Problem] {
+        match self {
+            ConfigError::Invalid { problems, .. } => problems,
+            ConfigError::Read { .. } => &[],
+        }
+    }
+}
+
+/// Reads and validates a configuration file.
+pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_str(&text, &path.display().to_string())
+}
+
+/// Parses and validates configuration text; `origin` names it in error messages.
+pub fn parse_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    let config: Config = deserialize_located(text, origin)?;
+    let problems: Vec<Problem> = validate(&config)
+        .into_iter()
+        .map(|(key, message)| Problem {
+            line: locate(text, &key),
+            key,
+            message,
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError::Invalid {
+            origin: origin.to_string(),
+            problems,
+        })
+    }
+}
+
+/// Deserializes any TOML document type with located, key-naming errors. Used for host
+/// configurations and load-test scenarios alike.
+pub fn deserialize_located<T: serde::de::DeserializeOwned>(
+    text: &str,
+    origin: &str,
+) -> Result<T, ConfigError> {
+    let invalid = |problem: Problem| ConfigError::Invalid {
+        origin: origin.to_string(),
+        problems: vec![problem],
+    };
+    let deserializer = toml::de::Deserializer::parse(text).map_err(|e| {
+        invalid(Problem {
+            line: e.span().map(|s| line_of(text, s.start)),
+            key: String::new(),
+            message: first_line(e.message()),
+        })
+    })?;
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let key = clean_path(&e.path().to_string());
+        let inner = e.inner();
+        let line = inner
+            .span()
+            .map(|s| line_of(text, s.start))
+            .or_else(|| locate(text, &key));
+        invalid(Problem {
+            line,
+            key,
+            message: first_line(inner.message()),
+        })
+    })
+}
+
+/// serde_path_to_error writes `?` for an unknown position and `.` for the root.
+fn clean_path(path: &str) -> String {
+    if path == "." || path == "?" {
+        String::new()
+    } else {
+        path.to_string()
+    }
+}
+
+fn first_line(message: &str) -> String {
+    message.trim().to_string()
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+/// Finds the line of a dotted key path (`queues[1].concurrency.max`) in the TOML text: the
+/// deepest part of the path that exists there. None when the text does not parse.
+pub fn locate(text: &str, path: &str) -> Option<usize> {
+    let root = DeTable::parse(text).ok()?;
+    let mut table: &DeTable = root.get_ref();
+    let mut found: Option<usize> = None;
+    for segment in split_path(path) {
+        let (name, index) = segment;
+        let (key, value) = table.iter().find(|(k, _)| k.get_ref().as_ref() == name)?;
+        found = Some(line_of(text, key.span().start));
+        let mut value: &toml::Spanned<DeValue> = value;
+        if let Some(i) = index {
+            let array = value.get_ref().as_array()?;
+            value = array.get(i)?;
+            found = Some(line_of(text, value.span().start));
+        }
+        match value.get_ref().as_table() {
+            Some(t) => table = t,
+            None => break,
+        }
+    }
+    found
+}
+
+fn split_path(path: &str) -> Vec<(&str, Option<usize>)> {
+    path.split('.')
+        .filter(|s| !s.is_empty())
+        .map(|seg| match seg.find('[') {
+            Some(open) => {
+                let index = seg[open + 1..].trim_end_matches(']').parse().ok();
+                (&seg[..open], index)
+            }
+            None => (seg, None),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_is_the_default_configuration() {
+        assert_eq!(parse_str("", "t").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let text = "[host]\nname = \"a\"\nnmae = \"b\"\n";
+        let err = parse_str(text, "t.toml").unwrap_err();
+        let p = &err.problems()[0];
+        assert_eq!(p.line, Some(3), "{err}");
+        assert!(p.message.contains("nmae"), "{err}");
+        assert!(
+            err.to_string().starts_with("t.toml:3: `host.nmae`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wrong_type_names_the_key_path_value_and_line() {
+        let text = "[[queues]]\nname = \"a\"\n[[queues]]\nname = \"b\"\n[queues.concurrency]\nmax = \"lots\"\n";
+        let err = parse_str(text, "t.toml").unwrap_err();
+        let p = &err.problems()[0];
+        assert_eq!(p.key, "queues[1].concurrency.max", "{err}");
+        assert_eq!(p.line, Some(6), "{err}");
+        assert!(p.message.contains("lots"), "{err}");
+    }
+
+    #[test]
+    fn bad_unit_value_is_named() {
+        let text = "[throttling]\nprocess_memory = \"lots\"\n";
+        let err = parse_str(text, "t.toml").unwrap_err();
+        let p = &err.problems()[0];
+        assert_eq!(p.key, "throttling.process_memory");
+        assert_eq!(p.line, Some(2));
+        assert!(p.message.contains("lots"));
+    }
+
+    #[test]
+    fn syntax_error_has_a_line() {
+        let err = parse_str("[host\nname = 1", "t.toml").unwrap_err();
+        assert_eq!(err.problems()[0].line, Some(1), "{err}");
+    }
+
+    #[test]
+    fn locate_finds_nested_array_entries() {
+        let text =
+            "[[queues]]\nname = \"a\"\n\n[[queues]]\nname = \"b\"\n[queues.concurrency]\nmax = 0\n";
+        assert_eq!(locate(text, "queues[1].concurrency.max"), Some(7));
+        assert_eq!(locate(text, "queues[0].name"), Some(2));
+        assert_eq!(locate(text, "queues[1]"), Some(4));
+    }
+}

@@ -1,0 +1,558 @@
+//! The host's settings: one TOML file, described here once.
+//!
+//! Every struct carries its defaults (BizTalk's where BizTalk has one) and a doc comment per
+//! field; `config/host.toml` lists the same settings with the same defaults, and a test keeps
+//! the two in step. Loading (with errors that name the key, the value and the line) lives in
+//! [`load`], checks across fields in [`validate`], live reloading in [`reload`].
+
+pub mod load;
+pub mod reload;
+pub mod secret;
+pub mod units;
+pub mod validate;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use load::{ConfigError, load_file, parse_str};
+pub use secret::{ConnectionString, Secret};
+pub use units::{ByteSize, MemoryThreshold};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Identity of this host instance and its lifecycle.
+    pub host: HostConfig,
+    /// The admin HTTP endpoint: auth and ingest limits.
+    pub admin: AdminConfig,
+    /// Where the queues live.
+    pub transport: TransportConfig,
+    /// The queues this host receives from, each with its handler and concurrency.
+    pub queues: Vec<QueueConfig>,
+    /// The host throttling controller.
+    pub throttling: ThrottlingConfig,
+}
+
+/// `[host]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    /// Logical name of the host (the NServiceBus endpoint name written into failure headers).
+    pub name: String,
+    /// This instance's id: names the instance queues (`<queue>.<instance_id>`). Empty = the
+    /// machine's host name.
+    pub instance_id: String,
+    /// Address of the admin HTTP endpoint (/metrics, /status, ingest). `"off"` disables it.
+    pub admin_address: String,
+    /// How long in-flight messages may run after a shutdown signal before they are rolled back.
+    #[serde(with = "units::duration")]
+    pub shutdown_timeout: Duration,
+    /// Create missing queue tables (input, instance and error queues) at start-up.
+    pub create_queues: bool,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            name: "throttlehost".into(),
+            instance_id: String::new(),
+            admin_address: "127.0.0.1:9464".into(),
+            shutdown_timeout: Duration::from_secs(30),
+            create_queues: true,
+        }
+    }
+}
+
+impl HostConfig {
+    /// The instance id, falling back to the machine's host name.
+    pub fn effective_instance_id(&self) -> String {
+        if !self.instance_id.trim().is_empty() {
+            return self.instance_id.trim().to_string();
+        }
+        sysinfo::System::host_name()
+            .ok()
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                h.chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '-' {
+                            c
+                        } else {
+                            '-'
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_else(|| "local".into())
+    }
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Bearer token required by mutating endpoints (ingest, override). Empty = no auth.
+    pub token: Secret,
+    /// Largest message body accepted by `POST /queues/{name}/messages`.
+    pub max_body_size: ByteSize,
+    /// Ingest answers 503 with Retry-After while the publishing delay exceeds this.
+    #[serde(with = "units::duration")]
+    pub ingest_reject_after: Duration,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            token: Secret::default(),
+            max_body_size: ByteSize(4 << 20),
+            ingest_reject_after: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Which database holds the queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportKind {
+    /// SQL Server (or Babelfish) through tiberius: the production transport.
+    Sqlserver,
+    /// PostgreSQL with the NServiceBus PostgreSQL transport's table layout.
+    Postgres,
+    /// In-process queues; messages are lost when the process exits.
+    #[default]
+    Memory,
+}
+
+/// How receiving relates to database transactions (NServiceBus transport transaction modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TransactionMode {
+    /// The receive transaction stays open while the handler runs: commit on success, rollback
+    /// on failure. Handler sends go out on their own connection after the handler succeeds.
+    #[default]
+    ReceiveOnly,
+    /// As `receive_only`, and handler sends are written in the receive transaction, so they
+    /// commit (or vanish) together with the receive.
+    SendsAtomicWithReceive,
+    /// The message is deleted before the handler runs: at-most-once.
+    None,
+}
+
+/// SQL dialect of the `sqlserver` transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Dialect {
+    /// Microsoft SQL Server / Azure SQL: the NServiceBus statements as they are.
+    #[default]
+    Sqlserver,
+    /// Babelfish for PostgreSQL: statement forms Babelfish accepts (see sql/sqlserver/README.md).
+    Babelfish,
+}
+
+/// `[transport]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportConfig {
+    /// `sqlserver`, `postgres` or `memory`.
+    pub kind: TransportKind,
+    /// ADO.NET string for SQL Server, libpq string or URL for PostgreSQL. Never logged.
+    pub connection_string: ConnectionString,
+    /// Schema of the queue tables. Empty = `dbo` (SQL Server) or `public` (PostgreSQL).
+    pub schema: String,
+    /// Maximum pooled connections. Each in-flight message holds one; size it above the sum of
+    /// the queues' max concurrency.
+    pub pool_size: u32,
+    /// `receive_only`, `sends_atomic_with_receive` or `none`.
+    pub transaction_mode: TransactionMode,
+    /// `sqlserver` or `babelfish` (SQL Server transport only).
+    pub dialect: Dialect,
+    /// Time allowed to open a database connection (and to wait for a pooled one).
+    #[serde(with = "units::duration")]
+    pub connect_timeout: Duration,
+    /// Time allowed for one statement.
+    #[serde(with = "units::duration")]
+    pub command_timeout: Duration,
+    /// Delete expired messages from the input queues once at start-up (they are otherwise
+    /// dropped when received).
+    pub purge_expired_on_startup: bool,
+    /// Memory transport only: latency added to every statement, to simulate a database.
+    #[serde(with = "units::duration")]
+    pub simulated_latency: Duration,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            kind: TransportKind::Memory,
+            connection_string: ConnectionString::default(),
+            schema: String::new(),
+            pool_size: 20,
+            transaction_mode: TransactionMode::ReceiveOnly,
+            dialect: Dialect::Sqlserver,
+            connect_timeout: Duration::from_secs(15),
+            command_timeout: Duration::from_secs(30),
+            purge_expired_on_startup: false,
+            simulated_latency: Duration::ZERO,
+        }
+    }
+}
+
+impl TransportConfig {
+    /// The schema with the per-transport default applied.
+    pub fn effective_schema(&self) -> &str {
+        if !self.schema.is_empty() {
+            return &self.schema;
+        }
+        match self.kind {
+            TransportKind::Sqlserver => "dbo",
+            TransportKind::Postgres | TransportKind::Memory => "public",
+        }
+    }
+}
+
+/// `[[queues]]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// Queue (table) name.
+    pub name: String,
+    /// Where messages go after their retries are used up, and where poison rows go.
+    pub error_queue: String,
+    /// Immediate retries after the first failed attempt (NServiceBus default 5).
+    pub immediate_retries: u32,
+    /// A handler attempt running longer than this fails. `"off"` = no limit.
+    #[serde(with = "units::optional_duration")]
+    pub handler_timeout: Option<Duration>,
+    /// MaximumConcurrencyLevel and the model that enforces it.
+    pub concurrency: ConcurrencyConfig,
+    /// The per-instance queue `<name>.<instance_id>` (secondary queue).
+    pub instance_queue: InstanceQueueConfig,
+    /// The handler for this queue's messages (binary); the library can register one instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handler: Option<HandlerConfig>,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            name: String::new(),
+            error_queue: "error".into(),
+            immediate_retries: 5,
+            handler_timeout: None,
+            concurrency: ConcurrencyConfig::default(),
+            instance_queue: InstanceQueueConfig::default(),
+            handler: None,
+        }
+    }
+}
+
+/// The three MaximumConcurrencyLevel models of the NServiceBus SQL transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ConcurrencyModel {
+    /// `max` receive loops polling with back-off (transport < 2.0).
+    Fixed,
+    /// One loop to start, more on consecutive successes, fewer on consecutive empties (2.1).
+    Adaptive,
+    /// One peeker starting a receive task per pending message, bounded by `max` (3.0+).
+    #[default]
+    Monitor,
+}
+
+/// `[queues.concurrency]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConcurrencyConfig {
+    /// `fixed`, `adaptive` or `monitor`.
+    pub model: ConcurrencyModel,
+    /// MaximumConcurrencyLevel: messages of this queue in flight at most.
+    pub max: u32,
+    /// Wait between peeks (monitor) and the longest idle back-off (fixed, adaptive) when the
+    /// queue is empty.
+    #[serde(with = "units::duration")]
+    pub peek_interval: Duration,
+    /// Adaptive: a loop with more consecutive successful receives than this starts another.
+    pub ramp_up_after: u32,
+    /// Adaptive: a loop with more consecutive empty receives than this retires (never the last).
+    pub ramp_down_after: u32,
+}
+
+impl Default for ConcurrencyConfig {
+    fn default() -> Self {
+        ConcurrencyConfig {
+            model: ConcurrencyModel::Monitor,
+            max: 8,
+            peek_interval: Duration::from_secs(1),
+            ramp_up_after: 5,
+            ramp_down_after: 2,
+        }
+    }
+}
+
+/// `[queues.instance_queue]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InstanceQueueConfig {
+    /// Also receive from `<name>.<instance_id>`.
+    pub enabled: bool,
+    /// MaximumConcurrencyLevel of the instance queue.
+    pub max_concurrency: u32,
+}
+
+impl Default for InstanceQueueConfig {
+    fn default() -> Self {
+        InstanceQueueConfig {
+            enabled: false,
+            max_concurrency: 1,
+        }
+    }
+}
+
+/// `[queues.handler]`: a built-in handler of the binary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HandlerConfig {
+    /// Accepts every message and does nothing.
+    Noop,
+    /// Simulated work with tunable latency, memory, CPU, threads and failures.
+    Simulate(SimulateConfig),
+    /// Sends every message on to another queue through the throttled publish path.
+    Forward(ForwardConfig),
+    /// Runs a program per message with the body on stdin; exit code 0 is success.
+    Command(CommandConfig),
+    /// POSTs every message to a URL; a 2xx answer is success.
+    Http(HttpConfig),
+}
+
+/// How the simulated handler's latency is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LatencyDistribution {
+    /// Always `latency`.
+    #[default]
+    Fixed,
+    /// Uniform between 0 and twice `latency`.
+    Uniform,
+    /// Exponential with mean `latency` (many short, a few long).
+    Exponential,
+}
+
+/// `kind = "simulate"`: the knobs load tests turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimulateConfig {
+    /// Mean time a message takes.
+    #[serde(with = "units::duration")]
+    pub latency: Duration,
+    /// `fixed`, `uniform` or `exponential`.
+    pub latency_distribution: LatencyDistribution,
+    /// Memory allocated and touched per message, held until the message is done.
+    pub memory_per_message: ByteSize,
+    /// CPU time burned per message (busy loop).
+    #[serde(with = "units::duration")]
+    pub cpu_work: Duration,
+    /// Spend the latency blocking a thread of the blocking pool instead of sleeping
+    /// asynchronously (raises the process thread count under load).
+    pub blocking: bool,
+    /// Share of attempts that fail, 0.0 to 1.0.
+    pub failure_rate: f64,
+}
+
+impl Default for SimulateConfig {
+    fn default() -> Self {
+        SimulateConfig {
+            latency: Duration::from_millis(10),
+            latency_distribution: LatencyDistribution::Fixed,
+            memory_per_message: ByteSize(0),
+            cpu_work: Duration::ZERO,
+            blocking: false,
+            failure_rate: 0.0,
+        }
+    }
+}
+
+/// `kind = "forward"`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardConfig {
+    /// Destination queue.
+    pub to: String,
+}
+
+/// `kind = "command"`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandConfig {
+    /// Program to run (looked up on PATH).
+    pub program: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+/// `kind = "http"`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// `http://` URL the message body is POSTed to; headers travel as `X-Header-<name>`.
+    pub url: String,
+}
+
+/// A direction's override, as BizTalk's "throttling override".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OverrideMode {
+    /// Throttle by the conditions.
+    #[default]
+    None,
+    /// Always throttle, at the override severity (state 10 delivery, 11 publishing).
+    Throttle,
+    /// Never throttle this direction (conditions are still measured and shown).
+    Never,
+}
+
+impl OverrideMode {
+    /// BizTalk's counter value: 0 none, 1 throttle, 2 never.
+    pub fn code(self) -> u8 {
+        match self {
+            OverrideMode::None => 0,
+            OverrideMode::Throttle => 1,
+            OverrideMode::Never => 2,
+        }
+    }
+}
+
+/// `[throttling]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThrottlingConfig {
+    /// Master switch. Off: no delays, no limit changes; conditions are still measured.
+    pub enabled: bool,
+    /// How often sensors are read and states decided.
+    #[serde(with = "units::duration")]
+    pub sample_interval: Duration,
+    /// A condition clears when its value falls below threshold x this (hysteresis).
+    pub resume_ratio: f64,
+    /// First delay when a resource condition begins.
+    #[serde(with = "units::duration")]
+    pub initial_delay: Duration,
+    /// Process memory (RSS) threshold: "25%" of physical memory, "1.5GiB" or "off".
+    pub process_memory: MemoryThreshold,
+    /// System-wide used physical memory threshold.
+    pub system_memory: MemoryThreshold,
+    /// Messages handed to handlers and not done, per CPU (0 = off).
+    pub in_process_per_cpu: u64,
+    /// Threads in the process, per CPU (0 = off).
+    pub threads_per_cpu: u64,
+    /// Messages in the queues this host receives from and publishes to (0 = off).
+    pub database_size: u64,
+    /// Count the error queues in the database size.
+    pub database_size_includes_error_queue: bool,
+    /// Longest age of a queue depth used for the database size before it is peeked again.
+    #[serde(with = "units::duration")]
+    pub database_size_refresh: Duration,
+    /// Database connections in use, per CPU (0 = off).
+    pub database_sessions_per_cpu: u64,
+    /// Under memory, in-process or thread pressure each queue's limit is multiplied by this
+    /// every sample (floor 1).
+    pub concurrency_decrease_ratio: f64,
+    /// When the pressure is gone each queue's limit grows by this every sample (up to max).
+    pub concurrency_increase_step: u32,
+    /// Severity (1-1000) of each resource condition: the delay doubles every 100/severity s.
+    pub severity: SeverityConfig,
+    /// Delivery: queue -> handler.
+    pub delivery: DirectionConfig,
+    /// Publishing: sends -> queue.
+    pub publishing: DirectionConfig,
+}
+
+impl Default for ThrottlingConfig {
+    fn default() -> Self {
+        ThrottlingConfig {
+            enabled: true,
+            sample_interval: Duration::from_millis(500),
+            resume_ratio: 0.9,
+            initial_delay: Duration::from_millis(10),
+            process_memory: MemoryThreshold::Percent(25.0),
+            system_memory: MemoryThreshold::Off,
+            in_process_per_cpu: 1000,
+            threads_per_cpu: 0,
+            database_size: 50_000,
+            database_size_includes_error_queue: false,
+            database_size_refresh: Duration::from_secs(5),
+            database_sessions_per_cpu: 0,
+            concurrency_decrease_ratio: 0.75,
+            concurrency_increase_step: 1,
+            severity: SeverityConfig::default(),
+            delivery: DirectionConfig::default(),
+            publishing: DirectionConfig::default(),
+        }
+    }
+}
+
+/// `[throttling.severity]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SeverityConfig {
+    /// Process memory (BizTalk default 500).
+    pub process_memory: u32,
+    /// System memory.
+    pub system_memory: u32,
+    /// In-process messages (BizTalk default 75).
+    pub in_process: u32,
+    /// Thread count.
+    pub threads: u32,
+    /// Database size (BizTalk default 1).
+    pub database_size: u32,
+    /// Database sessions.
+    pub database_sessions: u32,
+}
+
+impl Default for SeverityConfig {
+    fn default() -> Self {
+        SeverityConfig {
+            process_memory: 500,
+            system_memory: 500,
+            in_process: 75,
+            threads: 100,
+            database_size: 1,
+            database_sessions: 100,
+        }
+    }
+}
+
+/// `[throttling.delivery]` and `[throttling.publishing]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DirectionConfig {
+    /// Rate overdrive factor in percent: throttle when incoming > outgoing x this / 100.
+    pub overdrive_percent: u32,
+    /// Sliding window the rates are measured over.
+    #[serde(with = "units::duration")]
+    pub sampling_window: Duration,
+    /// Fewer messages than this in the window: no rate throttling.
+    pub min_samples: u64,
+    /// Cap of the throttling delay.
+    #[serde(with = "units::duration")]
+    pub max_delay: Duration,
+    /// `none`, `throttle` or `never`.
+    #[serde(rename = "override")]
+    pub override_mode: OverrideMode,
+    /// Severity of the forced condition when override = throttle.
+    pub override_severity: u32,
+}
+
+impl Default for DirectionConfig {
+    fn default() -> Self {
+        DirectionConfig {
+            overdrive_percent: 125,
+            sampling_window: Duration::from_secs(15),
+            min_samples: 100,
+            max_delay: Duration::from_secs(300),
+            override_mode: OverrideMode::None,
+            override_severity: 100,
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! Checks that need more than one field or a range: everything serde's types cannot say.
+//! Each problem is returned as (key path, message) so the loader can point at the line.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::{Config, HandlerConfig, QueueConfig, ThrottlingConfig, TransportKind};
+use crate::transport::names::{validate_queue_name, validate_schema_name};
+
+type Problems = Vec<(String, String)>;
+
+/// Returns every problem found; empty means the configuration can be used.
+pub fn validate(config: &Config) -> Problems {
+    let mut problems = Problems::new();
+    let mut add = |key: String, message: String| problems.push((key, message));
+
+    if config.host.name.trim().is_empty() {
+        add("host.name".into(), "must not be empty".into());
+    }
+    let instance = config.host.effective_instance_id();
+    if let Err(e) = validate_queue_name(&instance) {
+        add("host.instance_id".into(), e);
+    }
+    let admin = config.host.admin_address.trim();
+    if !admin.eq_ignore_ascii_case("off") && admin.parse::<SocketAddr>().is_err() {
+        add(
+            "host.admin_address".into(),
+            format!("`{admin}` is not an address like \"127.0.0.1:9464\" (or \"off\")"),
+        );
+    }
+
+    let t = &config.transport;
+    if t.kind != TransportKind::Memory && t.connection_string.is_empty() {
+        add(
+            "transport.connection_string".into(),
+            format!("required for kind = \"{}\"", kind_name(t.kind)),
+        );
+    }
+    if !t.schema.is_empty()
+        && let Err(e) = validate_schema_name(&t.schema)
+    {
+        add("transport.schema".into(), e);
+    }
+    if t.pool_size == 0 {
+        add("transport.pool_size".into(), "must be at least 1".into());
+    }
+    if t.connect_timeout.is_zero() {
+        add("transport.connect_timeout".into(), "must be above 0".into());
+    }
+    if t.kind != TransportKind::Memory && !t.simulated_latency.is_zero() {
+        add(
+            "transport.simulated_latency".into(),
+            "only the memory transport simulates latency; remove it or set kind = \"memory\""
+                .into(),
+        );
+    }
+    if t.command_timeout.is_zero() {
+        add("transport.command_timeout".into(), "must be above 0".into());
+    }
+
+    let mut names = HashSet::new();
+    for (i, q) in config.queues.iter().enumerate() {
+        validate_queue(i, q, &instance, &mut names, &mut add);
+    }
+
+    validate_throttling(&config.throttling, &mut add);
+    problems
+}
+
+fn kind_name(kind: TransportKind) -> &'static str {
+    match kind {
+        TransportKind::Sqlserver => "sqlserver",
+        TransportKind::Postgres => "postgres",
+        TransportKind::Memory => "memory",
+    }
+}
+
+fn validate_queue(
+    i: usize,
+    q: &QueueConfig,
+    instance: &str,
+    names: &mut HashSet<String>,
+    add: &mut impl FnMut(String, String),
+) {
+    let key = |field: &str| format!("queues[{i}].{field}");
+    match validate_queue_name(&q.name) {
+        Err(e) => add(key("name"), e),
+        Ok(()) => {
+            if !names.insert(q.name.clone()) {
+                add(key("name"), format!("queue `{}` is listed twice", q.name));
+            }
+            if q.instance_queue.enabled {
+                let instance_queue = format!("{}.{}", q.name, instance);
+                if let Err(e) = validate_queue_name(&instance_queue) {
+                    add(key("instance_queue.enabled"), e);
+                } else if !names.insert(instance_queue.clone()) {
+                    add(
+                        key("instance_queue.enabled"),
+                        format!("instance queue `{instance_queue}` is also listed as a queue"),
+                    );
+                }
+            }
+        }
+    }
+    if let Err(e) = validate_queue_name(&q.error_queue) {
+        add(key("error_queue"), e);
+    } else if q.error_queue == q.name {
+        add(
+            key("error_queue"),
+            "must differ from the queue itself, or failed messages would loop".into(),
+        );
+    }
+    if q.handler_timeout == Some(Duration::ZERO) {
+        add(
+            key("handler_timeout"),
+            "must be above 0 (or \"off\")".into(),
+        );
+    }
+    let c = &q.concurrency;
+    if c.max == 0 {
+        add(key("concurrency.max"), "must be at least 1".into());
+    }
+    if c.max > 10_000 {
+        add(
+            key("concurrency.max"),
+            format!("{} is more than 10000 messages in flight per queue", c.max),
+        );
+    }
+    if c.peek_interval < Duration::from_millis(100) {
+        add(
+            key("concurrency.peek_interval"),
+            format!(
+                "{} is below the minimum of 100ms",
+                humantime::format_duration(c.peek_interval)
+            ),
+        );
+    }
+    if q.instance_queue.max_concurrency == 0 {
+        add(
+            key("instance_queue.max_concurrency"),
+            "must be at least 1".into(),
+        );
+    }
+    match &q.handler {
+        Some(HandlerConfig::Simulate(s)) => {
+            if !(0.0..=1.0).contains(&s.failure_rate) {
+                add(
+                    key("handler.failure_rate"),
+                    format!("{} is not between 0.0 and 1.0", s.failure_rate),
+                );
+            }
+        }
+        Some(HandlerConfig::Forward(f)) => {
+            if let Err(e) = validate_queue_name(&f.to) {
+                add(key("handler.to"), e);
+            } else if f.to == q.name {
+                add(
+                    key("handler.to"),
+                    "forwarding a queue to itself would loop forever".into(),
+                );
+            }
+        }
+        Some(HandlerConfig::Command(c)) => {
+            if c.program.trim().is_empty() {
+                add(key("handler.program"), "must not be empty".into());
+            }
+        }
+        Some(HandlerConfig::Http(h)) => {
+            if !h.url.starts_with("http://") {
+                add(
+                    key("handler.url"),
+                    format!("`{}` must start with http://", h.url),
+                );
+            }
+        }
+        Some(HandlerConfig::Noop) | None => {}
+    }
+}
+
+fn validate_throttling(t: &ThrottlingConfig, add: &mut impl FnMut(String, String)) {
+    let key = |field: &str| format!("throttling.{field}");
+    if t.sample_interval < Duration::from_millis(10) {
+        add(key("sample_interval"), "must be at least 10ms".into());
+    }
+    if !(t.resume_ratio > 0.0 && t.resume_ratio <= 1.0) {
+        add(
+            key("resume_ratio"),
+            format!("{} is not in (0, 1]", t.resume_ratio),
+        );
+    }
+    if t.initial_delay.is_zero() {
+        add(key("initial_delay"), "must be above 0".into());
+    }
+    if t.database_size_refresh < Duration::from_millis(100) {
+        add(
+            key("database_size_refresh"),
+            "must be at least 100ms".into(),
+        );
+    }
+    if !(t.concurrency_decrease_ratio > 0.0 && t.concurrency_decrease_ratio < 1.0) {
+        add(
+            key("concurrency_decrease_ratio"),
+            format!("{} is not in (0, 1)", t.concurrency_decrease_ratio),
+        );
+    }
+    if t.concurrency_increase_step == 0 {
+        add(
+            key("concurrency_increase_step"),
+            "must be at least 1".into(),
+        );
+    }
+    let s = &t.severity;
+    for (name, value) in [
+        ("process_memory", s.process_memory),
+        ("system_memory", s.system_memory),
+        ("in_process", s.in_process),
+        ("threads", s.threads),
+        ("database_size", s.database_size),
+        ("database_sessions", s.database_sessions),
+    ] {
+        if !(1..=1000).contains(&value) {
+            add(
+                key(&format!("severity.{name}")),
+                format!("{value} is not between 1 and 1000"),
+            );
+        }
+    }
+    for (dir, d) in [("delivery", &t.delivery), ("publishing", &t.publishing)] {
+        let key = |field: &str| format!("throttling.{dir}.{field}");
+        if d.overdrive_percent == 0 {
+            add(key("overdrive_percent"), "must be at least 1".into());
+        }
+        if d.sampling_window < t.sample_interval {
+            add(
+                key("sampling_window"),
+                "must be at least one sample_interval long".into(),
+            );
+        }
+        if d.min_samples == 0 {
+            add(key("min_samples"), "must be at least 1".into());
+        }
+        if d.max_delay < t.initial_delay {
+            add(
+                key("max_delay"),
+                "must be at least throttling.initial_delay".into(),
+            );
+        }
+        if !(1..=1000).contains(&d.override_severity) {
+            add(
+                key("override_severity"),
+                format!("{} is not between 1 and 1000", d.override_severity),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse_str;
+
+    fn problems(text: &str) -> Vec<String> {
+        match parse_str(text, "t") {
+            Ok(_) => vec![],
+            Err(e) => e.problems().iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_line() {
+        let p = problems("[throttling]\nresume_ratio = 1.5\n[throttling.severity]\nthreads = 0\n");
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].starts_with("2: `throttling.resume_ratio`"), "{p:?}");
+        assert!(
+            p[1].starts_with("4: `throttling.severity.threads`"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn queue_names_that_could_inject_sql_are_rejected() {
+        for bad in ["a'b", "a]b", "a;drop", "a\"b", "a b", ""] {
+            let p = problems(&format!("[[queues]]\nname = {bad:?}\n"));
+            assert!(
+                p.iter().any(|m| m.contains("queues[0].name")),
+                "{bad}: {p:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn duplicate_queues_and_self_forwarding_are_rejected() {
+        let p = problems(
+            "[[queues]]\nname = \"a\"\n[[queues]]\nname = \"a\"\n[queues.handler]\nkind = \"forward\"\nto = \"a\"\n",
+        );
+        assert!(p.iter().any(|m| m.contains("listed twice")), "{p:?}");
+        assert!(p.iter().any(|m| m.contains("loop forever")), "{p:?}");
+    }
+
+    #[test]
+    fn database_transports_need_a_connection_string() {
+        let p = problems("[transport]\nkind = \"postgres\"\n");
+        assert!(
+            p.iter().any(|m| m.contains("transport.connection_string")),
+            "{p:?}"
+        );
+    }
+}

@@ -1,0 +1,577 @@
+//! What happens to a received message: in-flight accounting, the handler call with retries,
+//! the error queue, expiry and poison rows. Receivers (in [`crate::receive`]) decide *when*
+//! to receive; this module decides what to do with what they got.
+//!
+//! Recoverability follows NServiceBus: immediate retries (default 5) run inside the same
+//! receive, then the message moves to the error queue with the fault headers ServiceControl
+//! reads. The move and the deletion of the original commit together. Failure counts are also
+//! remembered per message id, so a message whose move failed (and was rolled back) goes
+//! straight to the error queue next time instead of starting its retries over.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use futures_util::FutureExt;
+use uuid::Uuid;
+
+use crate::config::TransactionMode;
+use crate::handlers::{Context, Handler};
+use crate::message::{Headers, Message, OutgoingMessage, format_wire_time};
+use crate::publish::Publisher;
+use crate::receive::QueueRuntime;
+use crate::throttling::Throttle;
+use crate::transport::{Payload, QueueName, Received};
+
+/// Longest exception message kept in `NServiceBus.ExceptionInfo.Message` (as Core does).
+const MAX_EXCEPTION_MESSAGE: usize = 16_384;
+/// Message ids whose failure counts are remembered (NServiceBus `FailureInfoStorage`).
+const FAILURE_MEMORY: usize = 10_000;
+
+/// How a message left its queue (reported after the commit succeeded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The handler succeeded.
+    Success,
+    /// Moved to the error queue after its retries.
+    Error,
+    /// Dropped because its time-to-be-received had passed.
+    Expired,
+    /// Its row could not be parsed; moved to the error queue unchanged.
+    Poison,
+}
+
+/// Sees every message that leaves a queue for good. Load tests use it to account for every
+/// message by id; it must be cheap (it runs on the hot path).
+pub trait DispatchObserver: Send + Sync + 'static {
+    /// `id` is the native id; `logical_id` the `NServiceBus.MessageId` header when known.
+    fn completed(&self, queue: &QueueName, id: Uuid, logical_id: Option<&str>, outcome: Outcome);
+}
+
+/// Who is processing: written into the fault headers.
+#[derive(Debug, Clone)]
+pub struct HostIdentity {
+    /// `NServiceBus.ProcessingEndpoint`: the host name from `[host] name`.
+    pub endpoint: String,
+    /// `NServiceBus.ProcessingMachine`: the machine's host name.
+    pub machine: String,
+    /// `$.diagnostics.hostdisplayname`: the instance id.
+    pub instance: String,
+    /// `$.diagnostics.hostid`: a stable UUID derived from endpoint, machine and instance.
+    pub host_id: Uuid,
+}
+
+impl HostIdentity {
+    /// Builds the identity.
+    pub fn new(endpoint: &str, instance: &str) -> Self {
+        let machine = sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into());
+        let host_id = Uuid::new_v5(
+            &Uuid::NAMESPACE_OID,
+            format!("{machine}/{endpoint}/{instance}").as_bytes(),
+        );
+        HostIdentity {
+            endpoint: endpoint.to_string(),
+            machine,
+            instance: instance.to_string(),
+            host_id,
+        }
+    }
+}
+
+/// Failure counts per message id, bounded; oldest forgotten first.
+#[derive(Debug, Default)]
+pub struct FailureMemory {
+    entries: Mutex<(HashMap<Uuid, u32>, VecDeque<Uuid>)>,
+    len: AtomicUsize,
+}
+
+impl FailureMemory {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (HashMap<Uuid, u32>, VecDeque<Uuid>)> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Failed attempts recorded for `id`.
+    pub fn attempts(&self, id: Uuid) -> u32 {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.lock().0.get(&id).copied().unwrap_or(0)
+    }
+
+    /// Records that `id` has failed `attempts` times.
+    pub fn record(&self, id: Uuid, attempts: u32) {
+        let mut guard = self.lock();
+        let (map, order) = &mut *guard;
+        if map.insert(id, attempts).is_none() {
+            order.push_back(id);
+            if order.len() > FAILURE_MEMORY
+                && let Some(old) = order.pop_front()
+            {
+                map.remove(&old);
+            }
+        }
+        self.len.store(map.len(), Ordering::Relaxed);
+    }
+
+    /// Forgets `id` (it succeeded or left the queue).
+    pub fn forget(&self, id: Uuid) {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut guard = self.lock();
+        let (map, order) = &mut *guard;
+        if map.remove(&id).is_some() {
+            order.retain(|x| *x != id);
+        }
+        self.len.store(map.len(), Ordering::Relaxed);
+    }
+}
+
+/// Why one handler attempt failed.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// `NServiceBus.ExceptionInfo.ExceptionType`.
+    pub kind: &'static str,
+    /// `NServiceBus.ExceptionInfo.Message`.
+    pub message: String,
+    /// `NServiceBus.ExceptionInfo.StackTrace`: the error's source chain.
+    pub detail: String,
+}
+
+impl Failure {
+    fn from_error(e: &(dyn std::error::Error + 'static)) -> Self {
+        let mut detail = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            detail.push_str("\n  caused by: ");
+            detail.push_str(&s.to_string());
+            source = s.source();
+        }
+        Failure {
+            kind: "throttlehost.HandlerError",
+            message: e.to_string(),
+            detail,
+        }
+    }
+
+    fn from_panic(payload: Box<dyn std::any::Any + Send>) -> Self {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "handler panicked".into());
+        Failure {
+            kind: "throttlehost.HandlerPanic",
+            detail: format!("panic: {message}"),
+            message,
+        }
+    }
+
+    fn timeout(limit: Duration) -> Self {
+        let message = format!(
+            "handler did not finish within {}",
+            humantime::format_duration(limit)
+        );
+        Failure {
+            kind: "throttlehost.HandlerTimeout",
+            detail: message.clone(),
+            message,
+        }
+    }
+
+    fn send(e: &crate::transport::TransportError) -> Self {
+        Failure {
+            kind: "throttlehost.SendFailed",
+            message: format!("sending the handler's messages failed: {e}"),
+            detail: e.to_string(),
+        }
+    }
+}
+
+/// Calls a handler once, turning errors, panics and timeouts into a [`Failure`].
+pub async fn call_handler(
+    handler: &dyn Handler,
+    ctx: &mut Context<'_>,
+    timeout: Option<Duration>,
+) -> Result<(), Failure> {
+    let attempt = AssertUnwindSafe(handler.handle(ctx)).catch_unwind();
+    let result = match timeout {
+        Some(limit) => match tokio::time::timeout(limit, attempt).await {
+            Ok(r) => r,
+            Err(_) => return Err(Failure::timeout(limit)),
+        },
+        None => attempt.await,
+    };
+    match result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(Failure::from_error(e.as_ref())),
+        Err(panic) => Err(Failure::from_panic(panic)),
+    }
+}
+
+/// Counts a message as in process while alive.
+struct InProcess<'a>(&'a AtomicU64);
+
+impl<'a> InProcess<'a> {
+    fn enter(counter: &'a AtomicU64) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InProcess(counter)
+    }
+}
+
+impl Drop for InProcess<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+enum Verdict {
+    Success(Vec<(QueueName, OutgoingMessage)>),
+    Failed(Box<OutgoingMessage>, Failure),
+}
+
+/// Processes received messages for every queue of a host.
+pub struct Dispatcher {
+    publisher: Arc<Publisher>,
+    throttle: Arc<Throttle>,
+    mode: TransactionMode,
+    identity: HostIdentity,
+    in_process: AtomicU64,
+    observer: Option<Arc<dyn DispatchObserver>>,
+}
+
+impl Dispatcher {
+    /// A dispatcher sending through `publisher`.
+    pub fn new(
+        publisher: Arc<Publisher>,
+        throttle: Arc<Throttle>,
+        mode: TransactionMode,
+        identity: HostIdentity,
+        observer: Option<Arc<dyn DispatchObserver>>,
+    ) -> Self {
+        Dispatcher {
+            publisher,
+            throttle,
+            mode,
+            identity,
+            in_process: AtomicU64::new(0),
+            observer,
+        }
+    }
+
+    fn observe(&self, q: &QueueRuntime, id: Uuid, logical_id: Option<&str>, outcome: Outcome) {
+        if let Some(o) = &self.observer {
+            o.completed(&q.name, id, logical_id, outcome);
+        }
+    }
+
+    /// Messages handed to handlers and not done, host-wide.
+    pub fn in_process(&self) -> u64 {
+        self.in_process.load(Ordering::Relaxed)
+    }
+
+    /// The publisher handlers send through.
+    pub fn publisher(&self) -> &Arc<Publisher> {
+        &self.publisher
+    }
+
+    /// Ends one receive: handles, retries, moves to the error queue, drops expired messages,
+    /// dead-letters poison rows. Never panics and never loses the message: when anything
+    /// fails the receive rolls back and the message returns to its queue.
+    pub async fn process(&self, q: &QueueRuntime, received: Box<dyn Received>) {
+        q.metrics.received.increment(1);
+        self.throttle.delivery_rates.incoming();
+        match received.payload() {
+            Payload::Expired { id } => {
+                let id = *id;
+                match received.commit().await {
+                    Ok(()) => {
+                        tracing::debug!(queue = %q.name, %id, "expired message dropped");
+                        q.metrics.expired.increment(1);
+                        self.throttle.delivery_rates.outgoing();
+                        self.observe(q, id, None, Outcome::Expired);
+                    }
+                    Err(e) => {
+                        tracing::warn!(queue = %q.name, %id, error = %e, "dropping an expired message failed; it stays in the queue")
+                    }
+                }
+            }
+            Payload::Poison { id, reason } => {
+                let (id, reason) = (*id, reason.clone());
+                self.dead_letter(q, received, id, &reason).await;
+            }
+            Payload::Message(_) => self.handle(q, received).await,
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        q: &QueueRuntime,
+        mut received: Box<dyn Received>,
+        id: Uuid,
+        reason: &str,
+    ) {
+        tracing::warn!(queue = %q.name, %id, error_queue = %q.error_queue, %reason,
+            "probable message metadata corruption: moving the row to the error queue unchanged");
+        let result = match received.dead_letter(&q.error_queue).await {
+            Ok(()) => received.commit().await,
+            Err(e) => {
+                let _ = received.rollback().await;
+                Err(e)
+            }
+        };
+        match result {
+            Ok(()) => {
+                q.metrics.poison.increment(1);
+                self.throttle.delivery_rates.outgoing();
+                self.observe(q, id, None, Outcome::Poison);
+            }
+            Err(e) => tracing::error!(queue = %q.name, %id, error = %e,
+                "could not move a poison row to the error queue; it stays in the queue"),
+        }
+    }
+
+    async fn handle(&self, q: &QueueRuntime, received: Box<dyn Received>) {
+        let _in_process = InProcess::enter(&self.in_process);
+        let settings = q.settings();
+        let max_attempts = settings.immediate_retries + 1;
+        let send_immediately = self.mode == TransactionMode::None;
+
+        let (id, logical_id, verdict) = {
+            let Payload::Message(message) = received.payload() else {
+                return;
+            };
+            let id = message.id;
+            let logical_id = self.observer.as_ref().map(|_| message.logical_id());
+            let mut attempt = q.failures.attempts(id);
+            let mut last_failure = None;
+            let verdict = loop {
+                if attempt >= max_attempts {
+                    let failure = last_failure.unwrap_or_else(|| Failure {
+                        kind: "throttlehost.RetriesExhausted",
+                        message: format!("{attempt} earlier attempts failed"),
+                        detail: "the failures were recorded in an earlier delivery of this message"
+                            .into(),
+                    });
+                    let error_message = self.error_message(q, message, &failure, attempt);
+                    break Verdict::Failed(Box::new(error_message), failure);
+                }
+                let mut ctx =
+                    Context::new(message, &q.name, attempt, &self.publisher, send_immediately);
+                let started = Instant::now();
+                let result =
+                    call_handler(q.handler.as_ref(), &mut ctx, settings.handler_timeout).await;
+                q.metrics
+                    .handler_duration
+                    .record(started.elapsed().as_secs_f64());
+                match result {
+                    Ok(()) => break Verdict::Success(std::mem::take(&mut ctx.outbox)),
+                    Err(failure) => {
+                        attempt += 1;
+                        q.failures.record(id, attempt);
+                        if attempt < max_attempts {
+                            q.metrics.retry.increment(1);
+                            tracing::debug!(queue = %q.name, %id, attempt, error = %failure.message, "handler failed; retrying");
+                        }
+                        last_failure = Some(failure);
+                    }
+                }
+            };
+            (id, logical_id, verdict)
+        };
+
+        let outcome = match verdict {
+            Verdict::Success(outbox) => self.complete(q, received, id, outbox).await,
+            Verdict::Failed(error_message, failure) => {
+                self.move_to_error(q, received, id, &error_message, &failure)
+                    .await
+            }
+        };
+        if let Some(outcome) = outcome {
+            self.observe(q, id, logical_id.as_deref(), outcome);
+        }
+    }
+
+    async fn complete(
+        &self,
+        q: &QueueRuntime,
+        mut received: Box<dyn Received>,
+        id: Uuid,
+        outbox: Vec<(QueueName, OutgoingMessage)>,
+    ) -> Option<Outcome> {
+        for (queue, message) in &outbox {
+            let sent = match self.mode {
+                TransactionMode::SendsAtomicWithReceive => {
+                    self.publisher
+                        .insert_within(received.as_mut(), queue, message)
+                        .await
+                }
+                TransactionMode::ReceiveOnly => self.publisher.insert(queue, message).await,
+                TransactionMode::None => Ok(()),
+            };
+            if let Err(e) = sent {
+                let attempts = q.failures.attempts(id) + 1;
+                q.failures.record(id, attempts);
+                q.metrics.retry.increment(1);
+                tracing::warn!(queue = %q.name, %id, destination = %queue, error = %Failure::send(&e).message,
+                    "handler succeeded but its messages could not be sent; rolling back for a retry");
+                if let Err(e) = received.rollback().await {
+                    tracing::warn!(queue = %q.name, %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
+                }
+                return None;
+            }
+        }
+        match received.commit().await {
+            Ok(()) => {
+                q.failures.forget(id);
+                q.metrics.success.increment(1);
+                self.throttle.delivery_rates.outgoing();
+                Some(Outcome::Success)
+            }
+            Err(e) => {
+                tracing::error!(queue = %q.name, %id, error = %e,
+                    "commit failed after the handler succeeded; the message returns to the queue");
+                None
+            }
+        }
+    }
+
+    async fn move_to_error(
+        &self,
+        q: &QueueRuntime,
+        mut received: Box<dyn Received>,
+        id: Uuid,
+        error_message: &OutgoingMessage,
+        failure: &Failure,
+    ) -> Option<Outcome> {
+        let result = match received.send(&q.error_queue, error_message).await {
+            Ok(()) => received.commit().await,
+            Err(e) => {
+                let _ = received.rollback().await;
+                Err(e)
+            }
+        };
+        match result {
+            Ok(()) => {
+                q.failures.forget(id);
+                q.metrics.error.increment(1);
+                self.throttle.delivery_rates.outgoing();
+                tracing::warn!(queue = %q.name, %id, error_queue = %q.error_queue, error = %failure.message,
+                    "message moved to the error queue after its retries");
+                Some(Outcome::Error)
+            }
+            Err(e) => {
+                tracing::error!(queue = %q.name, %id, error_queue = %q.error_queue, error = %e,
+                    "could not move a failed message to the error queue; it stays in the queue");
+                None
+            }
+        }
+    }
+
+    /// The copy that goes to the error queue: headers plus the NServiceBus fault headers.
+    fn error_message(
+        &self,
+        q: &QueueRuntime,
+        message: &Message,
+        failure: &Failure,
+        attempts: u32,
+    ) -> OutgoingMessage {
+        let mut headers: Headers = message.headers.clone();
+        headers.remove("NServiceBus.Retries");
+        headers.remove("NServiceBus.FLRetries");
+        let mut text = failure.message.clone();
+        if text.len() > MAX_EXCEPTION_MESSAGE {
+            let mut cut = MAX_EXCEPTION_MESSAGE;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+        }
+        let id = &self.identity;
+        for (name, value) in [
+            ("NServiceBus.FailedQ", q.name.to_string()),
+            (
+                "NServiceBus.ExceptionInfo.ExceptionType",
+                failure.kind.to_string(),
+            ),
+            ("NServiceBus.ExceptionInfo.Message", text),
+            (
+                "NServiceBus.ExceptionInfo.Source",
+                q.handler.name().to_string(),
+            ),
+            (
+                "NServiceBus.ExceptionInfo.StackTrace",
+                failure.detail.clone(),
+            ),
+            (
+                "NServiceBus.ExceptionInfo.Data.Attempts",
+                attempts.to_string(),
+            ),
+            ("NServiceBus.TimeOfFailure", format_wire_time(Utc::now())),
+            ("NServiceBus.ProcessingMachine", id.machine.clone()),
+            ("NServiceBus.ProcessingEndpoint", id.endpoint.clone()),
+            ("$.diagnostics.hostid", id.host_id.to_string()),
+            ("$.diagnostics.hostdisplayname", id.instance.clone()),
+        ] {
+            headers.insert(name.into(), Some(value));
+        }
+        if !headers.contains_key(crate::message::MESSAGE_ID_HEADER) {
+            headers.insert(
+                crate::message::MESSAGE_ID_HEADER.into(),
+                Some(message.id.to_string()),
+            );
+        }
+        OutgoingMessage {
+            id: Uuid::new_v4(),
+            headers,
+            body: message.body.clone(),
+            time_to_be_received: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_memory_is_bounded_and_forgets() {
+        let m = FailureMemory::default();
+        let first = Uuid::new_v4();
+        m.record(first, 2);
+        assert_eq!(m.attempts(first), 2);
+        for _ in 0..FAILURE_MEMORY {
+            m.record(Uuid::new_v4(), 1);
+        }
+        assert_eq!(m.attempts(first), 0, "oldest evicted");
+        let x = Uuid::new_v4();
+        m.record(x, 3);
+        m.forget(x);
+        assert_eq!(m.attempts(x), 0);
+    }
+
+    #[test]
+    fn error_chains_become_the_stack_trace() {
+        let inner = std::io::Error::other("disk full");
+        #[derive(Debug, thiserror::Error)]
+        #[error("saving failed")]
+        struct Outer(#[source] std::io::Error);
+        let f = Failure::from_error(&Outer(inner));
+        assert_eq!(f.message, "saving failed");
+        assert_eq!(f.detail, "saving failed\n  caused by: disk full");
+    }
+
+    #[test]
+    fn panics_keep_their_message() {
+        let f = Failure::from_panic(Box::new("boom"));
+        assert_eq!(
+            (f.kind, f.message.as_str()),
+            ("throttlehost.HandlerPanic", "boom")
+        );
+        let f = Failure::from_panic(Box::new(String::from("bang")));
+        assert_eq!(f.message, "bang");
+    }
+}

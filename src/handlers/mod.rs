@@ -1,0 +1,165 @@
+//! Handlers: the [`Handler`] trait the host calls for each message, the [`Context`] it gets,
+//! and the built-in handlers the binary configures per queue in TOML.
+
+mod command;
+mod forward;
+mod http;
+mod simulate;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+pub use command::CommandHandler;
+pub use forward::ForwardHandler;
+pub use http::HttpHandler;
+pub use simulate::SimulateHandler;
+
+use crate::config::HandlerConfig;
+use crate::message::{Headers, Message, OutgoingMessage};
+use crate::publish::Publisher;
+use crate::transport::{QueueName, TransportError};
+
+/// What a handler returns on failure. Any error type will do; its `Display` and source chain
+/// end up in the `NServiceBus.ExceptionInfo.*` headers if the message reaches the error queue.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Processes messages of one queue.
+///
+/// A handler may be called concurrently (up to the queue's concurrency) and again for the same
+/// message on retry, so it should be idempotent. Returning an error (or panicking, or running
+/// past the queue's `handler_timeout`) counts as a failed attempt.
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one message.
+    async fn handle(&self, ctx: &mut Context<'_>) -> Result<(), HandlerError>;
+
+    /// A short name, written into `NServiceBus.ExceptionInfo.Source` on failure.
+    fn name(&self) -> &str {
+        "handler"
+    }
+}
+
+/// The message being handled and the means to send more.
+pub struct Context<'a> {
+    message: &'a Message,
+    queue: &'a QueueName,
+    attempt: u32,
+    publisher: &'a Publisher,
+    send_immediately: bool,
+    pub(crate) outbox: Vec<(QueueName, OutgoingMessage)>,
+}
+
+impl<'a> Context<'a> {
+    pub(crate) fn new(
+        message: &'a Message,
+        queue: &'a QueueName,
+        attempt: u32,
+        publisher: &'a Publisher,
+        send_immediately: bool,
+    ) -> Self {
+        Context {
+            message,
+            queue,
+            attempt,
+            publisher,
+            send_immediately,
+            outbox: Vec::new(),
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &Message {
+        self.message
+    }
+
+    /// The message body.
+    pub fn body(&self) -> &[u8] {
+        &self.message.body
+    }
+
+    /// The message headers.
+    pub fn headers(&self) -> &Headers {
+        &self.message.headers
+    }
+
+    /// The queue the message came from.
+    pub fn queue(&self) -> &QueueName {
+        self.queue
+    }
+
+    /// 0 for the first attempt, 1 for the first retry, and so on.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Sends a message through the throttled publish path. It waits the publishing delay
+    /// first. Unless the host runs in transaction mode `none`, the message is written only
+    /// after this handler succeeds: with the receive (`sends_atomic_with_receive`) or just
+    /// before it commits (`receive_only`). A failed attempt sends nothing.
+    pub async fn send(
+        &mut self,
+        queue: &str,
+        message: OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        let queue = QueueName::new(queue)?;
+        self.publisher.admit().await;
+        if self.send_immediately {
+            self.publisher.insert(&queue, &message).await
+        } else {
+            self.outbox.push((queue, message));
+            Ok(())
+        }
+    }
+}
+
+/// Accepts every message.
+pub struct NoopHandler;
+
+#[async_trait]
+impl Handler for NoopHandler {
+    async fn handle(&self, _ctx: &mut Context<'_>) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    fn name(&self) -> &str {
+        "noop"
+    }
+}
+
+/// A built handler plus, for `simulate`, the handle that lets load tests change its knobs.
+pub struct BuiltHandler {
+    /// The handler.
+    pub handler: Arc<dyn Handler>,
+    /// Set for simulate handlers.
+    pub simulate: Option<Arc<SimulateHandler>>,
+}
+
+/// Builds a configured built-in handler.
+pub fn build(config: &HandlerConfig) -> Result<BuiltHandler, TransportError> {
+    Ok(match config {
+        HandlerConfig::Noop => BuiltHandler {
+            handler: Arc::new(NoopHandler),
+            simulate: None,
+        },
+        HandlerConfig::Simulate(s) => {
+            let h = Arc::new(SimulateHandler::new(s.clone()));
+            BuiltHandler {
+                handler: h.clone(),
+                simulate: Some(h),
+            }
+        }
+        HandlerConfig::Forward(f) => BuiltHandler {
+            handler: Arc::new(ForwardHandler::new(QueueName::new(&f.to)?)),
+            simulate: None,
+        },
+        HandlerConfig::Command(c) => BuiltHandler {
+            handler: Arc::new(CommandHandler::new(c.clone())),
+            simulate: None,
+        },
+        HandlerConfig::Http(h) => BuiltHandler {
+            handler: Arc::new(HttpHandler::new(h.clone())),
+            simulate: None,
+        },
+    })
+}

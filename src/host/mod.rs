@@ -1,0 +1,614 @@
+//! The host: assembles transport, queues, receivers, dispatcher, publisher, throttling and the
+//! admin endpoint from a [`Config`], runs them, reloads settings, and shuts down without
+//! losing messages.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use throttlehost::{Config, HostBuilder};
+//! let config = throttlehost::config::load_file("config/host.toml".as_ref())?;
+//! let host = HostBuilder::new(config).start().await?;
+//! // ... until a signal arrives:
+//! host.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod status;
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use status::{DirectionStatus, HostStatus, QueueStatus, ResourceStatus, ThrottlingStatus};
+
+use crate::config::{Config, HandlerConfig, TransportKind};
+use crate::dispatch::{DispatchObserver, Dispatcher, HostIdentity};
+use crate::handlers::{self, Handler};
+use crate::message::OutgoingMessage;
+use crate::metrics::Metrics;
+use crate::publish::Publisher;
+use crate::receive::{self, QueueRuntime, QueueSettings, ReceiveContext};
+use crate::throttling::sensors::{ResourceSensor, SystemSensor};
+use crate::throttling::service::{self, ServiceParts, ThrottleControl};
+use crate::throttling::{Clock, Direction, Throttle, TokioClock};
+use crate::transport::{self, QueueName, Transport, TransportError};
+
+/// Why a host could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The transport failed.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The configuration cannot be run as it is.
+    #[error("{0}")]
+    Config(String),
+    /// The admin endpoint could not listen.
+    #[error("cannot listen on admin address {address}: {source}")]
+    Admin {
+        /// The address.
+        address: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Builds and starts a [`Host`].
+pub struct HostBuilder {
+    config: Config,
+    config_path: Option<PathBuf>,
+    transport: Option<Arc<dyn Transport>>,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    sensor: Option<Box<dyn ResourceSensor>>,
+    clock: Option<Arc<dyn Clock>>,
+    observer: Option<Arc<dyn DispatchObserver>>,
+    serve_admin: bool,
+}
+
+impl HostBuilder {
+    /// A host for this configuration.
+    pub fn new(config: Config) -> Self {
+        HostBuilder {
+            config,
+            config_path: None,
+            transport: None,
+            handlers: HashMap::new(),
+            sensor: None,
+            clock: None,
+            observer: None,
+            serve_admin: true,
+        }
+    }
+
+    /// Reports every message that leaves a queue for good (success, error, expired, poison).
+    pub fn observer(mut self, observer: Arc<dyn DispatchObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Remembers the file the configuration came from (reloads re-read it).
+    pub fn config_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config_path = Some(path.into());
+        self
+    }
+
+    /// Uses this transport instead of connecting the configured one.
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+
+    /// Handles `queue` (and its instance queue) with `handler`, whatever the TOML says.
+    pub fn handler(mut self, queue: &str, handler: impl Handler) -> Self {
+        self.handlers.insert(queue.to_string(), Arc::new(handler));
+        self
+    }
+
+    /// Handles `queue` with a shared handler.
+    pub fn shared_handler(mut self, queue: &str, handler: Arc<dyn Handler>) -> Self {
+        self.handlers.insert(queue.to_string(), handler);
+        self
+    }
+
+    /// Replaces the process and system sensor (tests, simulations).
+    pub fn resource_sensor(mut self, sensor: impl ResourceSensor) -> Self {
+        self.sensor = Some(Box::new(sensor));
+        self
+    }
+
+    /// Replaces the controller's clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Skips the admin HTTP endpoint even if an address is configured.
+    pub fn without_admin(mut self) -> Self {
+        self.serve_admin = false;
+        self
+    }
+
+    /// Connects, creates queues if configured, and starts receiving.
+    pub async fn start(self) -> Result<Host, HostError> {
+        let config = self.config;
+        let metrics = Metrics::new();
+        let transport = match self.transport {
+            Some(t) => t,
+            None => transport::connect(&config.transport).await?,
+        };
+        let instance = config.host.effective_instance_id();
+        let identity = HostIdentity::new(&config.host.name, &instance);
+        metrics.host_info(&config.host.name, &instance, &transport.describe());
+        let host_metrics = metrics.host();
+        let throttle = Arc::new(Throttle::new(
+            host_metrics.delivery.wait.clone(),
+            host_metrics.publishing.wait.clone(),
+        ));
+        let publisher = Arc::new(Publisher::new(
+            transport.clone(),
+            throttle.clone(),
+            metrics.clone(),
+        ));
+        let dispatcher = Arc::new(Dispatcher::new(
+            publisher.clone(),
+            throttle.clone(),
+            config.transport.transaction_mode,
+            identity,
+            self.observer,
+        ));
+
+        let mut queues = Vec::new();
+        let mut to_create: Vec<QueueName> = Vec::new();
+        let mut error_queues = HashSet::new();
+        for qc in &config.queues {
+            let (handler, simulate) = match self.handlers.get(&qc.name) {
+                Some(h) => (h.clone(), None),
+                None => match &qc.handler {
+                    Some(hc) => {
+                        let built = handlers::build(hc)?;
+                        (built.handler, built.simulate)
+                    }
+                    None => {
+                        return Err(HostError::Config(format!(
+                            "queue `{}` has no handler: set [queues.handler] in the configuration or register one with HostBuilder::handler",
+                            qc.name
+                        )));
+                    }
+                },
+            };
+            let name = QueueName::new(&qc.name)?;
+            let error_queue = QueueName::new(&qc.error_queue)?;
+            if let Some(HandlerConfig::Forward(f)) = &qc.handler {
+                to_create.push(QueueName::new(&f.to)?);
+            }
+            to_create.push(name.clone());
+            to_create.push(error_queue.clone());
+            error_queues.insert(error_queue.clone());
+            let mut receivers = vec![(name.clone(), qc.concurrency.max)];
+            if qc.instance_queue.enabled {
+                let instance_queue = QueueName::new(&format!("{}.{}", qc.name, instance))?;
+                to_create.push(instance_queue.clone());
+                receivers.push((instance_queue, qc.instance_queue.max_concurrency));
+            }
+            for (queue_name, max) in receivers {
+                queues.push(Arc::new(QueueRuntime::new(
+                    queue_name.clone(),
+                    error_queue.clone(),
+                    qc.concurrency.model,
+                    QueueSettings::from_config(qc, max),
+                    handler.clone(),
+                    simulate.clone(),
+                    metrics.queue(queue_name.as_str()),
+                )));
+            }
+        }
+
+        if config.host.create_queues {
+            to_create.sort();
+            to_create.dedup();
+            for q in &to_create {
+                transport.create_queue(q).await.map_err(|e| {
+                    HostError::Config(format!(
+                        "cannot create queue `{q}`: {e} (create the queues with a privileged account, then set host.create_queues = false)"
+                    ))
+                })?;
+            }
+        }
+        let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
+        for warning in transport.startup_checks(&receive_names).await {
+            tracing::warn!("{warning}");
+        }
+        let total_concurrency: u64 = queues.iter().map(|q| q.settings().max as u64).sum();
+        if total_concurrency + 1 > config.transport.pool_size as u64 {
+            tracing::warn!(
+                pool_size = config.transport.pool_size,
+                total_concurrency,
+                "transport.pool_size is below the queues' total max concurrency + 1: receives will wait for connections"
+            );
+        }
+        if config.transport.kind == TransportKind::Memory {
+            tracing::warn!(
+                "memory transport: queues live inside this process and are lost when it exits"
+            );
+        }
+        if config.transport.purge_expired_on_startup {
+            for q in &receive_names {
+                match transport.purge_expired(q).await {
+                    Ok(n) if n > 0 => {
+                        tracing::info!(queue = %q, purged = n, "expired messages purged at start-up")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(queue = %q, error = %e, "purging expired messages failed")
+                    }
+                }
+            }
+        }
+
+        let sensor = self.sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
+        let control = Arc::new(ThrottleControl::new(
+            config.throttling.clone(),
+            sensor.machine(),
+        ));
+        let clock = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        let service_stop = CancellationToken::new();
+        let service_task = tokio::spawn(service::run(
+            ServiceParts {
+                control: control.clone(),
+                sensor,
+                clock,
+                throttle: throttle.clone(),
+                dispatcher: dispatcher.clone(),
+                transport: transport.clone(),
+                queues: queues.clone(),
+                publisher: publisher.clone(),
+                error_queues,
+                metrics: metrics.clone(),
+            },
+            service_stop.clone(),
+        ));
+
+        let receive_ctx = Arc::new(ReceiveContext {
+            transport: transport.clone(),
+            dispatcher: dispatcher.clone(),
+            throttle: throttle.clone(),
+            stop: CancellationToken::new(),
+            abort: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        });
+        for q in &queues {
+            receive::start(q.clone(), receive_ctx.clone());
+        }
+
+        let mut known_queues: HashSet<QueueName> = to_create.into_iter().collect();
+        known_queues.extend(receive_names);
+        let inner = Arc::new(HostInner {
+            config: ArcSwap::from_pointee(config),
+            config_path: self.config_path,
+            instance,
+            transport,
+            queues,
+            known_queues,
+            dispatcher,
+            publisher,
+            throttle,
+            control,
+            metrics,
+            receive_ctx,
+            started: Instant::now(),
+        });
+
+        let admin = {
+            let address = inner.config.load().host.admin_address.clone();
+            if self.serve_admin && !address.trim().eq_ignore_ascii_case("off") {
+                let addr: SocketAddr = address.parse().map_err(|_| {
+                    HostError::Config(format!("host.admin_address `{address}` is not an address"))
+                })?;
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| HostError::Admin {
+                        address: address.clone(),
+                        source,
+                    })?;
+                let local = listener
+                    .local_addr()
+                    .map_err(|source| HostError::Admin { address, source })?;
+                let stop = CancellationToken::new();
+                let task = tokio::spawn(crate::admin::serve(listener, inner.clone(), stop.clone()));
+                tracing::info!(address = %local, "admin endpoint listening (/metrics /status /healthz /readyz)");
+                Some(AdminServer {
+                    address: local,
+                    stop,
+                    task,
+                })
+            } else {
+                None
+            }
+        };
+
+        tracing::info!(
+            host = %inner.config.load().host.name,
+            instance = %inner.instance,
+            transport = %inner.transport.describe(),
+            queues = inner.queues.len(),
+            "host started"
+        );
+        Ok(Host {
+            inner,
+            service_stop,
+            service_task,
+            admin,
+        })
+    }
+}
+
+struct AdminServer {
+    address: SocketAddr,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// The parts of a running host that the admin endpoint and the host handle share.
+pub struct HostInner {
+    config: ArcSwap<Config>,
+    config_path: Option<PathBuf>,
+    instance: String,
+    transport: Arc<dyn Transport>,
+    queues: Vec<Arc<QueueRuntime>>,
+    known_queues: HashSet<QueueName>,
+    dispatcher: Arc<Dispatcher>,
+    publisher: Arc<Publisher>,
+    throttle: Arc<Throttle>,
+    control: Arc<ThrottleControl>,
+    metrics: Metrics,
+    receive_ctx: Arc<ReceiveContext>,
+    started: Instant,
+}
+
+impl HostInner {
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
+    /// The throttled publisher.
+    pub fn publisher(&self) -> &Arc<Publisher> {
+        &self.publisher
+    }
+
+    /// Throttling settings, overrides and the latest snapshot.
+    pub fn control(&self) -> &Arc<ThrottleControl> {
+        &self.control
+    }
+
+    /// The admissions and rate counters.
+    pub fn throttle(&self) -> &Arc<Throttle> {
+        &self.throttle
+    }
+
+    /// The metric registry.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Receiving queues (input and instance queues).
+    pub fn queues(&self) -> &[Arc<QueueRuntime>] {
+        &self.queues
+    }
+
+    /// A receiving queue by name.
+    pub fn queue(&self, name: &str) -> Option<&Arc<QueueRuntime>> {
+        self.queues.iter().find(|q| q.name.as_str() == name)
+    }
+
+    /// Queues this host receives from, sends errors to or forwards to: what ingest accepts.
+    pub fn is_known_queue(&self, name: &QueueName) -> bool {
+        self.known_queues.contains(name)
+    }
+
+    /// Messages handed to handlers and not done.
+    pub fn in_process(&self) -> u64 {
+        self.dispatcher.in_process()
+    }
+
+    /// True until shutdown begins.
+    pub fn is_receiving(&self) -> bool {
+        !self.receive_ctx.stop.is_cancelled()
+    }
+
+    /// The status document served at `/status`.
+    pub fn status(&self) -> HostStatus {
+        status::build(self)
+    }
+
+    /// Sets a direction's override until the next reload.
+    pub fn set_override(&self, direction: Direction, mode: crate::config::OverrideMode) {
+        tracing::info!(%direction, mode = ?mode, "throttling override set");
+        self.control.set_override(direction, mode);
+    }
+
+    /// Applies a new configuration without restarting: throttling settings, queue
+    /// concurrency, retries, peek intervals and simulate knobs. Returns the changes that need a
+    /// restart (they are left as they are).
+    pub fn apply_config(&self, new: Config) -> Vec<String> {
+        let old = self.config.load_full();
+        let mut needs_restart = Vec::new();
+        if old.transport != new.transport {
+            needs_restart.push("[transport]".to_string());
+        }
+        if old.host != new.host {
+            needs_restart.push("[host]".to_string());
+        }
+        let old_names: Vec<&str> = old.queues.iter().map(|q| q.name.as_str()).collect();
+        let new_names: Vec<&str> = new.queues.iter().map(|q| q.name.as_str()).collect();
+        if old_names != new_names {
+            needs_restart.push("the list of queues".to_string());
+        }
+        for qc in &new.queues {
+            let Some(before) = old.queues.iter().find(|q| q.name == qc.name) else {
+                continue;
+            };
+            if before.concurrency.model != qc.concurrency.model
+                || before.error_queue != qc.error_queue
+                || before.instance_queue != qc.instance_queue
+            {
+                needs_restart.push(format!(
+                    "queue `{}` model, error queue or instance queue",
+                    qc.name
+                ));
+            }
+            for q in self.queues.iter().filter(|q| {
+                q.name.as_str() == qc.name || q.name.as_str().starts_with(&format!("{}.", qc.name))
+            }) {
+                let max = if q.name.as_str() == qc.name {
+                    qc.concurrency.max
+                } else {
+                    qc.instance_queue.max_concurrency
+                };
+                q.reconfigure(QueueSettings::from_config(qc, max));
+                match (&qc.handler, &q.simulate) {
+                    (Some(HandlerConfig::Simulate(knobs)), Some(sim)) => {
+                        sim.set_knobs(knobs.clone())
+                    }
+                    (h, _) if *h != before.handler => {
+                        needs_restart.push(format!("queue `{}` handler", qc.name));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.control.reconfigure(new.throttling.clone());
+        self.config.store(Arc::new(new));
+        needs_restart.sort();
+        needs_restart.dedup();
+        needs_restart
+    }
+
+    /// Re-reads the configuration file; an invalid file keeps the running settings.
+    pub fn reload(&self) -> Result<Vec<String>, String> {
+        let Some(path) = &self.config_path else {
+            return Err("the host was not started from a configuration file".into());
+        };
+        self.reload_from(path)
+    }
+
+    /// Reads `path` and applies it (see [`HostInner::apply_config`]).
+    pub fn reload_from(&self, path: &Path) -> Result<Vec<String>, String> {
+        match crate::config::load_file(path) {
+            Ok(config) => {
+                let restart = self.apply_config(config);
+                self.metrics.config_reload(true);
+                if restart.is_empty() {
+                    tracing::info!(path = %path.display(), "configuration reloaded");
+                } else {
+                    tracing::warn!(path = %path.display(), needs_restart = ?restart,
+                        "configuration reloaded; some changes take effect only after a restart");
+                }
+                Ok(restart)
+            }
+            Err(e) => {
+                self.metrics.config_reload(false);
+                tracing::error!(path = %path.display(), error = %e, "configuration reload failed; the running settings stay");
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
+/// A running host.
+pub struct Host {
+    inner: Arc<HostInner>,
+    service_stop: CancellationToken,
+    service_task: JoinHandle<()>,
+    admin: Option<AdminServer>,
+}
+
+/// What shutdown did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// In-flight work finished within the timeout.
+    pub drained: bool,
+    /// Messages rolled back because the timeout passed (they return to their queues).
+    pub rolled_back: u64,
+}
+
+impl Host {
+    /// Starts a host from configuration with everything built from it.
+    pub async fn start(config: Config) -> Result<Host, HostError> {
+        HostBuilder::new(config).start().await
+    }
+
+    /// The shared parts (status, publisher, control, reload).
+    pub fn inner(&self) -> &Arc<HostInner> {
+        &self.inner
+    }
+
+    /// The admin endpoint's address, if it listens.
+    pub fn admin_address(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|a| a.address)
+    }
+
+    /// Sends a message through the throttled publish path.
+    pub async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), TransportError> {
+        let queue = QueueName::new(queue)?;
+        self.inner.publisher.send(&queue, &message).await
+    }
+
+    /// The status document.
+    pub fn status(&self) -> HostStatus {
+        self.inner.status()
+    }
+
+    /// Stops receiving, lets in-flight messages finish for up to `host.shutdown_timeout`,
+    /// rolls back what is still running (it returns to its queue), and stops.
+    pub async fn shutdown(self) -> ShutdownReport {
+        let timeout = self.inner.config().host.shutdown_timeout;
+        self.shutdown_within(timeout).await
+    }
+
+    /// [`Host::shutdown`] with an explicit timeout.
+    pub async fn shutdown_within(self, timeout: Duration) -> ShutdownReport {
+        let ctx = &self.inner.receive_ctx;
+        tracing::info!(
+            in_process = self.inner.in_process(),
+            "shutting down: receiving stopped, waiting for in-flight messages"
+        );
+        ctx.stop.cancel();
+        ctx.tasks.close();
+        let drained = tokio::time::timeout(timeout, ctx.tasks.wait())
+            .await
+            .is_ok();
+        let mut rolled_back = 0;
+        if !drained {
+            rolled_back = self.inner.in_process();
+            tracing::warn!(
+                rolled_back,
+                "shutdown timeout passed: rolling back in-flight messages"
+            );
+            ctx.abort.cancel();
+            ctx.tasks.wait().await;
+        }
+        self.service_stop.cancel();
+        let _ = self.service_task.await;
+        if let Some(admin) = self.admin {
+            admin.stop.cancel();
+            let _ = admin.task.await;
+        }
+        tracing::info!(drained, rolled_back, "host stopped");
+        ShutdownReport {
+            drained,
+            rolled_back,
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! `timeline.svg`: three panels over the run's time axis, read top to bottom.
+//!
+//! 1. **State**: a band per direction, coloured by BizTalk state code, with the phases marked.
+//! 2. **Wait**: the delay (plus pacing interval) each admission saw, log scale.
+//! 3. **Cause**: every condition that became active, as its value in percent of its threshold;
+//!    the condition is active above the 100 % line and clears below the dashed resume line.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::runner::RunResult;
+use crate::throttling::{Condition, Direction};
+
+const WIDTH: u32 = 1200;
+const HEIGHT: u32 = 900;
+
+/// Colour of a state code.
+fn state_color(code: u8) -> RGBColor {
+    match code {
+        0 => RGBColor(220, 237, 222),
+        1 | 2 => RGBColor(250, 214, 90),
+        3 => RGBColor(245, 150, 60),
+        4 => RGBColor(220, 50, 47),
+        5 => RGBColor(170, 30, 90),
+        6 => RGBColor(140, 100, 200),
+        8 => RGBColor(150, 110, 70),
+        9 => RGBColor(230, 120, 180),
+        10 | 11 => RGBColor(60, 120, 220),
+        _ => RGBColor(128, 128, 128),
+    }
+}
+
+fn condition_color(c: Condition) -> RGBColor {
+    match c {
+        Condition::RateImbalance => RGBColor(200, 160, 0),
+        Condition::ProcessMemory => RGBColor(220, 50, 47),
+        Condition::SystemMemory => RGBColor(170, 30, 90),
+        Condition::InProcess => RGBColor(245, 130, 40),
+        Condition::Threads => RGBColor(230, 100, 170),
+        Condition::DatabaseSize => RGBColor(130, 90, 200),
+        Condition::DatabaseSessions => RGBColor(140, 100, 60),
+        Condition::Override => RGBColor(60, 120, 220),
+    }
+}
+
+fn io_error(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+/// Draws the chart of a run into `path`.
+pub fn write_svg(run: &RunResult, path: &Path) -> std::io::Result<()> {
+    let root = SVGBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
+    draw(run, &root).map_err(io_error)?;
+    root.present().map_err(io_error)
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> {
+    root.fill(&WHITE)?;
+    let end = run.samples.last().map(|s| s.t).unwrap_or(1.0).max(1.0);
+    let title = format!("throttlehost load: {}", run.scenario);
+    let root = root.titled(&title, ("sans-serif", 22))?;
+    let (top, rest) = root.split_vertically(230);
+    let (middle, bottom) = rest.split_vertically(300);
+
+    // 1. State bands.
+    let mut chart = ChartBuilder::on(&top)
+        .margin(10)
+        .x_label_area_size(25)
+        .y_label_area_size(90)
+        .caption(
+            "throttling state (BizTalk code) per direction",
+            ("sans-serif", 16),
+        )
+        .build_cartesian_2d(0f64..end, 0f64..2f64)?;
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .y_labels(3)
+        .y_label_formatter(&|y| match *y {
+            y if (0.4..0.6).contains(&y) => "publishing".into(),
+            y if (1.4..1.6).contains(&y) => "delivery".into(),
+            _ => String::new(),
+        })
+        .x_desc("seconds")
+        .draw()?;
+    let mut seen_codes: Vec<u8> = Vec::new();
+    let mut previous = 0.0;
+    for s in &run.samples {
+        for (direction, lane) in [(Direction::Delivery, 1.0), (Direction::Publishing, 0.0)] {
+            let code = s.snapshot.decision.direction(direction).state;
+            if !seen_codes.contains(&code) {
+                seen_codes.push(code);
+            }
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(previous, lane + 0.1), (s.t, lane + 0.9)],
+                state_color(code).filled(),
+            )))?;
+        }
+        previous = s.t;
+    }
+    seen_codes.sort();
+    for code in seen_codes {
+        let name = if code == 0 {
+            "0 not throttling".to_string()
+        } else {
+            let direction = if matches!(code, 2 | 6 | 8 | 11) {
+                Direction::Publishing
+            } else {
+                Direction::Delivery
+            };
+            format!("{code} {}", crate::throttling::state_name(direction, code))
+        };
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(0.0, 0.0), (0.0, 0.0)],
+                state_color(code).filled(),
+            )))?
+            .label(name)
+            .legend(move |(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 12, y + 5)], state_color(code).filled())
+            });
+    }
+    for phase in &run.phases {
+        chart.draw_series(std::iter::once(PathElement::new(
+            vec![(phase.start, 0.0), (phase.start, 2.0)],
+            BLACK.mix(0.4).stroke_width(1),
+        )))?;
+        chart.draw_series(std::iter::once(Text::new(
+            phase.name.clone(),
+            (phase.start + end * 0.003, 1.97),
+            ("sans-serif", 11).into_font().color(&BLACK),
+        )))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 11))
+        .draw()?;
+
+    // 2. Waits.
+    let max_wait = run
+        .samples
+        .iter()
+        .flat_map(|s| {
+            Direction::ALL.map(|d| {
+                s.snapshot
+                    .decision
+                    .direction(d)
+                    .effective_wait()
+                    .as_secs_f64()
+            })
+        })
+        .fold(0.01f64, f64::max);
+    let mut chart = ChartBuilder::on(&middle)
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(90)
+        .caption(
+            "wait per admission (delay + pacing interval), seconds, log scale",
+            ("sans-serif", 16),
+        )
+        .build_cartesian_2d(0f64..end, (0.0005f64..max_wait * 2.0).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_label_formatter(&|y| {
+            crate::load::report::format_wait(std::time::Duration::from_secs_f64(*y))
+        })
+        .draw()?;
+    for (direction, color) in [
+        (Direction::Delivery, RGBColor(31, 119, 180)),
+        (Direction::Publishing, RGBColor(255, 127, 14)),
+    ] {
+        let mut segment: Vec<(f64, f64)> = Vec::new();
+        let mut segments: Vec<Vec<(f64, f64)>> = Vec::new();
+        for s in &run.samples {
+            let w = s
+                .snapshot
+                .decision
+                .direction(direction)
+                .effective_wait()
+                .as_secs_f64();
+            if w > 0.0 {
+                segment.push((s.t, w));
+            } else if !segment.is_empty() {
+                segments.push(std::mem::take(&mut segment));
+            }
+        }
+        if !segment.is_empty() {
+            segments.push(segment);
+        }
+        let mut first = true;
+        for seg in segments {
+            let series = chart.draw_series(LineSeries::new(seg, color.stroke_width(2)))?;
+            if first {
+                series.label(direction.name()).legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
+                });
+                first = false;
+            }
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 11))
+        .draw()?;
+
+    // 3. Causes: every condition that became active, in % of its threshold.
+    let mut causes: Vec<(Condition, Direction)> = Vec::new();
+    for s in &run.samples {
+        for direction in Direction::ALL {
+            for c in s.snapshot.decision.direction(direction).active() {
+                let shared = !matches!(c.condition, Condition::RateImbalance | Condition::Override);
+                let already = causes
+                    .iter()
+                    .any(|(x, d)| *x == c.condition && (shared || *d == direction));
+                if c.condition != Condition::Override && c.threshold > 0.0 && !already {
+                    causes.push((c.condition, direction));
+                }
+            }
+        }
+    }
+    let percent = |s: &super::runner::Sample, condition: Condition, direction: Direction| {
+        s.snapshot
+            .decision
+            .direction(direction)
+            .conditions
+            .iter()
+            .find(|c| c.condition == condition && c.threshold > 0.0)
+            .map(|c| (c.value / c.threshold * 100.0).min(400.0))
+    };
+    let top_percent = run
+        .samples
+        .iter()
+        .flat_map(|s| causes.iter().filter_map(move |(c, d)| percent(s, *c, *d)))
+        .fold(150.0f64, f64::max);
+    let mut chart = ChartBuilder::on(&bottom)
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(90)
+        .caption("what triggered it: value in % of threshold (active above 100 %, clears below the dashed line)", ("sans-serif", 16))
+        .build_cartesian_2d(0f64..end, 0f64..top_percent * 1.05)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("% of threshold")
+        .draw()?;
+    let resume = run.resume_ratio * 100.0;
+    chart.draw_series(std::iter::once(PathElement::new(
+        vec![(0.0, 100.0), (end, 100.0)],
+        BLACK.stroke_width(1),
+    )))?;
+    chart.draw_series(DashedLineSeries::new(
+        vec![(0.0, resume), (end, resume)],
+        6,
+        4,
+        BLACK.mix(0.5).stroke_width(1),
+    ))?;
+    for (condition, direction) in causes {
+        let color = condition_color(condition);
+        let points: Vec<(f64, f64)> = run
+            .samples
+            .iter()
+            .filter_map(|s| percent(s, condition, direction).map(|p| (s.t, p)))
+            .collect();
+        let label = if condition == Condition::RateImbalance {
+            format!("{} rate in / (out x overdrive)", direction.name())
+        } else {
+            condition.name().replace('_', " ")
+        };
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 11))
+        .draw()?;
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! `throttlehost load`: scenario files that drive a host through throttling states, with a
+//! timeline, a chart and an account of every message. `throttlehost demo` runs the built-in
+//! scenario `load/demo.toml` the same way, with a live table instead of files.
+
+pub mod chart;
+pub mod report;
+pub mod runner;
+pub mod scenario;
+
+pub use report::{Summary, summarize, text_summary, write_outputs};
+pub use runner::{Display, LoadError, LoadOptions, RunResult, run};
+pub use scenario::Scenario;

@@ -1,0 +1,464 @@
+//! What a run leaves behind: `timeline.csv`, `summary.json`, a one-screen text summary, and
+//! the live table the demo prints.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::runner::{RunResult, Sample};
+use crate::config::units::format_byte_size;
+use crate::host::HostInner;
+use crate::throttling::controller::{ConditionStatus, DirectionDecision};
+use crate::throttling::{Condition, Direction};
+
+/// `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Transport description.
+    pub transport: String,
+    /// Length of the run, seconds.
+    pub duration_seconds: f64,
+    /// Per direction, each state code seen and its total seconds.
+    pub states_observed: BTreeMap<&'static str, BTreeMap<String, f64>>,
+    /// The states the scenario expects, per direction.
+    pub expected_states: BTreeMap<&'static str, Vec<u8>>,
+    /// Expected states that did not appear (`delivery:4`).
+    pub missing_states: Vec<String>,
+    /// Every expected state appeared.
+    pub expectations_met: bool,
+    /// Both directions were back at state 0 at the end.
+    pub cleared: bool,
+    /// Longest wait imposed on an admission, either direction, seconds.
+    pub max_delay_seconds: f64,
+    /// The same per direction.
+    pub max_delay_seconds_by_direction: BTreeMap<&'static str, f64>,
+    /// Highest RSS seen.
+    pub peak_rss_bytes: u64,
+    /// Messages accepted by the publish path.
+    pub messages_sent: u64,
+    /// Handled successfully.
+    pub messages_processed: u64,
+    /// Moved to the error queue.
+    pub messages_in_error_queue: u64,
+    /// Dropped as expired.
+    pub messages_expired: u64,
+    /// Poison rows.
+    pub messages_poison: u64,
+    /// Sent minus processed, error, expired (by id), minus still queued.
+    pub messages_lost: u64,
+    /// Still in a queue at the end.
+    pub messages_remaining: u64,
+    /// Handled successfully more than once.
+    pub messages_duplicated: u64,
+    /// Sends refused by the publish path.
+    pub send_failures: u64,
+    /// Messages done per second from the first phase to the last message done.
+    pub throughput_per_second: f64,
+    /// Lowest effective concurrency limit seen per queue.
+    pub min_concurrency_limit: BTreeMap<String, u32>,
+    /// Phases with start and end, seconds.
+    pub phases: Vec<PhaseRecord>,
+    /// expectations met, cleared, nothing lost.
+    pub passed: bool,
+}
+
+/// A phase in `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseRecord {
+    /// Name.
+    pub name: String,
+    /// Start, seconds.
+    pub start: f64,
+    /// End, seconds.
+    pub end: f64,
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// Builds the summary of a run.
+pub fn summarize(run: &RunResult) -> Summary {
+    let mut states: BTreeMap<&'static str, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut max_delay: BTreeMap<&'static str, f64> = BTreeMap::new();
+    let mut min_limit: BTreeMap<String, u32> = BTreeMap::new();
+    let mut peak_rss = 0;
+    let mut previous_t = 0.0;
+    for s in &run.samples {
+        let dt = s.t - previous_t;
+        previous_t = s.t;
+        for direction in Direction::ALL {
+            let d = s.snapshot.decision.direction(direction);
+            *states
+                .entry(direction.name())
+                .or_default()
+                .entry(d.state.to_string())
+                .or_default() += dt;
+            let wait = max_delay.entry(direction.name()).or_default();
+            *wait = wait.max(d.effective_wait().as_secs_f64());
+        }
+        peak_rss = peak_rss.max(s.snapshot.readings.process_memory);
+        for (name, limit, _, _) in &s.queues {
+            let m = min_limit.entry(name.clone()).or_insert(*limit);
+            *m = (*m).min(*limit);
+        }
+    }
+    for per_direction in states.values_mut() {
+        for seconds in per_direction.values_mut() {
+            *seconds = round1(*seconds);
+        }
+    }
+    let mut missing = Vec::new();
+    for (direction, expected) in [
+        ("delivery", &run.expected.0),
+        ("publishing", &run.expected.1),
+    ] {
+        for code in expected {
+            let seen = states
+                .get(direction)
+                .is_some_and(|m| m.contains_key(&code.to_string()));
+            if !seen {
+                missing.push(format!("{direction}:{code}"));
+            }
+        }
+    }
+    let a = &run.accounting;
+    let done = a.processed + a.in_error_queue + a.expired + a.poison;
+    let throughput = if run.busy_seconds > 0.0 {
+        done as f64 / run.busy_seconds
+    } else {
+        0.0
+    };
+    let expectations_met = missing.is_empty();
+    Summary {
+        scenario: run.scenario.clone(),
+        transport: run.transport.clone(),
+        duration_seconds: round1(run.samples.last().map(|s| s.t).unwrap_or(0.0)),
+        states_observed: states,
+        expected_states: BTreeMap::from([
+            ("delivery", run.expected.0.clone()),
+            ("publishing", run.expected.1.clone()),
+        ]),
+        missing_states: missing,
+        expectations_met,
+        cleared: run.cleared,
+        max_delay_seconds: max_delay.values().copied().fold(0.0, f64::max),
+        max_delay_seconds_by_direction: max_delay,
+        peak_rss_bytes: peak_rss,
+        messages_sent: a.sent,
+        messages_processed: a.processed,
+        messages_in_error_queue: a.in_error_queue,
+        messages_expired: a.expired,
+        messages_poison: a.poison,
+        messages_lost: a.lost,
+        messages_remaining: a.remaining,
+        messages_duplicated: a.duplicated,
+        send_failures: a.send_failures,
+        throughput_per_second: throughput.round(),
+        min_concurrency_limit: min_limit,
+        phases: run
+            .phases
+            .iter()
+            .map(|p| PhaseRecord {
+                name: p.name.clone(),
+                start: round1(p.start),
+                end: round1(p.end),
+            })
+            .collect(),
+        passed: expectations_met && run.cleared && a.lost == 0,
+    }
+}
+
+fn active_list(d: &DirectionDecision) -> String {
+    let names: Vec<&str> = d.active().map(|c| c.condition.name()).collect();
+    names.join("|")
+}
+
+/// Writes `timeline.csv`: one row per sample.
+pub fn write_csv(run: &RunResult, path: &Path) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let queue_names: Vec<String> = run
+        .samples
+        .first()
+        .map(|s| s.queues.iter().map(|q| q.0.clone()).collect())
+        .unwrap_or_default();
+    let mut header = String::from(
+        "t_seconds,phase,delivery_state,delivery_wait_seconds,delivery_active,delivery_incoming_per_second,delivery_outgoing_per_second,\
+publishing_state,publishing_wait_seconds,publishing_active,publishing_incoming_per_second,publishing_outgoing_per_second,\
+process_memory_bytes,process_memory_threshold_bytes,system_memory_used_bytes,system_memory_threshold_bytes,\
+in_process,in_process_threshold,threads,threads_threshold,database_size,database_size_threshold,\
+database_sessions,database_sessions_threshold,messages_sent,messages_done",
+    );
+    for q in &queue_names {
+        let _ = write!(header, ",limit_{q},in_flight_{q},depth_{q}");
+    }
+    writeln!(out, "{header}")?;
+    for s in &run.samples {
+        let d = &s.snapshot.decision;
+        let r = &s.snapshot.readings;
+        let th = &s.snapshot.thresholds;
+        let off = |t: Option<u64>| t.unwrap_or(0);
+        let mut row = format!(
+            "{:.3},{},{},{:.6},{},{:.1},{:.1},{},{:.6},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            s.t,
+            csv_field(&s.phase),
+            d.delivery.state,
+            d.delivery.effective_wait().as_secs_f64(),
+            active_list(&d.delivery),
+            r.delivery.incoming_per_sec,
+            r.delivery.outgoing_per_sec,
+            d.publishing.state,
+            d.publishing.effective_wait().as_secs_f64(),
+            active_list(&d.publishing),
+            r.publishing.incoming_per_sec,
+            r.publishing.outgoing_per_sec,
+            r.process_memory,
+            off(th.process_memory),
+            r.system_memory_used,
+            off(th.system_memory),
+            r.in_process,
+            off(th.in_process),
+            r.threads,
+            off(th.threads),
+            r.database_size,
+            off(th.database_size),
+            r.database_sessions,
+            off(th.database_sessions),
+            s.sent,
+            s.done,
+        );
+        for (_, limit, in_flight, depth) in &s.queues {
+            let _ = write!(row, ",{limit},{in_flight},{depth}");
+        }
+        writeln!(out, "{row}")?;
+    }
+    out.flush()
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// Writes `timeline.csv`, `timeline.svg` and `summary.json` into `dir`.
+pub fn write_outputs(run: &RunResult, summary: &Summary, dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    write_csv(run, &dir.join("timeline.csv"))?;
+    super::chart::write_svg(run, &dir.join("timeline.svg"))?;
+    let json = serde_json::to_string_pretty(summary).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join("summary.json"), json + "\n")
+}
+
+/// A wait as a person reads it.
+pub fn format_wait(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s == 0.0 {
+        "0".into()
+    } else if s < 1.0 {
+        format!("{:.0}ms", s * 1000.0)
+    } else {
+        format!("{s:.1}s")
+    }
+}
+
+/// The one-screen text summary.
+pub fn text_summary(s: &Summary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "scenario {} on {} ({:.1}s)",
+        s.scenario, s.transport, s.duration_seconds
+    );
+    out.push_str(&states_summary(s));
+    text_details(s, &mut out);
+    out
+}
+
+/// The states each direction went through, with seconds.
+pub fn states_summary(s: &Summary) -> String {
+    let mut out = String::new();
+    for (direction, states) in &s.states_observed {
+        let direction_enum = Direction::parse(direction).unwrap_or(Direction::Delivery);
+        let list: Vec<String> = states
+            .iter()
+            .map(|(code, secs)| {
+                let name = crate::throttling::state_name(direction_enum, code.parse().unwrap_or(0));
+                format!("{code} {name} {secs:.1}s")
+            })
+            .collect();
+        let _ = writeln!(out, "  {direction:<10} states: {}", list.join(", "));
+    }
+    out
+}
+
+fn text_details(s: &Summary, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "  max delay {:.3}s   peak RSS {}   throughput {:.0} msg/s",
+        s.max_delay_seconds,
+        format_byte_size(s.peak_rss_bytes),
+        s.throughput_per_second
+    );
+    let _ = writeln!(
+        out,
+        "  messages: sent {}  processed {}  error queue {}  expired {}  remaining {}  duplicated {}  LOST {}",
+        s.messages_sent,
+        s.messages_processed,
+        s.messages_in_error_queue,
+        s.messages_expired,
+        s.messages_remaining,
+        s.messages_duplicated,
+        s.messages_lost
+    );
+    if !s.min_concurrency_limit.is_empty() {
+        let limits: Vec<String> = s
+            .min_concurrency_limit
+            .iter()
+            .map(|(q, l)| format!("{q} {l}"))
+            .collect();
+        let _ = writeln!(out, "  lowest concurrency limit: {}", limits.join(", "));
+    }
+    let verdict = if s.passed { "PASS" } else { "FAIL" };
+    let mut reasons = Vec::new();
+    if !s.missing_states.is_empty() {
+        reasons.push(format!(
+            "expected states not seen: {}",
+            s.missing_states.join(", ")
+        ));
+    }
+    if !s.cleared {
+        reasons.push("throttling did not clear at the end".into());
+    }
+    if s.messages_lost > 0 {
+        reasons.push(format!("{} messages lost", s.messages_lost));
+    }
+    let _ = writeln!(
+        out,
+        "  {verdict}{}",
+        if reasons.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", reasons.join("; "))
+        }
+    );
+}
+
+fn condition_text(c: &ConditionStatus) -> String {
+    let fmt = |v: f64| match c.condition {
+        Condition::ProcessMemory | Condition::SystemMemory => format_byte_size(v as u64),
+        Condition::RateImbalance => format!("{v:.0}/s"),
+        _ => format!("{v:.0}"),
+    };
+    if c.condition == Condition::Override {
+        "override".into()
+    } else {
+        format!(
+            "{} {}/{}",
+            c.condition.name(),
+            fmt(c.value),
+            fmt(c.threshold)
+        )
+    }
+}
+
+/// The demo's live table.
+pub fn table(
+    host: &HostInner,
+    sample: &Sample,
+    phase: &str,
+    index: usize,
+    phases: usize,
+    admin: Option<std::net::SocketAddr>,
+) -> String {
+    let mut out = String::new();
+    let d = &sample.snapshot.decision;
+    let r = &sample.snapshot.readings;
+    let th = &sample.snapshot.thresholds;
+    let _ = writeln!(out);
+    let admin = admin
+        .map(|a| format!("   http://{a}/status"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "t={:>5.1}s  phase {}/{}: {}{}",
+        sample.t,
+        index + 1,
+        phases.max(1),
+        phase,
+        admin
+    );
+    let _ = writeln!(
+        out,
+        "  {:<11}{:<38}{:>8}  {:>15}  active conditions",
+        "direction", "state", "wait", "in/out msg/s"
+    );
+    for (name, dd, rates) in [
+        ("delivery", &d.delivery, r.delivery),
+        ("publishing", &d.publishing, r.publishing),
+    ] {
+        let conditions: Vec<String> = dd.active().map(condition_text).collect();
+        let _ = writeln!(
+            out,
+            "  {:<11}{:<38}{:>8}  {:>15}  {}",
+            name,
+            format!("{} {}", dd.state, dd.state_name),
+            format_wait(dd.effective_wait()),
+            format!(
+                "{:.0}/{:.0}",
+                rates.incoming_per_sec, rates.outgoing_per_sec
+            ),
+            if conditions.is_empty() {
+                "-".into()
+            } else {
+                conditions.join(", ")
+            }
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  {:<24}{:<9}{:>5}{:>7}{:>11}{:>8}",
+        "queue", "model", "max", "limit", "in-flight", "depth"
+    );
+    for q in host.queues() {
+        let model = format!("{:?}", q.model).to_lowercase();
+        let _ = writeln!(
+            out,
+            "  {:<24}{:<9}{:>5}{:>7}{:>11}{:>8}",
+            q.name.as_str(),
+            model,
+            q.settings().max,
+            q.gate.effective(),
+            q.gate.in_flight(),
+            q.depth.get()
+        );
+    }
+    let threshold = |t: Option<u64>, bytes: bool| match t {
+        None => "off".to_string(),
+        Some(v) if bytes => format_byte_size(v),
+        Some(v) => v.to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "  rss {} (threshold {})  in-process {} ({})  threads {} ({})  db size {} ({})  sessions {} ({})",
+        format_byte_size(r.process_memory),
+        threshold(th.process_memory, true),
+        r.in_process,
+        threshold(th.in_process, false),
+        r.threads,
+        threshold(th.threads, false),
+        r.database_size,
+        threshold(th.database_size, false),
+        r.database_sessions,
+        threshold(th.database_sessions, false),
+    );
+    out
+}

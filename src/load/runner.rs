@@ -1,0 +1,769 @@
+//! Runs a scenario: starts a host in this process on the scenario's transport, drives the
+//! phases through the host's publish path, samples the controller every sample interval,
+//! waits for the queues to drain and the states to clear, and accounts for every message.
+
+use std::collections::{HashMap, HashSet};
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use super::scenario::{Phase, Scenario};
+use crate::config::{Config, HostConfig, OverrideMode, TransportKind};
+use crate::dispatch::{DispatchObserver, Outcome};
+use crate::host::{HostBuilder, HostError, HostInner};
+use crate::message::OutgoingMessage;
+use crate::throttling::Direction;
+use crate::throttling::sensors::{ResourceSensor, SystemSensor};
+use crate::throttling::service::Snapshot;
+use crate::transport::{self, QueueName, Transport, TransportError};
+
+/// Most sends of a phase waiting at once; beyond this the generator stops offering more (it
+/// would otherwise turn a throttled publish path into unbounded memory).
+const MAX_OUTSTANDING_SENDS: usize = 100_000;
+
+/// How progress is shown while a scenario runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Display {
+    /// Nothing.
+    Quiet,
+    /// One progress line (on stderr).
+    Progress,
+    /// The demo's live table (on stdout), once a second.
+    Table,
+}
+
+/// How to run a scenario.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Multiplies every phase duration.
+    pub duration_scale: f64,
+    /// Replaces the transport schema (isolates parallel runs on one database).
+    pub schema: Option<String>,
+    /// Replaces the transport connection string.
+    pub connection_string: Option<String>,
+    /// Replaces the admin address (`"off"` for none).
+    pub admin_address: Option<String>,
+    /// Progress display.
+    pub display: Display,
+    /// Repeat the phases until this much time has passed (the demo); None: once.
+    pub repeat_for: Option<Duration>,
+    /// Repeat until cancelled (the demo without `--duration`).
+    pub repeat_forever: bool,
+    /// Cancelled on Ctrl-C: the run stops its phases early and drains.
+    pub stop: CancellationToken,
+    /// Account for every message by id (off for endless demo runs).
+    pub track_ids: bool,
+    /// Wait for the queues to drain and the states to clear at the end (off for the demo).
+    pub drain: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            duration_scale: 1.0,
+            schema: None,
+            connection_string: None,
+            admin_address: None,
+            display: Display::Quiet,
+            repeat_for: None,
+            repeat_forever: false,
+            stop: CancellationToken::new(),
+            track_ids: true,
+            drain: true,
+        }
+    }
+}
+
+/// Why a run could not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The scenario's host could not start.
+    #[error(transparent)]
+    Host(#[from] HostError),
+    /// The transport failed outside the host.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+/// One sample of the run.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Seconds since the run started.
+    pub t: f64,
+    /// Phase name (or "drain", "settle").
+    pub phase: String,
+    /// The controller's snapshot.
+    pub snapshot: Arc<Snapshot>,
+    /// Per receiving queue: (name, effective limit, in flight, depth).
+    pub queues: Vec<(String, u32, u32, u64)>,
+    /// Messages sent so far.
+    pub sent: u64,
+    /// Messages done so far (any outcome).
+    pub done: u64,
+}
+
+/// Where a phase sits on the run's clock.
+#[derive(Debug, Clone)]
+pub struct PhaseSpan {
+    /// Name.
+    pub name: String,
+    /// Start, seconds.
+    pub start: f64,
+    /// End, seconds.
+    pub end: f64,
+}
+
+/// Message accounting of a run.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Accounting {
+    /// Messages accepted by the publish path (prefill included).
+    pub sent: u64,
+    /// Handled successfully (distinct ids when tracking).
+    pub processed: u64,
+    /// Moved to the error queue.
+    pub in_error_queue: u64,
+    /// Dropped as expired.
+    pub expired: u64,
+    /// Dead-lettered as poison.
+    pub poison: u64,
+    /// Sent but not seen leaving a queue, minus those still in a queue.
+    pub lost: u64,
+    /// Still in a receiving queue at the end (drain timed out).
+    pub remaining: u64,
+    /// Handled successfully more than once (at-least-once redeliveries).
+    pub duplicated: u64,
+    /// Sends the publish path refused (never entered a queue; not lost).
+    pub send_failures: u64,
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Scenario name.
+    pub scenario: String,
+    /// Transport description.
+    pub transport: String,
+    /// Samples, one per sample interval.
+    pub samples: Vec<Sample>,
+    /// The phases as they ran.
+    pub phases: Vec<PhaseSpan>,
+    /// Message accounting.
+    pub accounting: Accounting,
+    /// Seconds from the first phase to the last message done.
+    pub busy_seconds: f64,
+    /// Both directions were back at state 0 at the end.
+    pub cleared: bool,
+    /// The scenario's expectations (delivery, publishing).
+    pub expected: (Vec<u8>, Vec<u8>),
+    /// Hysteresis ratio in force (the chart draws the resume line from it).
+    pub resume_ratio: f64,
+}
+
+/// Counts every message by id; the host reports outcomes through [`DispatchObserver`].
+#[derive(Default)]
+struct Ledger {
+    track_ids: bool,
+    sent: AtomicU64,
+    send_failures: AtomicU64,
+    done: AtomicU64,
+    /// Per outcome (success, error, expired, poison), counted whether or not ids are tracked.
+    outcomes: [AtomicU64; 4],
+    last_done: Mutex<Option<Instant>>,
+    ids: Mutex<LedgerIds>,
+}
+
+#[derive(Default)]
+struct LedgerIds {
+    sent: HashSet<String>,
+    native: HashMap<Uuid, String>,
+    outcomes: HashMap<String, (Outcome, u32)>,
+}
+
+fn outcome_index(o: Outcome) -> usize {
+    match o {
+        Outcome::Success => 0,
+        Outcome::Error => 1,
+        Outcome::Expired => 2,
+        Outcome::Poison => 3,
+    }
+}
+
+impl Ledger {
+    fn new(track_ids: bool) -> Self {
+        Ledger {
+            track_ids,
+            ..Ledger::default()
+        }
+    }
+
+    fn ids(&self) -> std::sync::MutexGuard<'_, LedgerIds> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sent(&self, message: &OutgoingMessage) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        if self.track_ids {
+            let logical = message.logical_id();
+            let mut ids = self.ids();
+            ids.native.insert(message.id, logical.clone());
+            ids.sent.insert(logical);
+        }
+    }
+
+    fn accounting(&self, remaining: u64) -> Accounting {
+        let ids = self.ids();
+        let count = |o: Outcome| self.outcomes[outcome_index(o)].load(Ordering::Relaxed);
+        let unaccounted = ids
+            .sent
+            .iter()
+            .filter(|id| !ids.outcomes.contains_key(*id))
+            .count() as u64;
+        Accounting {
+            sent: self.sent.load(Ordering::Relaxed),
+            processed: count(Outcome::Success),
+            in_error_queue: count(Outcome::Error),
+            expired: count(Outcome::Expired),
+            poison: count(Outcome::Poison),
+            lost: if self.track_ids {
+                unaccounted.saturating_sub(remaining)
+            } else {
+                0
+            },
+            remaining,
+            duplicated: ids
+                .outcomes
+                .values()
+                .filter(|(o, n)| *o == Outcome::Success && *n > 1)
+                .count() as u64,
+            send_failures: self.send_failures.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl DispatchObserver for Ledger {
+    fn completed(&self, _queue: &QueueName, id: Uuid, logical_id: Option<&str>, outcome: Outcome) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        self.outcomes[outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
+        *self.last_done.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        if !self.track_ids {
+            return;
+        }
+        let mut ids = self.ids();
+        let logical = match logical_id {
+            Some(l) => Some(l.to_string()),
+            None => ids.native.get(&id).cloned(),
+        };
+        if let Some(l) = logical {
+            let entry = ids.outcomes.entry(l).or_insert((outcome, 0));
+            entry.0 = outcome;
+            entry.1 += 1;
+        }
+    }
+}
+
+/// The host configuration a scenario runs with, thresholds resolved against `sensor`.
+pub fn host_config(
+    scenario: &Scenario,
+    options: &LoadOptions,
+    sensor: &mut dyn ResourceSensor,
+) -> Config {
+    let mut transport = scenario.transport.clone();
+    if let Some(schema) = &options.schema {
+        transport.schema = schema.clone();
+    }
+    if let Some(cs) = &options.connection_string {
+        transport.connection_string = crate::config::ConnectionString::new(cs.clone());
+    }
+    let mut throttling = scenario.throttling.clone();
+    let baseline = sensor.read();
+    let cpus = sensor.machine().cpus.max(1);
+    let per_cpu = |total: u64| total.div_ceil(cpus).max(1);
+    let r = &scenario.relative;
+    if let Some(above) = r.process_memory_above_baseline {
+        throttling.process_memory =
+            crate::config::MemoryThreshold::Bytes(baseline.process_memory + above.bytes());
+    }
+    if let Some(above) = r.system_memory_above_baseline {
+        throttling.system_memory =
+            crate::config::MemoryThreshold::Bytes(baseline.system_memory_used + above.bytes());
+    }
+    if let Some(above) = r.threads_above_baseline {
+        throttling.threads_per_cpu = per_cpu(baseline.threads + above);
+    }
+    if let Some(total) = r.in_process {
+        throttling.in_process_per_cpu = per_cpu(total);
+    }
+    if let Some(total) = r.database_sessions {
+        throttling.database_sessions_per_cpu = per_cpu(total);
+    }
+    Config {
+        host: HostConfig {
+            name: format!("load-{}", scenario.name),
+            instance_id: "load".into(),
+            admin_address: options
+                .admin_address
+                .clone()
+                .unwrap_or_else(|| scenario.admin_address.clone()),
+            shutdown_timeout: Duration::from_secs(10),
+            create_queues: true,
+        },
+        transport,
+        queues: scenario.queues.clone(),
+        throttling,
+        ..Config::default()
+    }
+}
+
+/// Runs a scenario to the end.
+pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult, LoadError> {
+    let mut sensor = SystemSensor::new();
+    let config = host_config(scenario, options, &mut sensor);
+    let sample_interval = config.throttling.sample_interval;
+    let resume_ratio = config.throttling.resume_ratio;
+    let transport: Arc<dyn Transport> = transport::connect(&config.transport).await?;
+    let queue_names: Vec<QueueName> = scenario
+        .queues
+        .iter()
+        .map(|q| QueueName::new(&q.name))
+        .collect::<Result<_, _>>()?;
+    let mut error_queues: Vec<QueueName> = Vec::new();
+    for q in &scenario.queues {
+        error_queues.push(QueueName::new(&q.error_queue)?);
+    }
+    // A database keeps what earlier runs left: start from empty queues.
+    if config.transport.kind != TransportKind::Memory {
+        for q in queue_names.iter().chain(error_queues.iter()) {
+            transport.create_queue(q).await?;
+            transport.purge(q).await?;
+        }
+    }
+    let ledger = Arc::new(Ledger::new(options.track_ids));
+    let body = vec![b'x'; scenario.message_size.bytes() as usize];
+    if scenario.prefill > 0 {
+        let target = first_queue(scenario, &scenario.phases[0]);
+        transport.create_queue(&target).await?;
+        prefill(&transport, &target, scenario.prefill, &body, &ledger).await?;
+    }
+
+    let host = HostBuilder::new(config)
+        .transport(transport.clone())
+        .observer(ledger.clone())
+        .start()
+        .await?;
+    let inner = host.inner().clone();
+    if let Some(addr) = host.admin_address() {
+        tracing::info!("status: http://{addr}/status  metrics: http://{addr}/metrics");
+    }
+
+    let started = Instant::now();
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut spans: Vec<PhaseSpan> = Vec::new();
+    let sends = TaskTracker::new();
+    let outstanding = Arc::new(Semaphore::new(MAX_OUTSTANDING_SENDS));
+    let total = options.repeat_for;
+    let mut round = 0u32;
+    'rounds: loop {
+        for (index, phase) in scenario.phases.iter().enumerate() {
+            if options.stop.is_cancelled() || total.is_some_and(|t| started.elapsed() >= t) {
+                break 'rounds;
+            }
+            apply_phase(&inner, phase);
+            let queue = first_queue(scenario, phase);
+            let phase_stop = options.stop.child_token();
+            let length = phase.duration.mul_f64(options.duration_scale.max(0.0));
+            let length = match total {
+                Some(t) => length.min(t.saturating_sub(started.elapsed())),
+                None => length,
+            };
+            let generator = tokio::spawn(generate(
+                inner.clone(),
+                queue,
+                phase.clone(),
+                body.clone(),
+                ledger.clone(),
+                sends.clone(),
+                outstanding.clone(),
+                phase_stop.clone(),
+            ));
+            let start = started.elapsed().as_secs_f64();
+            let label = if round > 0 {
+                format!("{} (round {})", phase.name, round + 1)
+            } else {
+                phase.name.clone()
+            };
+            let phase_end = Instant::now() + length;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(sample_interval) => {}
+                    _ = options.stop.cancelled() => {}
+                }
+                sample(&inner, &mut samples, started, &label, &ledger);
+                show(
+                    options.display,
+                    &inner,
+                    &samples,
+                    &label,
+                    index,
+                    scenario.phases.len(),
+                    &ledger,
+                    host.admin_address(),
+                );
+                if options.stop.is_cancelled() || Instant::now() >= phase_end {
+                    break;
+                }
+                if phase.until_drained && generator.is_finished() && drained(&inner).await {
+                    break;
+                }
+            }
+            phase_stop.cancel();
+            let _ = generator.await;
+            spans.push(PhaseSpan {
+                name: label,
+                start,
+                end: started.elapsed().as_secs_f64(),
+            });
+        }
+        round += 1;
+        if !(options.repeat_forever || total.is_some()) {
+            break;
+        }
+    }
+
+    // Offered sends finish (or fail) before draining starts.
+    sends.close();
+    if tokio::time::timeout(scenario.drain_timeout, sends.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some sends did not finish within the drain timeout");
+    }
+    for direction in Direction::ALL {
+        inner.set_override(direction, OverrideMode::None);
+    }
+    // Back to an easy handler so the backlog drains.
+    for q in inner.queues() {
+        if let Some(sim) = &q.simulate {
+            let mut knobs = sim.knobs();
+            knobs.memory_per_message = crate::config::ByteSize(0);
+            knobs.blocking = false;
+            knobs.failure_rate = knobs.failure_rate.min(1.0);
+            sim.set_knobs(knobs);
+        }
+    }
+    let drain_start = started.elapsed().as_secs_f64();
+    let drain_deadline = Instant::now() + scenario.drain_timeout;
+    while options.drain
+        && !drained(&inner).await
+        && Instant::now() < drain_deadline
+        && !options.stop.is_cancelled()
+    {
+        tokio::time::sleep(sample_interval).await;
+        sample(&inner, &mut samples, started, "drain", &ledger);
+        show(
+            options.display,
+            &inner,
+            &samples,
+            "drain",
+            0,
+            0,
+            &ledger,
+            host.admin_address(),
+        );
+    }
+    spans.push(PhaseSpan {
+        name: "drain".into(),
+        start: drain_start,
+        end: started.elapsed().as_secs_f64(),
+    });
+    let last_done = *ledger.last_done.lock().unwrap_or_else(|e| e.into_inner());
+    let busy_seconds = last_done
+        .map(|t| t.duration_since(started).as_secs_f64())
+        .unwrap_or(0.0);
+
+    let settle_start = started.elapsed().as_secs_f64();
+    let cleared = if options.drain {
+        settle(
+            &inner,
+            &mut samples,
+            started,
+            &ledger,
+            sample_interval,
+            scenario.settle_timeout,
+            &options.stop,
+        )
+        .await
+    } else {
+        false
+    };
+    spans.push(PhaseSpan {
+        name: "settle".into(),
+        start: settle_start,
+        end: started.elapsed().as_secs_f64(),
+    });
+    if options.display == Display::Progress {
+        eprintln!();
+    }
+
+    let mut remaining = 0;
+    for q in &queue_names {
+        remaining += transport.peek_depth(q).await.unwrap_or(0);
+    }
+    let description = transport.describe();
+    host.shutdown().await;
+    let phase_start = spans.first().map(|s| s.start).unwrap_or(0.0);
+    Ok(RunResult {
+        scenario: scenario.name.clone(),
+        transport: description,
+        samples,
+        phases: spans,
+        accounting: ledger.accounting(remaining),
+        busy_seconds: (busy_seconds - phase_start).max(0.0),
+        cleared,
+        expected: (
+            scenario.expect.delivery_states.clone(),
+            scenario.expect.publishing_states.clone(),
+        ),
+        resume_ratio,
+    })
+}
+
+fn first_queue(scenario: &Scenario, phase: &Phase) -> QueueName {
+    let name = phase.queue.as_deref().unwrap_or(&scenario.queues[0].name);
+    QueueName::new(name).expect("scenario queue names are validated")
+}
+
+fn apply_phase(host: &HostInner, phase: &Phase) {
+    if let Some(change) = &phase.handler {
+        for q in host.queues() {
+            if let Some(sim) = &q.simulate {
+                sim.set_knobs(change.apply(sim.knobs()));
+            }
+        }
+    }
+    if let Some(mode) = phase.delivery_override {
+        host.set_override(Direction::Delivery, mode);
+    }
+    if let Some(mode) = phase.publishing_override {
+        host.set_override(Direction::Publishing, mode);
+    }
+}
+
+async fn prefill(
+    transport: &Arc<dyn Transport>,
+    queue: &QueueName,
+    count: u64,
+    body: &[u8],
+    ledger: &Arc<Ledger>,
+) -> Result<(), TransportError> {
+    const WRITERS: u64 = 8;
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (transport, queue, body, ledger) = (
+            transport.clone(),
+            queue.clone(),
+            body.to_vec(),
+            ledger.clone(),
+        );
+        writers.push(tokio::spawn(async move {
+            let mut i = w;
+            while i < count {
+                let message = OutgoingMessage::new(body.clone());
+                transport.send(&queue, &message).await?;
+                ledger.sent(&message);
+                i += WRITERS;
+            }
+            Ok::<(), TransportError>(())
+        }));
+    }
+    for w in writers {
+        w.await
+            .map_err(|e| TransportError::Connection(e.to_string()))??;
+    }
+    Ok(())
+}
+
+/// Offers the phase's burst and rate to the publish path, open loop.
+#[allow(clippy::too_many_arguments)]
+async fn generate(
+    host: Arc<HostInner>,
+    queue: QueueName,
+    phase: Phase,
+    body: Vec<u8>,
+    ledger: Arc<Ledger>,
+    sends: TaskTracker,
+    outstanding: Arc<Semaphore>,
+    stop: CancellationToken,
+) {
+    let offer = |ledger: &Arc<Ledger>| {
+        let Ok(permit) = outstanding.clone().try_acquire_owned() else {
+            ledger.send_failures.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let (host, queue, ledger) = (host.clone(), queue.clone(), ledger.clone());
+        let mut message = OutgoingMessage::new(body.clone());
+        if let Some(ttbr) = phase.ttbr {
+            message = message.with_time_to_be_received(ttbr);
+        }
+        sends.spawn(async move {
+            match host.publisher().send(&queue, &message).await {
+                Ok(()) => ledger.sent(&message),
+                Err(e) => {
+                    ledger.send_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(error = %e, "a load-test send failed");
+                }
+            }
+            drop(permit);
+        });
+    };
+    for _ in 0..phase.burst {
+        if stop.is_cancelled() {
+            return;
+        }
+        offer(&ledger);
+        tokio::task::yield_now().await;
+    }
+    if phase.publish_rate <= 0.0 {
+        return;
+    }
+    let start = Instant::now();
+    let mut offered = 0u64;
+    let tick = Duration::from_secs_f64((1.0 / phase.publish_rate).clamp(0.001, 0.05));
+    loop {
+        let due = (start.elapsed().as_secs_f64() * phase.publish_rate) as u64;
+        while offered < due {
+            offer(&ledger);
+            offered += 1;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(tick) => {}
+        }
+    }
+}
+
+/// Samples until both directions are back at state 0 (true) or the timeout passes (false).
+async fn settle(
+    host: &HostInner,
+    samples: &mut Vec<Sample>,
+    started: Instant,
+    ledger: &Ledger,
+    interval: Duration,
+    timeout: Duration,
+    stop: &CancellationToken,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        tokio::time::sleep(interval).await;
+        sample(host, samples, started, "settle", ledger);
+        if let Some(last) = samples.last() {
+            let d = &last.snapshot.decision;
+            if d.delivery.state == 0 && d.publishing.state == 0 {
+                return true;
+            }
+        }
+        if Instant::now() >= deadline || stop.is_cancelled() {
+            return false;
+        }
+    }
+}
+
+async fn drained(host: &HostInner) -> bool {
+    if host.in_process() > 0 || host.queues().iter().any(|q| q.gate.in_flight() > 0) {
+        return false;
+    }
+    for q in host.queues() {
+        match host.transport().peek_depth(&q.name).await {
+            Ok(0) => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+fn sample(
+    host: &HostInner,
+    samples: &mut Vec<Sample>,
+    started: Instant,
+    phase: &str,
+    ledger: &Ledger,
+) {
+    let Some(snapshot) = host.control().snapshot() else {
+        return;
+    };
+    samples.push(Sample {
+        t: started.elapsed().as_secs_f64(),
+        phase: phase.to_string(),
+        snapshot,
+        queues: host
+            .queues()
+            .iter()
+            .map(|q| {
+                (
+                    q.name.to_string(),
+                    q.gate.effective(),
+                    q.gate.in_flight(),
+                    q.depth.get(),
+                )
+            })
+            .collect(),
+        sent: ledger.sent.load(Ordering::Relaxed),
+        done: ledger.done.load(Ordering::Relaxed),
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn show(
+    display: Display,
+    host: &HostInner,
+    samples: &[Sample],
+    phase: &str,
+    index: usize,
+    phases: usize,
+    ledger: &Ledger,
+    admin: Option<std::net::SocketAddr>,
+) {
+    let Some(last) = samples.last() else { return };
+    match display {
+        Display::Quiet => {}
+        Display::Progress => {
+            let d = &last.snapshot.decision;
+            let line = format!(
+                "[{}/{} {}] t={:.1}s delivery={} ({}) publishing={} ({}) sent={} done={} depth={}",
+                index + 1,
+                phases.max(1),
+                phase,
+                last.t,
+                d.delivery.state,
+                super::report::format_wait(d.delivery.effective_wait()),
+                d.publishing.state,
+                super::report::format_wait(d.publishing.effective_wait()),
+                ledger.sent.load(Ordering::Relaxed),
+                ledger.done.load(Ordering::Relaxed),
+                last.queues.iter().map(|q| q.3).sum::<u64>(),
+            );
+            if std::io::stderr().is_terminal() {
+                eprint!("\r{line:<120}");
+            } else if samples.len() % 10 == 1 {
+                eprintln!("{line}");
+            }
+        }
+        Display::Table => {
+            // Once a second is enough for a person.
+            let per_second =
+                samples.len() < 2 || last.t.floor() != samples[samples.len() - 2].t.floor();
+            if per_second {
+                print!(
+                    "{}",
+                    super::report::table(host, last, phase, index, phases, admin)
+                );
+            }
+        }
+    }
+}

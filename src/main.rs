@@ -1,0 +1,261 @@
+//! The `throttlehost` command line. Each subcommand lives in `src/cli/`.
+
+mod cli;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// A message-processing host for SQL Server queue tables (NServiceBus SQL transport layout)
+/// with BizTalk-style host throttling.
+#[derive(Debug, Parser)]
+#[command(name = "throttlehost", version, propagate_version = true)]
+struct Cli {
+    /// Log line format (filter with RUST_LOG, e.g. RUST_LOG=throttlehost=debug).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the host: receive from the configured queues until SIGTERM or Ctrl-C. SIGHUP or an
+    /// edit of the file reloads the settings.
+    Run {
+        /// Configuration file.
+        #[arg(
+            long,
+            short,
+            env = "THROTTLEHOST_CONFIG",
+            default_value = "config/host.toml"
+        )]
+        config: PathBuf,
+    },
+    /// Run the built-in demo: in-memory queues, simulated handlers and a load that walks
+    /// through the throttling states, with a live table and /metrics. No database needed.
+    Demo {
+        /// Stop after this long (seconds, or e.g. 90s, 5m); default: until Ctrl-C.
+        #[arg(long, value_parser = parse_duration)]
+        duration: Option<Duration>,
+        /// Address of the admin endpoint (/metrics, /status).
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        admin: String,
+    },
+    /// Configuration tools.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+    /// Create, list, measure and purge queue tables.
+    Queues {
+        /// Configuration file naming the transport (and, for create, the queues).
+        #[arg(
+            long,
+            short,
+            env = "THROTTLEHOST_CONFIG",
+            default_value = "config/host.toml",
+            global = true
+        )]
+        config: PathBuf,
+        #[command(subcommand)]
+        action: QueuesAction,
+    },
+    /// Send messages to a queue.
+    Send {
+        /// Configuration file naming the transport.
+        #[arg(
+            long,
+            short,
+            env = "THROTTLEHOST_CONFIG",
+            default_value = "config/host.toml"
+        )]
+        config: PathBuf,
+        /// Destination queue.
+        #[arg(long, short)]
+        queue: String,
+        /// Message body text.
+        #[arg(long, conflicts_with = "body_file")]
+        body: Option<String>,
+        /// Read the body from this file.
+        #[arg(long)]
+        body_file: Option<PathBuf>,
+        /// A header, as NAME=VALUE (repeatable).
+        #[arg(long = "header", value_name = "NAME=VALUE")]
+        headers: Vec<String>,
+        /// How many copies to send (each with its own id).
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        /// Time to be received (seconds, or e.g. 30s, 5m); the message expires after it.
+        #[arg(long, value_parser = parse_duration)]
+        ttbr: Option<Duration>,
+    },
+    /// Show a running host's throttling and queues. Exit code 0: not throttling,
+    /// 1: throttling, 2: unreachable.
+    Status {
+        /// The host's admin address.
+        #[arg(long, default_value = "http://127.0.0.1:9464")]
+        url: String,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a load-test scenario: writes timeline.csv, timeline.svg and summary.json and
+    /// prints a summary. Exit code 0 when the expected states appeared and cleared and no
+    /// message was lost.
+    Load {
+        /// Scenario file (see load/).
+        file: PathBuf,
+        /// Multiply every phase duration by this.
+        #[arg(long, default_value_t = 1.0)]
+        duration_scale: f64,
+        /// Directory for the output files.
+        #[arg(long, default_value = "out")]
+        out: PathBuf,
+        /// Use this schema for the scenario's queue tables (isolates parallel runs).
+        #[arg(long)]
+        schema: Option<String>,
+        /// Use this connection string instead of the scenario's.
+        #[arg(long, env = "THROTTLEHOST_LOAD_CONNECTION_STRING")]
+        connection_string: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigAction {
+    /// Validate a configuration file and print it with every default filled in.
+    /// Exit code 2 when it is invalid.
+    Check {
+        /// Configuration file.
+        #[arg(
+            long,
+            short,
+            env = "THROTTLEHOST_CONFIG",
+            default_value = "config/host.toml"
+        )]
+        config: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum QueuesAction {
+    /// Create queue tables (idempotent): the named ones, or every queue of the configuration
+    /// with its error and instance queues.
+    Create {
+        /// Queue names.
+        names: Vec<String>,
+    },
+    /// List the queue tables in the transport's schema.
+    List,
+    /// Print the estimated depth of queues (default: the configured ones).
+    Depth {
+        /// Queue names.
+        names: Vec<String>,
+    },
+    /// Delete messages from queues.
+    Purge {
+        /// Queue names.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Delete only expired messages.
+        #[arg(long, conflicts_with = "all")]
+        expired: bool,
+        /// Delete every message.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+/// A duration: a plain number of seconds or a humantime duration such as `500ms` or `5m`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    if let Ok(secs) = s.trim().parse::<f64>() {
+        if secs >= 0.0 && secs.is_finite() {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+        return Err(format!("`{s}` is not a duration >= 0"));
+    }
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("`{s}` is not a duration ({e}); write for example 20, 20s or 5m"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let quiet_default = matches!(cli.command, Command::Demo { .. } | Command::Load { .. });
+    cli::init_logging(cli.log_format == LogFormat::Json, quiet_default);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Run { config } => cli::run::run(&config).await,
+            Command::Demo { duration, admin } => cli::demo::demo(duration, admin).await,
+            Command::Config {
+                action: ConfigAction::Check { config },
+            } => cli::config_check(&config),
+            Command::Queues { config, action } => {
+                let action = match action {
+                    QueuesAction::Create { names } => cli::queues::Action::Create(names),
+                    QueuesAction::List => cli::queues::Action::List,
+                    QueuesAction::Depth { names } => cli::queues::Action::Depth(names),
+                    QueuesAction::Purge {
+                        names,
+                        expired,
+                        all,
+                    } => cli::queues::Action::Purge {
+                        names,
+                        expired,
+                        all,
+                    },
+                };
+                cli::queues::queues(&config, action).await
+            }
+            Command::Send {
+                config,
+                queue,
+                body,
+                body_file,
+                headers,
+                count,
+                ttbr,
+            } => {
+                cli::send::send(
+                    &config,
+                    cli::send::SendArgs {
+                        queue,
+                        body,
+                        body_file,
+                        headers,
+                        count,
+                        ttbr,
+                    },
+                )
+                .await
+            }
+            Command::Status { url, json } => cli::status::status(&url, json).await,
+            Command::Load {
+                file,
+                duration_scale,
+                out,
+                schema,
+                connection_string,
+            } => cli::load::load(&file, duration_scale, &out, schema, connection_string).await,
+        }
+    })
+}

@@ -1,0 +1,172 @@
+//! Messages as handlers see them and as senders write them.
+//!
+//! The row `Id` is the transport's (native) id, a fresh UUID per physical send, as in the
+//! NServiceBus SQL transports; the logical id travels in the `NServiceBus.MessageId` header,
+//! which [`OutgoingMessage::new`] sets to the same value unless the sender chose another.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// Message headers: a JSON object of string -> string or null on the wire.
+pub type Headers = BTreeMap<String, Option<String>>;
+
+/// Header holding the logical message id.
+pub const MESSAGE_ID_HEADER: &str = "NServiceBus.MessageId";
+/// Header holding the time the message was sent (`yyyy-MM-dd HH:mm:ss:ffffff Z`).
+pub const TIME_SENT_HEADER: &str = "NServiceBus.TimeSent";
+/// Informational time-to-be-received header (the `Expires` column is what counts).
+pub const TIME_TO_BE_RECEIVED_HEADER: &str = "NServiceBus.TimeToBeReceived";
+
+/// A received message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// The row id (native id).
+    pub id: Uuid,
+    /// Headers as stored.
+    pub headers: Headers,
+    /// Body bytes, exactly as stored.
+    pub body: Vec<u8>,
+    /// When the message expires (UTC), if it has a time-to-be-received.
+    pub expires: Option<DateTime<Utc>>,
+}
+
+impl Message {
+    /// The logical id: the `NServiceBus.MessageId` header, else the native id.
+    pub fn logical_id(&self) -> String {
+        match self.headers.get(MESSAGE_ID_HEADER) {
+            Some(Some(id)) if !id.is_empty() => id.clone(),
+            _ => self.id.to_string(),
+        }
+    }
+
+    /// A header's value, if present and not null.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.as_deref())
+    }
+}
+
+/// A message to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutgoingMessage {
+    /// Row id for the new row; fresh per physical send.
+    pub id: Uuid,
+    /// Headers to store.
+    pub headers: Headers,
+    /// Body bytes.
+    pub body: Vec<u8>,
+    /// Expiry, computed by the database server from its own clock at insert time.
+    pub time_to_be_received: Option<Duration>,
+}
+
+impl OutgoingMessage {
+    /// A message with a fresh id, `NServiceBus.MessageId` set to it, and `TimeSent` now.
+    pub fn new(body: impl Into<Vec<u8>>) -> Self {
+        let id = Uuid::new_v4();
+        let mut headers = Headers::new();
+        headers.insert(MESSAGE_ID_HEADER.into(), Some(id.to_string()));
+        headers.insert(TIME_SENT_HEADER.into(), Some(format_wire_time(Utc::now())));
+        OutgoingMessage {
+            id,
+            headers,
+            body: body.into(),
+            time_to_be_received: None,
+        }
+    }
+
+    /// Adds or replaces a header.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), Some(value.into()));
+        self
+    }
+
+    /// Sets the time-to-be-received (and its informational header).
+    pub fn with_time_to_be_received(mut self, ttbr: Duration) -> Self {
+        self.time_to_be_received = Some(ttbr);
+        self.headers.insert(
+            TIME_TO_BE_RECEIVED_HEADER.into(),
+            Some(format_timespan(ttbr)),
+        );
+        self
+    }
+
+    /// The logical id this message will be known by.
+    pub fn logical_id(&self) -> String {
+        match self.headers.get(MESSAGE_ID_HEADER) {
+            Some(Some(id)) if !id.is_empty() => id.clone(),
+            _ => self.id.to_string(),
+        }
+    }
+
+    /// A copy of a received message to send on: same headers and body, a fresh row id.
+    pub fn forward_of(message: &Message) -> Self {
+        OutgoingMessage {
+            id: Uuid::new_v4(),
+            headers: message.headers.clone(),
+            body: message.body.clone(),
+            time_to_be_received: None,
+        }
+    }
+}
+
+/// Formats a time the way NServiceBus writes date headers: `yyyy-MM-dd HH:mm:ss:ffffff Z`.
+pub fn format_wire_time(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S:%6f Z").to_string()
+}
+
+/// Formats a duration as a .NET TimeSpan (`[d.]hh:mm:ss[.fffffff]`), NServiceBus's form for
+/// `TimeToBeReceived`.
+pub fn format_timespan(d: Duration) -> String {
+    let total = d.as_secs();
+    let (days, h, m, s) = (
+        total / 86_400,
+        total / 3600 % 24,
+        total / 60 % 60,
+        total % 60,
+    );
+    let ticks = d.subsec_nanos() / 100;
+    let mut out = String::new();
+    if days > 0 {
+        out.push_str(&format!("{days}."));
+    }
+    out.push_str(&format!("{h:02}:{m:02}:{s:02}"));
+    if ticks > 0 {
+        out.push_str(&format!(".{ticks:07}"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outgoing_message_carries_its_logical_id() {
+        let m = OutgoingMessage::new("x");
+        assert_eq!(m.logical_id(), m.id.to_string());
+        assert!(m.headers.contains_key(TIME_SENT_HEADER));
+    }
+
+    #[test]
+    fn timespans_look_like_dotnet() {
+        assert_eq!(format_timespan(Duration::from_secs(90)), "00:01:30");
+        assert_eq!(
+            format_timespan(Duration::from_millis(1500)),
+            "00:00:01.5000000"
+        );
+        assert_eq!(
+            format_timespan(Duration::from_secs(86_400 + 3661)),
+            "1.01:01:01"
+        );
+    }
+
+    #[test]
+    fn wire_time_format() {
+        let t = DateTime::parse_from_rfc3339("2026-11-22T06:13:21.123456Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(format_wire_time(t), "2026-11-22 06:13:21:123456 Z");
+    }
+}

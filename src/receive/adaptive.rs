@@ -1,0 +1,115 @@
+//! `model = "adaptive"`: the ramp-up controller of the NServiceBus SQL transport 2.1.
+//!
+//! One loop to start. Each loop counts its consecutive successful and empty receives. A loop
+//! with more than `ramp_up_after` successes in a row starts another loop (while there are fewer
+//! loops than the queue's effective limit) and starts counting again; a loop with more than
+//! `ramp_down_after` empties in a row retires (never the last one). The last loop, once the
+//! queue is empty, polls with a peek and back-off up to `peek_interval`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{
+    Backoff, IdlePolling, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_and_receive, pause,
+    process,
+};
+
+struct Adaptive {
+    q: Arc<QueueRuntime>,
+    ctx: Arc<ReceiveContext>,
+    idle: IdlePolling,
+}
+
+/// Starts the first loop.
+pub fn start(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+    let adaptive = Arc::new(Adaptive {
+        q,
+        ctx,
+        idle: IdlePolling::new(),
+    });
+    adaptive.q.loops.store(1, Ordering::Relaxed);
+    let tasks = adaptive.ctx.tasks.clone();
+    tasks.spawn(receive_loop(adaptive));
+}
+
+impl Adaptive {
+    /// Adds a loop if below the effective limit; true if it did.
+    fn ramp_up(self: &Arc<Self>) -> bool {
+        let limit = self.q.gate.effective();
+        let grew = self
+            .q
+            .loops
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok();
+        if grew {
+            self.ctx.tasks.spawn(receive_loop(self.clone()));
+        }
+        grew
+    }
+
+    /// Removes this loop unless it is the last; true if it should exit.
+    fn ramp_down(&self) -> bool {
+        self.q
+            .loops
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n > 1).then_some(n - 1)
+            })
+            .is_ok()
+    }
+}
+
+async fn receive_loop(a: Arc<Adaptive>) {
+    let (q, ctx) = (&a.q, &a.ctx);
+    let backoff = Backoff::new();
+    let mut successes = 0u32;
+    let mut empties = 0u32;
+    loop {
+        if ctx.stop.is_cancelled() {
+            break;
+        }
+        let permit = tokio::select! {
+            p = q.gate.acquire() => p,
+            _ = ctx.stop.cancelled() => break,
+        };
+        match admit_and_receive(q, ctx).await {
+            ReceiveOutcome::Got(received) => {
+                empties = 0;
+                successes += 1;
+                backoff.reset();
+                a.idle.work_found();
+                if successes > q.settings().ramp_up_after {
+                    successes = 0;
+                    a.ramp_up();
+                }
+                process(q, ctx, received).await;
+                drop(permit);
+            }
+            ReceiveOutcome::Empty => {
+                drop(permit);
+                successes = 0;
+                empties += 1;
+                if empties > q.settings().ramp_down_after {
+                    if a.ramp_down() {
+                        return;
+                    }
+                    // The last loop: poll cheaply until messages show up.
+                    if !a.idle.wait_for_work(q, ctx).await {
+                        break;
+                    }
+                } else if !pause(ctx, backoff.next(q.settings().peek_interval)).await {
+                    break;
+                }
+            }
+            ReceiveOutcome::Failed(wait) => {
+                drop(permit);
+                if !pause(ctx, wait).await {
+                    break;
+                }
+            }
+            ReceiveOutcome::Stopped => break,
+        }
+    }
+    q.loops.fetch_sub(1, Ordering::Relaxed);
+}

@@ -1,0 +1,81 @@
+//! `model = "fixed"`: the NServiceBus SQL transport before 2.0. `max` receive loops, each
+//! receiving in turn. When the queue runs dry the loops park and one of them polls with
+//! back-off (50 ms doubling to `peek_interval`), so an idle queue costs one peek per
+//! interval, not one statement per loop. A config reload that raises `max` starts more loops;
+//! one that lowers it retires the surplus after their current message.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::task::JoinHandle;
+
+use super::{
+    IdlePolling, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_and_receive, pause, process,
+};
+
+/// Starts the loops and the supervisor that follows `max`.
+pub fn start(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+    let tasks = ctx.tasks.clone();
+    tasks.spawn(supervise(q, ctx));
+}
+
+async fn supervise(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+    let idle = Arc::new(IdlePolling::new());
+    let mut loops: BTreeMap<u32, JoinHandle<()>> = BTreeMap::new();
+    loop {
+        let changed = q.reconfigured.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        loops.retain(|_, h| !h.is_finished());
+        for index in 0..q.settings().max {
+            loops.entry(index).or_insert_with(|| {
+                q.loops.fetch_add(1, Ordering::Relaxed);
+                ctx.tasks
+                    .spawn(receive_loop(index, q.clone(), ctx.clone(), idle.clone()))
+            });
+        }
+        tokio::select! {
+            _ = &mut changed => {}
+            _ = ctx.stop.cancelled() => return,
+        }
+    }
+}
+
+async fn receive_loop(
+    index: u32,
+    q: Arc<QueueRuntime>,
+    ctx: Arc<ReceiveContext>,
+    idle: Arc<IdlePolling>,
+) {
+    loop {
+        if ctx.stop.is_cancelled() || index >= q.settings().max {
+            break;
+        }
+        let permit = tokio::select! {
+            p = q.gate.acquire() => p,
+            _ = ctx.stop.cancelled() => break,
+        };
+        match admit_and_receive(&q, &ctx).await {
+            ReceiveOutcome::Got(received) => {
+                idle.work_found();
+                process(&q, &ctx, received).await;
+                drop(permit);
+            }
+            ReceiveOutcome::Empty => {
+                drop(permit);
+                if !idle.wait_for_work(&q, &ctx).await {
+                    break;
+                }
+            }
+            ReceiveOutcome::Failed(wait) => {
+                drop(permit);
+                if !pause(&ctx, wait).await {
+                    break;
+                }
+            }
+            ReceiveOutcome::Stopped => break,
+        }
+    }
+    q.loops.fetch_sub(1, Ordering::Relaxed);
+}

@@ -1,0 +1,417 @@
+//! Per-queue receivers: the three MaximumConcurrencyLevel models of the NServiceBus SQL
+//! transport ([`fixed`], [`adaptive`], [`monitor`]), all bounded by the queue's
+//! [`ConcurrencyGate`] and all waiting the delivery throttle before each receive.
+//!
+//! Invariant: the throttling wait happens *before* the receive statement, so no row is ever
+//! locked while a delay is waited out.
+//!
+//! An idle queue costs at most one statement per `peek_interval`: the monitor peeks once per
+//! interval; fixed and adaptive receivers park every loop but one, and that one polls with a
+//! peek (one statement) rather than a receive (a transaction) once the queue has been found
+//! empty.
+
+pub mod adaptive;
+pub mod breaker;
+pub mod fixed;
+pub mod gate;
+pub mod monitor;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use breaker::CircuitBreaker;
+pub use gate::{ConcurrencyGate, Permit};
+
+use crate::config::{ConcurrencyModel, QueueConfig};
+use crate::dispatch::{Dispatcher, FailureMemory};
+use crate::handlers::{Handler, SimulateHandler};
+use crate::metrics::QueueMetrics;
+use crate::throttling::Throttle;
+use crate::transport::{QueueName, Received, Transport};
+
+/// The settings of a queue that may change while it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueSettings {
+    /// MaximumConcurrencyLevel.
+    pub max: u32,
+    /// Peek interval / longest idle back-off.
+    pub peek_interval: Duration,
+    /// Adaptive ramp-up threshold.
+    pub ramp_up_after: u32,
+    /// Adaptive ramp-down threshold.
+    pub ramp_down_after: u32,
+    /// Immediate retries.
+    pub immediate_retries: u32,
+    /// Handler attempt time limit.
+    pub handler_timeout: Option<Duration>,
+}
+
+impl QueueSettings {
+    /// Settings of a configured queue; `max` overrides the concurrency (instance queues).
+    pub fn from_config(config: &QueueConfig, max: u32) -> Self {
+        QueueSettings {
+            max,
+            peek_interval: config.concurrency.peek_interval,
+            ramp_up_after: config.concurrency.ramp_up_after,
+            ramp_down_after: config.concurrency.ramp_down_after,
+            immediate_retries: config.immediate_retries,
+            handler_timeout: config.handler_timeout,
+        }
+    }
+}
+
+/// The last known depth of a queue and when it was learned.
+#[derive(Debug)]
+pub struct DepthCell {
+    origin: Instant,
+    value: AtomicU64,
+    at_ms: AtomicU64,
+}
+
+impl Default for DepthCell {
+    fn default() -> Self {
+        DepthCell {
+            origin: Instant::now(),
+            value: AtomicU64::new(0),
+            at_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl DepthCell {
+    /// Records a depth seen now.
+    pub fn set(&self, depth: u64) {
+        self.value.store(depth, Ordering::Relaxed);
+        self.at_ms
+            .store(self.origin.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// The last depth.
+    pub fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+
+    /// How old the last depth is; None if never set.
+    pub fn age(&self) -> Option<Duration> {
+        match self.at_ms.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            at => Some(
+                self.origin
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(at)),
+            ),
+        }
+    }
+}
+
+/// Everything about one receiving queue.
+pub struct QueueRuntime {
+    /// The queue.
+    pub name: QueueName,
+    /// Where failed and poison messages go.
+    pub error_queue: QueueName,
+    /// Its concurrency model (changing it needs a restart).
+    pub model: ConcurrencyModel,
+    settings: ArcSwap<QueueSettings>,
+    /// The concurrency gate (max and throttling limit).
+    pub gate: Arc<ConcurrencyGate>,
+    /// Receive loops (fixed, adaptive) or peekers (monitor) running.
+    pub loops: AtomicU32,
+    /// Last known depth.
+    pub depth: DepthCell,
+    /// Metric handles.
+    pub metrics: QueueMetrics,
+    /// The handler.
+    pub handler: Arc<dyn Handler>,
+    /// Set when the handler is the built-in simulate handler (load tests turn its knobs).
+    pub simulate: Option<Arc<SimulateHandler>>,
+    /// Transport-error circuit breaker.
+    pub breaker: CircuitBreaker,
+    /// Failure counts per message id.
+    pub failures: FailureMemory,
+    reconfigured: Notify,
+}
+
+impl QueueRuntime {
+    /// Builds a queue's runtime state.
+    pub fn new(
+        name: QueueName,
+        error_queue: QueueName,
+        model: ConcurrencyModel,
+        settings: QueueSettings,
+        handler: Arc<dyn Handler>,
+        simulate: Option<Arc<SimulateHandler>>,
+        metrics: QueueMetrics,
+    ) -> Self {
+        metrics.concurrency_max.set(settings.max as f64);
+        metrics.concurrency_limit.set(settings.max as f64);
+        QueueRuntime {
+            breaker: CircuitBreaker::new(name.as_str(), metrics.circuit_breaker_open.clone()),
+            gate: Arc::new(ConcurrencyGate::new(settings.max)),
+            name,
+            error_queue,
+            model,
+            settings: ArcSwap::from_pointee(settings),
+            loops: AtomicU32::new(0),
+            depth: DepthCell::default(),
+            metrics,
+            handler,
+            simulate,
+            failures: FailureMemory::default(),
+            reconfigured: Notify::new(),
+        }
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> Arc<QueueSettings> {
+        self.settings.load_full()
+    }
+
+    /// Applies new settings (config reload): a new max reaches the gate at once.
+    pub fn reconfigure(&self, settings: QueueSettings) {
+        self.gate.set_max(settings.max);
+        self.metrics.concurrency_max.set(settings.max as f64);
+        self.settings.store(Arc::new(settings));
+        self.reconfigured.notify_waiters();
+    }
+
+    /// Loops or peekers running now.
+    pub fn loops(&self) -> u32 {
+        self.loops.load(Ordering::Relaxed)
+    }
+}
+
+/// What receivers share: the transport, the dispatcher, the throttle and the lifecycle.
+pub struct ReceiveContext {
+    /// Where the queues are.
+    pub transport: Arc<dyn Transport>,
+    /// Processes what is received.
+    pub dispatcher: Arc<Dispatcher>,
+    /// The delivery admission.
+    pub throttle: Arc<Throttle>,
+    /// Cancelled when receiving must stop (shutdown begins).
+    pub stop: CancellationToken,
+    /// Cancelled when in-flight work must be rolled back (shutdown timeout).
+    pub abort: CancellationToken,
+    /// Every receive and processing task, so shutdown can wait for them.
+    pub tasks: TaskTracker,
+}
+
+/// Starts the receiver of a queue according to its model.
+pub fn start(queue: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+    match queue.model {
+        ConcurrencyModel::Fixed => fixed::start(queue, ctx),
+        ConcurrencyModel::Adaptive => adaptive::start(queue, ctx),
+        ConcurrencyModel::Monitor => monitor::start(queue, ctx),
+    }
+}
+
+/// What one admission-plus-receive produced.
+pub(crate) enum ReceiveOutcome {
+    /// A message (or an expired or poison row) to process.
+    Got(Box<dyn Received>),
+    /// The queue had nothing for us.
+    Empty,
+    /// The transport failed; pause this long before trying again.
+    Failed(Duration),
+    /// Shutdown began while waiting.
+    Stopped,
+}
+
+/// Waits the delivery throttle, then receives once. The caller holds a gate permit.
+pub(crate) async fn admit_and_receive(q: &QueueRuntime, ctx: &ReceiveContext) -> ReceiveOutcome {
+    tokio::select! {
+        biased;
+        _ = ctx.stop.cancelled() => return ReceiveOutcome::Stopped,
+        _ = ctx.throttle.delivery.admit() => {}
+    }
+    match ctx.transport.receive(&q.name).await {
+        Ok(Some(received)) => {
+            q.metrics.receive_message.increment(1);
+            q.breaker.success();
+            ReceiveOutcome::Got(received)
+        }
+        Ok(None) => {
+            q.metrics.receive_empty.increment(1);
+            q.breaker.success();
+            q.depth.set(0);
+            ReceiveOutcome::Empty
+        }
+        Err(e) if e.is_deadlock() => {
+            tracing::debug!(queue = %q.name, error = %e, "receive was a deadlock victim; retrying");
+            ReceiveOutcome::Failed(Duration::ZERO)
+        }
+        Err(e) => {
+            q.metrics.receive_error.increment(1);
+            ReceiveOutcome::Failed(q.breaker.failure(&e))
+        }
+    }
+}
+
+/// Processes a received message unless shutdown's deadline passes first, in which case the
+/// work is dropped and the receive rolls back.
+pub(crate) async fn process(q: &QueueRuntime, ctx: &ReceiveContext, received: Box<dyn Received>) {
+    tokio::select! {
+        biased;
+        _ = ctx.dispatcher.process(q, received) => {}
+        _ = ctx.abort.cancelled() => {
+            tracing::warn!(queue = %q.name, "shutdown timeout reached: rolled back an in-flight message; it returns to the queue");
+        }
+    }
+}
+
+/// Sleeps unless shutdown begins; returns false if it did.
+pub(crate) async fn pause(ctx: &ReceiveContext, d: Duration) -> bool {
+    if d.is_zero() {
+        return !ctx.stop.is_cancelled();
+    }
+    tokio::select! {
+        _ = ctx.stop.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// Back-off between polls of an empty queue: doubles from 50 ms up to the peek interval.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    current_ms: AtomicU64,
+}
+
+const FIRST_BACKOFF_MS: u64 = 50;
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff {
+            current_ms: AtomicU64::new(FIRST_BACKOFF_MS),
+        }
+    }
+
+    /// The next wait, capped by `max`.
+    pub(crate) fn next(&self, max: Duration) -> Duration {
+        let max_ms = max.as_millis().max(1) as u64;
+        let current = self.current_ms.load(Ordering::Relaxed).min(max_ms);
+        self.current_ms
+            .store((current * 2).min(max_ms), Ordering::Relaxed);
+        Duration::from_millis(current)
+    }
+
+    pub(crate) fn reset(&self) {
+        self.current_ms.store(FIRST_BACKOFF_MS, Ordering::Relaxed);
+    }
+}
+
+/// Parks the loops of an empty queue: one of them (the poller) peeks with back-off, the rest
+/// wait until the poller finds messages.
+pub(crate) struct IdlePolling {
+    poller_taken: AtomicBool,
+    parked: AtomicU32,
+    found_work: Notify,
+    backoff: Backoff,
+}
+
+impl IdlePolling {
+    pub(crate) fn new() -> Self {
+        IdlePolling {
+            poller_taken: AtomicBool::new(false),
+            parked: AtomicU32::new(0),
+            found_work: Notify::new(),
+            backoff: Backoff::new(),
+        }
+    }
+
+    /// Called when a loop got a message: resets the back-off and wakes parked loops.
+    pub(crate) fn work_found(&self) {
+        self.backoff.reset();
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            self.found_work.notify_waiters();
+        }
+    }
+
+    /// Returns when the queue may have messages again (or shutdown began: false).
+    pub(crate) async fn wait_for_work(&self, q: &QueueRuntime, ctx: &ReceiveContext) -> bool {
+        if self
+            .poller_taken
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let alive = self.poll(q, ctx).await;
+            self.poller_taken.store(false, Ordering::SeqCst);
+            if alive {
+                self.work_found();
+            }
+            return alive;
+        }
+        let woken = self.found_work.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        self.parked.fetch_add(1, Ordering::SeqCst);
+        // The poller may have left just before we parked; do not sleep forever on its behalf.
+        let result = if !self.poller_taken.load(Ordering::SeqCst) {
+            true
+        } else {
+            tokio::select! {
+                _ = &mut woken => true,
+                _ = ctx.stop.cancelled() => false,
+            }
+        };
+        self.parked.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    /// Peeks with back-off until the queue shows messages.
+    async fn poll(&self, q: &QueueRuntime, ctx: &ReceiveContext) -> bool {
+        loop {
+            let wait = self.backoff.next(q.settings().peek_interval);
+            if !pause(ctx, wait).await {
+                return false;
+            }
+            match ctx.transport.peek_depth(&q.name).await {
+                Ok(depth) => {
+                    q.breaker.success();
+                    q.depth.set(depth);
+                    if depth > 0 {
+                        return true;
+                    }
+                }
+                Err(e) => {
+                    q.metrics.receive_error.increment(1);
+                    let p = q.breaker.failure(&e);
+                    if !pause(ctx, p).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_peek_interval() {
+        let b = Backoff::new();
+        let max = Duration::from_millis(1000);
+        let waits: Vec<u128> = (0..7).map(|_| b.next(max).as_millis()).collect();
+        assert_eq!(waits, vec![50, 100, 200, 400, 800, 1000, 1000]);
+        b.reset();
+        assert_eq!(b.next(max).as_millis(), 50);
+    }
+
+    #[tokio::test]
+    async fn depth_cell_ages() {
+        let d = DepthCell::default();
+        assert_eq!(d.age(), None);
+        d.set(7);
+        assert_eq!(d.get(), 7);
+        assert!(d.age().unwrap() < Duration::from_secs(1));
+    }
+}

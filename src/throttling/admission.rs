@@ -1,0 +1,268 @@
+//! The wait a direction imposes before each admission: before each receive (delivery) and
+//! before each insert (publishing).
+//!
+//! Two mechanisms, set by the controller every sample:
+//!
+//! * a **delay**: every admission waits this long (resource conditions, override);
+//! * **pacing**: admissions are spaced `pace` apart across all callers (rate imbalance). Paced
+//!   callers queue in FIFO order behind a fair async lock; only the head of the queue waits on
+//!   the timer, so thousands of waiting callers cost one wake-up per admission, not thousands.
+//!
+//! When neither is set, [`Admission::admit`] is two relaxed atomic loads. Waiters are woken
+//! when the controller relaxes either setting, so a delay that ends early ends for them too.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Mutex, Notify};
+use tokio::time::Instant;
+
+/// One direction's admission control.
+#[derive(Debug)]
+pub struct Admission {
+    origin: Instant,
+    delay_ns: AtomicU64,
+    pace_ns: AtomicU64,
+    next_slot_ns: AtomicU64,
+    /// Paced callers take turns in FIFO order.
+    pacing_turn: Mutex<()>,
+    relaxed: Notify,
+    wait_histogram: metrics::Histogram,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Self::new(metrics::Histogram::noop())
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Admission {
+    /// An open admission; waits longer than zero are recorded in `wait_histogram`.
+    pub fn new(wait_histogram: metrics::Histogram) -> Self {
+        Admission {
+            origin: Instant::now(),
+            delay_ns: AtomicU64::new(0),
+            pace_ns: AtomicU64::new(0),
+            next_slot_ns: AtomicU64::new(0),
+            pacing_turn: Mutex::new(()),
+            relaxed: Notify::new(),
+            wait_histogram,
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        nanos(self.origin.elapsed())
+    }
+
+    fn instant_at(&self, ns: u64) -> Instant {
+        self.origin + Duration::from_nanos(ns)
+    }
+
+    /// Sets the delay per admission and the pacing interval (None = no pacing).
+    pub fn set(&self, delay: Duration, pace: Option<Duration>) {
+        let delay = nanos(delay);
+        let pace = pace.map(nanos).unwrap_or(0);
+        let old_delay = self.delay_ns.swap(delay, Ordering::Relaxed);
+        let old_pace = self.pace_ns.swap(pace, Ordering::Relaxed);
+        if pace == 0 {
+            self.next_slot_ns.store(0, Ordering::Relaxed);
+        } else if pace < old_pace || old_pace == 0 {
+            // A slot reserved under a slower pace must not hold callers back now.
+            let cap = self.now_ns().saturating_add(pace);
+            self.next_slot_ns.fetch_min(cap, Ordering::Relaxed);
+        }
+        let relaxed = delay < old_delay || (old_pace != 0 && (pace == 0 || pace < old_pace));
+        if relaxed {
+            self.relaxed.notify_waiters();
+        }
+    }
+
+    /// The current delay per admission.
+    pub fn delay(&self) -> Duration {
+        Duration::from_nanos(self.delay_ns.load(Ordering::Relaxed))
+    }
+
+    /// The current pacing interval, if pacing.
+    pub fn pace(&self) -> Option<Duration> {
+        match self.pace_ns.load(Ordering::Relaxed) {
+            0 => None,
+            p => Some(Duration::from_nanos(p)),
+        }
+    }
+
+    /// True when an admission would pass without waiting.
+    #[inline]
+    pub fn is_open(&self) -> bool {
+        self.delay_ns.load(Ordering::Relaxed) == 0 && self.pace_ns.load(Ordering::Relaxed) == 0
+    }
+
+    /// Waits until this direction admits one more message; returns how long it waited.
+    /// Cancel-safe: dropping the future gives up the wait and its place in the pacing queue.
+    #[inline]
+    pub async fn admit(&self) -> Duration {
+        if self.is_open() {
+            return Duration::ZERO;
+        }
+        let waited = self.admit_slow().await;
+        if !waited.is_zero() {
+            self.wait_histogram.record(waited.as_secs_f64());
+        }
+        waited
+    }
+
+    async fn admit_slow(&self) -> Duration {
+        let start = self.now_ns();
+        // The delay: every caller waits it, concurrently.
+        loop {
+            let relaxed = self.relaxed.notified();
+            tokio::pin!(relaxed);
+            relaxed.as_mut().enable();
+            let delay_until = start.saturating_add(self.delay_ns.load(Ordering::Relaxed));
+            if self.now_ns() >= delay_until {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(self.instant_at(delay_until)) => {}
+                _ = &mut relaxed => {}
+            }
+        }
+        if self.pace_ns.load(Ordering::Relaxed) == 0 {
+            return Duration::from_nanos(self.now_ns() - start);
+        }
+        // Pacing: one caller at a time waits for the next slot.
+        let _turn = self.pacing_turn.lock().await;
+        loop {
+            let relaxed = self.relaxed.notified();
+            tokio::pin!(relaxed);
+            relaxed.as_mut().enable();
+            let now = self.now_ns();
+            let pace = self.pace_ns.load(Ordering::Relaxed);
+            if pace == 0 {
+                return Duration::from_nanos(now - start);
+            }
+            let slot = self.next_slot_ns.load(Ordering::Relaxed);
+            if slot <= now {
+                self.next_slot_ns
+                    .store(now.saturating_add(pace), Ordering::Relaxed);
+                return Duration::from_nanos(now - start);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(self.instant_at(slot)) => {}
+                _ = &mut relaxed => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn open_admission_does_not_wait() {
+        let a = Admission::default();
+        assert_eq!(a.admit().await, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delay_is_waited_by_every_caller() {
+        let a = Arc::new(Admission::default());
+        a.set(Duration::from_millis(20), None);
+        let start = Instant::now();
+        let (x, y) = tokio::join!(a.admit(), a.admit());
+        assert_eq!(x, Duration::from_millis(20));
+        assert_eq!(y, Duration::from_millis(20));
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(20),
+            "concurrent, not serial"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pacing_spaces_admissions_across_callers() {
+        let a = Arc::new(Admission::default());
+        a.set(Duration::ZERO, Some(Duration::from_millis(100)));
+        let start = Instant::now();
+        let mut handles = Vec::new();
+        for _ in 0..5 {
+            let a = a.clone();
+            handles.push(tokio::spawn(async move {
+                a.admit().await;
+                start.elapsed()
+            }));
+        }
+        let mut times: Vec<Duration> = Vec::new();
+        for h in handles {
+            times.push(h.await.unwrap());
+        }
+        times.sort();
+        let ms: Vec<u128> = times.iter().map(|t| t.as_millis()).collect();
+        assert_eq!(ms, vec![0, 100, 200, 300, 400]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_paced_waiters_are_served_in_order_at_the_pace() {
+        let a = Arc::new(Admission::default());
+        a.set(Duration::ZERO, Some(Duration::from_millis(10)));
+        let start = Instant::now();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut handles = Vec::new();
+        for i in 0..1000 {
+            let (a, order) = (a.clone(), order.clone());
+            handles.push(tokio::spawn(async move {
+                a.admit().await;
+                order.lock().unwrap().push(i);
+            }));
+            tokio::task::yield_now().await;
+        }
+        for h in handles {
+            h.await.unwrap();
+        }
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(9990),
+            "1000 admissions 10 ms apart"
+        );
+        let order = order.lock().unwrap();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "FIFO");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn relaxing_the_delay_releases_waiters_early() {
+        let a = Arc::new(Admission::default());
+        a.set(Duration::from_secs(300), None);
+        let waiter = {
+            let a = a.clone();
+            tokio::spawn(async move { a.admit().await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        a.set(Duration::ZERO, None);
+        let waited = waiter.await.unwrap();
+        assert!(
+            waited >= Duration::from_secs(1) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ending_pacing_releases_a_far_slot() {
+        let a = Arc::new(Admission::default());
+        a.set(Duration::ZERO, Some(Duration::from_secs(300)));
+        a.admit().await; // takes the slot at t=0; the next is due at t=300s
+        let waiter = {
+            let a = a.clone();
+            tokio::spawn(async move { a.admit().await })
+        };
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        a.set(Duration::ZERO, Some(Duration::from_millis(10)));
+        let waited = waiter.await.unwrap();
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
+    }
+}

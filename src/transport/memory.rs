@@ -1,0 +1,528 @@
+//! In-process queues for `demo`, unit tests and simulations.
+//!
+//! It behaves like the database transports where it matters to the layers above: FIFO by a
+//! sequence number, a received message is invisible to other receivers until its receive
+//! ends, rollback (or dropping the receive) puts it back at its original position, expiry is
+//! checked on receive. Everything lives in this process: **messages are lost when it exits**.
+//!
+//! "Connections in use" counts open receives, since each would hold a connection on a real
+//! database. Built from a configuration ([`MemoryTransport::simulating`]), it goes further and
+//! behaves like a pooled database: at most `pool_size` sessions (an open receive holds one
+//! until it ends, a send or peek briefly), a wait of up to `connect_timeout` for a free one,
+//! and `simulated_latency` per statement. Load tests use that to drive the publishing-rate
+//! and database-sessions conditions without a database.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use uuid::Uuid;
+
+use super::{Payload, QueueName, Received, Transport, TransportError};
+use crate::config::TransactionMode;
+use crate::message::{Headers, Message, OutgoingMessage};
+
+#[derive(Debug, Clone)]
+struct StoredMessage {
+    id: Uuid,
+    headers: Headers,
+    body: Vec<u8>,
+    expires: Option<SystemTime>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    ready: BTreeMap<u64, StoredMessage>,
+    next_seq: u64,
+}
+
+#[derive(Default)]
+struct Shared {
+    queues: Mutex<HashMap<QueueName, Arc<Mutex<QueueState>>>>,
+    open_receives: AtomicU64,
+}
+
+impl Shared {
+    fn queue(&self, name: &QueueName) -> Result<Arc<Mutex<QueueState>>, TransportError> {
+        lock(&self.queues)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| TransportError::QueueNotFound(name.to_string()))
+    }
+
+    fn insert(&self, name: &QueueName, message: StoredMessage) -> Result<(), TransportError> {
+        let queue = self.queue(name)?;
+        let mut state = lock(&queue);
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        state.ready.insert(seq, message);
+        Ok(())
+    }
+}
+
+/// A poisoned lock only means another thread panicked while holding it; the queue data is
+/// still consistent (every mutation is a single map operation), so keep going.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A simulated database behind the queues: a session pool and a latency per statement.
+struct SimulatedDatabase {
+    sessions: Arc<Semaphore>,
+    pool_size: u32,
+    wait_timeout: Duration,
+    latency: Duration,
+}
+
+/// The in-process transport.
+#[derive(Clone)]
+pub struct MemoryTransport {
+    shared: Arc<Shared>,
+    mode: TransactionMode,
+    database: Option<Arc<SimulatedDatabase>>,
+}
+
+/// A session of the simulated database; None when not simulating.
+type Session = Option<OwnedSemaphorePermit>;
+
+impl MemoryTransport {
+    /// An empty transport without limits; `mode` decides when a receive deletes.
+    pub fn new(mode: TransactionMode) -> Self {
+        MemoryTransport {
+            shared: Arc::new(Shared::default()),
+            mode,
+            database: None,
+        }
+    }
+
+    /// An empty transport that behaves like a pooled database: `pool_size` sessions, a wait of
+    /// up to `wait_timeout` for one, `latency` per statement.
+    pub fn simulating(
+        mode: TransactionMode,
+        pool_size: u32,
+        wait_timeout: Duration,
+        latency: Duration,
+    ) -> Self {
+        MemoryTransport {
+            shared: Arc::new(Shared::default()),
+            mode,
+            database: Some(Arc::new(SimulatedDatabase {
+                sessions: Arc::new(Semaphore::new(pool_size.max(1) as usize)),
+                pool_size: pool_size.max(1),
+                wait_timeout,
+                latency,
+            })),
+        }
+    }
+
+    /// Takes a session and spends one statement's latency.
+    async fn statement(&self) -> Result<Session, TransportError> {
+        let Some(db) = &self.database else {
+            return Ok(None);
+        };
+        let permit = tokio::time::timeout(db.wait_timeout, db.sessions.clone().acquire_owned())
+            .await
+            .map_err(|_| TransportError::PoolTimeout {
+                waited: db.wait_timeout,
+                pool_size: db.pool_size,
+            })?
+            .map_err(|_| TransportError::Connection("the simulated database is closed".into()))?;
+        if !db.latency.is_zero() {
+            tokio::time::sleep(db.latency).await;
+        }
+        Ok(Some(permit))
+    }
+}
+
+fn stored_from(message: &OutgoingMessage) -> StoredMessage {
+    StoredMessage {
+        id: message.id,
+        headers: message.headers.clone(),
+        body: message.body.clone(),
+        expires: message.time_to_be_received.map(|t| SystemTime::now() + t),
+    }
+}
+
+#[async_trait]
+impl Transport for MemoryTransport {
+    fn describe(&self) -> String {
+        "memory (in-process; messages are lost when the process exits)".into()
+    }
+
+    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        lock(&self.shared.queues).entry(queue.clone()).or_default();
+        Ok(())
+    }
+
+    async fn send(
+        &self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        let _session = self.statement().await?;
+        self.shared.insert(queue, stored_from(message))
+    }
+
+    async fn receive(
+        &self,
+        queue: &QueueName,
+    ) -> Result<Option<Box<dyn Received>>, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let session = self.statement().await?;
+        let Some((seq, stored)) = lock(&state).ready.pop_first() else {
+            return Ok(None);
+        };
+        let expired = stored.expires.is_some_and(|e| e <= SystemTime::now());
+        let payload = if expired {
+            Payload::Expired { id: stored.id }
+        } else {
+            Payload::Message(Message {
+                id: stored.id,
+                headers: stored.headers.clone(),
+                body: Vec::new(),
+                expires: stored.expires.map(DateTime::<Utc>::from),
+            })
+        };
+        let mut received = MemoryReceived {
+            shared: self.shared.clone(),
+            queue: state,
+            seq,
+            stored: Some(stored),
+            payload,
+            pending_sends: Vec::new(),
+            restore_on_drop: self.mode != TransactionMode::None,
+            // Mode none commits on receive: the session is not held through the handler.
+            session: if self.mode == TransactionMode::None {
+                None
+            } else {
+                session
+            },
+            failed: false,
+        };
+        // The body moves into the payload; `stored` keeps the rest for a rollback.
+        if let (Payload::Message(m), Some(s)) = (&mut received.payload, &mut received.stored) {
+            m.body = std::mem::take(&mut s.body);
+        }
+        self.shared.open_receives.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Box::new(received)))
+    }
+
+    async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let _session = self.statement().await?;
+        let depth = lock(&state).ready.len() as u64;
+        Ok(depth)
+    }
+
+    async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let mut state = lock(&state);
+        let now = SystemTime::now();
+        let before = state.ready.len();
+        state.ready.retain(|_, m| m.expires.is_none_or(|e| e > now));
+        Ok((before - state.ready.len()) as u64)
+    }
+
+    async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let mut state = lock(&state);
+        let n = state.ready.len() as u64;
+        state.ready.clear();
+        Ok(n)
+    }
+
+    async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
+        let mut names: Vec<String> = lock(&self.shared.queues)
+            .keys()
+            .map(|q| q.to_string())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    fn connections_in_use(&self) -> u64 {
+        match &self.database {
+            Some(db) => {
+                (db.pool_size as usize).saturating_sub(db.sessions.available_permits()) as u64
+            }
+            None => self.shared.open_receives.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), TransportError> {
+        Ok(())
+    }
+}
+
+struct MemoryReceived {
+    shared: Arc<Shared>,
+    queue: Arc<Mutex<QueueState>>,
+    seq: u64,
+    /// The row as stored minus its body (which is in the payload); None once finished.
+    stored: Option<StoredMessage>,
+    payload: Payload,
+    pending_sends: Vec<(QueueName, StoredMessage)>,
+    /// False in transaction mode `none`: the message was deleted for good on receive.
+    restore_on_drop: bool,
+    /// The simulated database session this receive holds until it ends.
+    session: Session,
+    /// A send inside this unit of work failed: like a database, refuse to commit it.
+    failed: bool,
+}
+
+impl MemoryReceived {
+    fn finish(&mut self, restore: bool) {
+        let Some(mut stored) = self.stored.take() else {
+            return;
+        };
+        self.shared.open_receives.fetch_sub(1, Ordering::Relaxed);
+        self.session = None;
+        if restore && self.restore_on_drop {
+            if let Payload::Message(m) = &mut self.payload {
+                stored.body = std::mem::take(&mut m.body);
+            }
+            lock(&self.queue).ready.insert(self.seq, stored);
+        }
+    }
+}
+
+impl Drop for MemoryReceived {
+    fn drop(&mut self) {
+        self.finish(true);
+    }
+}
+
+#[async_trait]
+impl Received for MemoryReceived {
+    fn payload(&self) -> &Payload {
+        &self.payload
+    }
+
+    async fn send(
+        &mut self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        if let Err(e) = self.shared.queue(queue) {
+            self.failed = true;
+            return Err(e);
+        }
+        if self.restore_on_drop {
+            self.pending_sends
+                .push((queue.clone(), stored_from(message)));
+            Ok(())
+        } else {
+            self.shared.insert(queue, stored_from(message))
+        }
+    }
+
+    async fn dead_letter(&mut self, queue: &QueueName) -> Result<(), TransportError> {
+        let Some(stored) = &self.stored else {
+            return Err(TransportError::Database("receive already ended".into()));
+        };
+        let mut copy = stored.clone();
+        copy.expires = None;
+        if let Payload::Message(m) = &self.payload {
+            copy.body = m.body.clone();
+        }
+        self.shared.queue(queue)?;
+        self.pending_sends.push((queue.clone(), copy));
+        Ok(())
+    }
+
+    async fn commit(mut self: Box<Self>) -> Result<(), TransportError> {
+        if self.failed {
+            self.pending_sends.clear();
+            self.finish(true);
+            return Err(TransportError::Database(
+                "the receive was aborted by an earlier error and has been rolled back".into(),
+            ));
+        }
+        for (queue, message) in std::mem::take(&mut self.pending_sends) {
+            self.shared.insert(&queue, message)?;
+        }
+        self.finish(false);
+        Ok(())
+    }
+
+    async fn rollback(mut self: Box<Self>) -> Result<(), TransportError> {
+        self.pending_sends.clear();
+        self.finish(true);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn q(name: &str) -> QueueName {
+        QueueName::new(name).unwrap()
+    }
+
+    async fn transport() -> MemoryTransport {
+        let t = MemoryTransport::new(TransactionMode::ReceiveOnly);
+        t.create_queue(&q("in")).await.unwrap();
+        t
+    }
+
+    async fn body_of(t: &MemoryTransport) -> Option<Vec<u8>> {
+        let r = t.receive(&q("in")).await.unwrap()?;
+        let body = match r.payload() {
+            Payload::Message(m) => m.body.clone(),
+            other => panic!("unexpected {other:?}"),
+        };
+        r.commit().await.unwrap();
+        Some(body)
+    }
+
+    #[tokio::test]
+    async fn fifo_order() {
+        let t = transport().await;
+        for i in 0..5u8 {
+            t.send(&q("in"), &OutgoingMessage::new(vec![i]))
+                .await
+                .unwrap();
+        }
+        for i in 0..5u8 {
+            assert_eq!(body_of(&t).await, Some(vec![i]));
+        }
+        assert_eq!(body_of(&t).await, None);
+    }
+
+    #[tokio::test]
+    async fn rollback_returns_the_message_to_the_head() {
+        let t = transport().await;
+        for i in 0..3u8 {
+            t.send(&q("in"), &OutgoingMessage::new(vec![i]))
+                .await
+                .unwrap();
+        }
+        let first = t.receive(&q("in")).await.unwrap().unwrap();
+        assert_eq!(
+            t.peek_depth(&q("in")).await.unwrap(),
+            2,
+            "in-flight row is not counted"
+        );
+        first.rollback().await.unwrap();
+        assert_eq!(body_of(&t).await, Some(vec![0]));
+        assert_eq!(body_of(&t).await, Some(vec![1]));
+    }
+
+    #[tokio::test]
+    async fn dropping_a_receive_rolls_it_back() {
+        let t = transport().await;
+        t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
+        drop(t.receive(&q("in")).await.unwrap());
+        assert_eq!(t.connections_in_use(), 0);
+        assert_eq!(body_of(&t).await, Some(b"x".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn expired_messages_are_flagged_on_receive() {
+        let t = transport().await;
+        let m = OutgoingMessage::new("old").with_time_to_be_received(Duration::from_millis(1));
+        t.send(&q("in"), &m).await.unwrap();
+        t.send(
+            &q("in"),
+            &OutgoingMessage::new("new").with_time_to_be_received(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let r = t.receive(&q("in")).await.unwrap().unwrap();
+        assert!(matches!(r.payload(), Payload::Expired { id } if *id == m.id));
+        r.commit().await.unwrap();
+        assert_eq!(body_of(&t).await, Some(b"new".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn purge_expired_leaves_live_messages() {
+        let t = transport().await;
+        t.send(
+            &q("in"),
+            &OutgoingMessage::new("a").with_time_to_be_received(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap();
+        t.send(&q("in"), &OutgoingMessage::new("b")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(t.purge_expired(&q("in")).await.unwrap(), 1);
+        assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn sends_in_a_receive_appear_only_on_commit() {
+        let t = transport().await;
+        t.create_queue(&q("out")).await.unwrap();
+        t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
+        let mut r = t.receive(&q("in")).await.unwrap().unwrap();
+        r.send(&q("out"), &OutgoingMessage::new("y")).await.unwrap();
+        assert_eq!(t.peek_depth(&q("out")).await.unwrap(), 0);
+        r.rollback().await.unwrap();
+        assert_eq!(t.peek_depth(&q("out")).await.unwrap(), 0);
+        let mut r = t.receive(&q("in")).await.unwrap().unwrap();
+        r.send(&q("out"), &OutgoingMessage::new("y")).await.unwrap();
+        r.commit().await.unwrap();
+        assert_eq!(t.peek_depth(&q("out")).await.unwrap(), 1);
+        assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn mode_none_deletes_on_receive() {
+        let t = MemoryTransport::new(TransactionMode::None);
+        t.create_queue(&q("in")).await.unwrap();
+        t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
+        let r = t.receive(&q("in")).await.unwrap().unwrap();
+        r.rollback().await.unwrap();
+        assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_simulated_database_holds_a_session_per_open_receive() {
+        let t = MemoryTransport::simulating(
+            TransactionMode::ReceiveOnly,
+            2,
+            Duration::from_millis(50),
+            Duration::ZERO,
+        );
+        t.create_queue(&q("in")).await.unwrap();
+        for _ in 0..3 {
+            t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
+        }
+        let a = t.receive(&q("in")).await.unwrap().unwrap();
+        let b = t.receive(&q("in")).await.unwrap().unwrap();
+        assert_eq!(t.connections_in_use(), 2);
+        let err = t
+            .send(&q("in"), &OutgoingMessage::new("y"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, TransportError::PoolTimeout { pool_size: 2, .. }),
+            "{err}"
+        );
+        a.commit().await.unwrap();
+        assert_eq!(t.connections_in_use(), 1);
+        t.send(&q("in"), &OutgoingMessage::new("y")).await.unwrap();
+        drop(b);
+        assert_eq!(t.connections_in_use(), 0);
+    }
+
+    #[tokio::test]
+    async fn unknown_queue_is_an_error_that_names_it() {
+        let t = transport().await;
+        let err = t
+            .send(&q("nope"), &OutgoingMessage::new("x"))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("nope"));
+    }
+}

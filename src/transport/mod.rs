@@ -1,0 +1,180 @@
+//! Queue tables behind one trait.
+//!
+//! A [`Transport`] creates queues, sends, receives, peeks and purges. A receive returns a
+//! [`Received`]: the message plus the open unit of work that removed it from the queue. The
+//! caller ends it with [`Received::commit`] (the message is gone) or [`Received::rollback`]
+//! (the message is back at its place in the queue). Dropping a `Received` without either rolls
+//! back, so a crashed or cancelled handler never loses a message (except in transaction mode
+//! `none`, which deletes before the handler runs, by request).
+//!
+//! Implementations: [`memory`] (in-process), [`postgres`], [`sqlserver`]. One conformance
+//! suite (`tests/conformance.rs`) runs against each of them.
+
+pub mod headers;
+pub mod memory;
+pub mod names;
+pub mod postgres;
+pub mod sqlserver;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::config::{TransportConfig, TransportKind};
+use crate::message::{Message, OutgoingMessage};
+pub use names::QueueName;
+
+/// What went wrong talking to the queues.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The queue table does not exist.
+    #[error("queue `{0}` does not exist (create it with `throttlehost queues create`)")]
+    QueueNotFound(String),
+    /// A queue or schema name is not acceptable.
+    #[error("{0}")]
+    InvalidName(String),
+    /// No pooled connection became free in time.
+    #[error(
+        "no database connection became free within {waited:?} (pool size {pool_size}); raise transport.pool_size or lower concurrency"
+    )]
+    PoolTimeout {
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// The pool's maximum size.
+        pool_size: u32,
+    },
+    /// The statement was chosen as a deadlock victim; retrying is safe.
+    #[error("deadlock victim: {0}")]
+    Deadlock(String),
+    /// The connection broke or could not be opened.
+    #[error("database connection failed: {0}")]
+    Connection(String),
+    /// The database rejected a statement.
+    #[error("database error: {0}")]
+    Database(String),
+    /// The transport's configuration cannot work.
+    #[error("transport configuration: {0}")]
+    Config(String),
+}
+
+impl TransportError {
+    /// Deadlocks are retried rather than counted as failures.
+    pub fn is_deadlock(&self) -> bool {
+        matches!(self, TransportError::Deadlock(_))
+    }
+}
+
+/// What a receive took off the queue.
+#[derive(Debug)]
+pub enum Payload {
+    /// A message for the handler.
+    Message(Message),
+    /// A message whose time-to-be-received has passed: committed without a handler.
+    Expired {
+        /// Its native id.
+        id: Uuid,
+    },
+    /// A row whose headers cannot be parsed: moved to the error queue unchanged.
+    Poison {
+        /// Its native id.
+        id: Uuid,
+        /// Why it is poison.
+        reason: String,
+    },
+}
+
+impl Payload {
+    /// The native id of whatever was received.
+    pub fn id(&self) -> Uuid {
+        match self {
+            Payload::Message(m) => m.id,
+            Payload::Expired { id } | Payload::Poison { id, .. } => *id,
+        }
+    }
+}
+
+/// An open receive: a message and the unit of work that removed it from its queue.
+#[async_trait]
+pub trait Received: Send {
+    /// What was received.
+    fn payload(&self) -> &Payload;
+
+    /// Sends a message inside this receive's unit of work: it becomes visible only if the
+    /// receive commits (transaction mode `none`: immediately, on its own).
+    async fn send(
+        &mut self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError>;
+
+    /// Copies the received row unchanged (same id, raw headers, body; no expiry) into `queue`
+    /// inside this unit of work. Used for poison rows.
+    async fn dead_letter(&mut self, queue: &QueueName) -> Result<(), TransportError>;
+
+    /// Ends the receive: the message is gone and sends made through [`Received::send`] appear.
+    async fn commit(self: Box<Self>) -> Result<(), TransportError>;
+
+    /// Ends the receive: the message is back at its original position; sends are discarded.
+    async fn rollback(self: Box<Self>) -> Result<(), TransportError>;
+}
+
+/// A queue store.
+#[async_trait]
+pub trait Transport: Send + Sync + 'static {
+    /// A human-readable description without secrets, e.g. `postgres (schema "public")`.
+    fn describe(&self) -> String;
+
+    /// Creates the queue table if it does not exist. Safe when hosts do it at the same time.
+    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError>;
+
+    /// Inserts one message. Expiry is computed by the server from `time_to_be_received`.
+    async fn send(
+        &self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError>;
+
+    /// Removes the oldest message not locked by another receiver, inside an open unit of work.
+    /// `None` when no such message exists.
+    async fn receive(&self, queue: &QueueName)
+    -> Result<Option<Box<dyn Received>>, TransportError>;
+
+    /// Estimates the number of messages waiting, skipping rows locked by in-flight receives.
+    async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError>;
+
+    /// Deletes expired messages; returns how many.
+    async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError>;
+
+    /// Deletes every message; returns how many.
+    async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError>;
+
+    /// Names of the queue tables in the transport's schema.
+    async fn list_queues(&self) -> Result<Vec<String>, TransportError>;
+
+    /// Database connections in use right now (the database sessions sensor).
+    fn connections_in_use(&self) -> u64;
+
+    /// Checks that the database answers (readiness).
+    async fn ping(&self) -> Result<(), TransportError>;
+
+    /// Warnings about the setup of these queues (missing indexes, column types, pool size).
+    async fn startup_checks(&self, queues: &[QueueName]) -> Vec<String> {
+        let _ = queues;
+        Vec::new()
+    }
+}
+
+/// Opens the transport a configuration describes.
+pub async fn connect(config: &TransportConfig) -> Result<Arc<dyn Transport>, TransportError> {
+    Ok(match config.kind {
+        TransportKind::Memory => Arc::new(memory::MemoryTransport::simulating(
+            config.transaction_mode,
+            config.pool_size,
+            config.connect_timeout,
+            config.simulated_latency,
+        )),
+        TransportKind::Postgres => Arc::new(postgres::PostgresTransport::connect(config).await?),
+        TransportKind::Sqlserver => Arc::new(sqlserver::SqlServerTransport::connect(config).await?),
+    })
+}

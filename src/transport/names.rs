@@ -1,0 +1,130 @@
+//! Queue and schema names. They end up inside SQL as quoted identifiers, so they are checked
+//! here once, before anything else sees them: a name that could close a quote, open a bracket
+//! or end a statement is rejected, never escaped and spliced.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Longest queue name accepted anywhere (SQL Server's `sysname` is 128 characters).
+pub const MAX_QUEUE_NAME_CHARS: usize = 128;
+
+/// Checks a queue (table) name: letters, digits, `_`, `-` and `.`, not starting with `.` or
+/// `-`, at most 128 characters.
+pub fn validate_queue_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("a queue name must not be empty".into());
+    }
+    if name.chars().count() > MAX_QUEUE_NAME_CHARS {
+        return Err(format!(
+            "queue name `{name}` is longer than {MAX_QUEUE_NAME_CHARS} characters"
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(format!(
+            "queue name `{}` contains {:?}; use letters, digits, '_', '-' and '.' only",
+            name.escape_debug(),
+            bad
+        ));
+    }
+    if name.starts_with(['.', '-']) {
+        return Err(format!(
+            "queue name `{name}` must not start with '.' or '-'"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a schema name: an unquoted-style identifier (letter or `_`, then letters, digits,
+/// `_`), at most 63 characters (PostgreSQL's limit).
+pub fn validate_schema_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let valid_start = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !valid_start || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!(
+            "schema name `{}` must start with a letter or '_' and contain only ASCII letters, digits and '_'",
+            name.escape_debug()
+        ));
+    }
+    if name.len() > 63 {
+        return Err(format!("schema name `{name}` is longer than 63 characters"));
+    }
+    Ok(())
+}
+
+/// A validated queue name; cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueName(Arc<str>);
+
+impl QueueName {
+    /// Validates and wraps a queue name.
+    pub fn new(name: &str) -> Result<Self, crate::transport::TransportError> {
+        validate_queue_name(name).map_err(crate::transport::TransportError::InvalidName)?;
+        Ok(QueueName(Arc::from(name)))
+    }
+
+    /// The name as written.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for QueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for QueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", &*self.0)
+    }
+}
+
+impl AsRef<str> for QueueName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordinary_nservicebus_names_pass() {
+        for ok in [
+            "Sales",
+            "Sales.MACHINE-01",
+            "error",
+            "audit",
+            "q_1",
+            "Zählung",
+        ] {
+            assert!(validate_queue_name(ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn quotes_brackets_and_semicolons_are_rejected() {
+        for bad in [
+            "a'b", "a\"b", "a]b", "a[b", "a;b", "a b", "a/*", "-a", ".a", "",
+        ] {
+            assert!(validate_queue_name(bad).is_err(), "{bad}");
+        }
+        assert!(validate_queue_name(&"x".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn schemas_are_plain_identifiers() {
+        assert!(validate_schema_name("dbo").is_ok());
+        assert!(validate_schema_name("_t1").is_ok());
+        for bad in ["1a", "a-b", "a.b", "a\"", ""] {
+            assert!(validate_schema_name(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,605 @@
+//! PostgreSQL transport: the NServiceBus PostgreSQL transport's table layout and statements on
+//! tokio-postgres with a deadpool pool.
+//!
+//! A receive takes a pooled connection, sends `BEGIN` and the receive `DELETE` in one pipelined
+//! write (one round trip), and keeps connection and transaction open until the caller commits
+//! or rolls back. A receive dropped without either discards its connection, which makes the
+//! server roll the transaction back: the message returns to the queue.
+
+mod statements;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{NaiveDateTime, TimeZone, Utc};
+use deadpool_postgres::{
+    Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
+};
+use tokio_postgres::error::SqlState;
+use uuid::Uuid;
+
+pub use statements::{QueueStatements, quote_ident};
+
+use super::headers::{parse_headers, serialize_headers};
+use super::names::validate_schema_name;
+use super::{Payload, QueueName, Received, Transport, TransportError};
+use crate::config::{TransactionMode, TransportConfig};
+use crate::message::{Message, OutgoingMessage};
+
+/// NServiceBus rejects PostgreSQL table names longer than this (63 bytes minus room for the
+/// `_Seq_seq` sequence suffix).
+pub const MAX_TABLE_NAME_BYTES: usize = 55;
+
+/// Rows deleted per statement by [`Transport::purge_expired`].
+const PURGE_BATCH: i64 = 10_000;
+
+/// The PostgreSQL transport.
+#[derive(Clone)]
+pub struct PostgresTransport {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    schema: String,
+    mode: TransactionMode,
+    pool_size: u32,
+    wait_timeout: Duration,
+    statements: RwLock<HashMap<QueueName, Arc<QueueStatements>>>,
+}
+
+impl PostgresTransport {
+    /// Opens a pool from the configuration and checks that the server answers.
+    pub async fn connect(config: &TransportConfig) -> Result<Self, TransportError> {
+        let transport = Self::new(config)?;
+        transport.ping().await?;
+        Ok(transport)
+    }
+
+    /// Builds the pool without connecting (connections open on first use).
+    pub fn new(config: &TransportConfig) -> Result<Self, TransportError> {
+        let schema = config.effective_schema().to_string();
+        validate_schema_name(&schema).map_err(TransportError::InvalidName)?;
+        let (raw, verify) = tls_mode(config.connection_string.expose());
+        let mut pg = tokio_postgres::Config::from_str(&raw).map_err(|e| {
+            TransportError::Config(format!(
+                "transport.connection_string is not a PostgreSQL connection string ({e}); got {}",
+                config.connection_string
+            ))
+        })?;
+        pg.connect_timeout(config.connect_timeout);
+        if pg.get_application_name().is_none() {
+            pg.application_name("throttlehost");
+        }
+        let statement_timeout = format!(
+            "-c statement_timeout={}",
+            config.command_timeout.as_millis()
+        );
+        let options = match pg.get_options() {
+            Some(existing) => format!("{existing} {statement_timeout}"),
+            None => statement_timeout,
+        };
+        pg.options(&options);
+        // libpq semantics: sslmode prefer/require encrypt without checking the certificate;
+        // verify-ca/verify-full check it.
+        let tls = native_tls::TlsConnector::builder()
+            .danger_accept_invalid_certs(!verify)
+            .danger_accept_invalid_hostnames(!verify)
+            .build()
+            .map_err(|e| TransportError::Config(format!("cannot set up TLS: {e}")))?;
+        let manager = Manager::from_config(
+            pg,
+            postgres_native_tls::MakeTlsConnector::new(tls),
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size as usize)
+            .wait_timeout(Some(config.connect_timeout))
+            .create_timeout(Some(config.connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| {
+                TransportError::Config(format!("cannot build the connection pool: {e}"))
+            })?;
+        Ok(PostgresTransport {
+            inner: Arc::new(Inner {
+                pool,
+                schema,
+                mode: config.transaction_mode,
+                pool_size: config.pool_size,
+                wait_timeout: config.connect_timeout,
+                statements: RwLock::new(HashMap::new()),
+            }),
+        })
+    }
+
+    async fn reinsert_autocommitted(&self, queue: &QueueName, row: &tokio_postgres::Row) {
+        let result = async {
+            let st = self.inner.statements(queue)?;
+            let id: Uuid = row
+                .try_get(0)
+                .map_err(|e| TransportError::Database(e.to_string()))?;
+            let headers: String = row
+                .try_get(2)
+                .map_err(|e| TransportError::Database(e.to_string()))?;
+            let body: Option<Vec<u8>> = row
+                .try_get(3)
+                .map_err(|e| TransportError::Database(e.to_string()))?;
+            let client = self.inner.client().await?;
+            client
+                .execute(&st.send_raw, &[&id, &headers, &body])
+                .await
+                .map_err(|e| map_error(e, Some(queue)))
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::error!(queue = %queue, error = %e, "a message deleted outside a transaction could not be put back");
+        }
+    }
+
+    /// The schema the queue tables live in.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+}
+
+impl Inner {
+    fn statements(&self, queue: &QueueName) -> Result<Arc<QueueStatements>, TransportError> {
+        if let Some(s) = self
+            .statements
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(queue)
+        {
+            return Ok(s.clone());
+        }
+        if queue.as_str().len() > MAX_TABLE_NAME_BYTES {
+            return Err(TransportError::InvalidName(format!(
+                "queue name `{queue}` is longer than {MAX_TABLE_NAME_BYTES} bytes, the PostgreSQL transport's limit"
+            )));
+        }
+        let built = Arc::new(QueueStatements::new(&self.schema, queue));
+        self.statements
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(queue.clone(), built.clone());
+        Ok(built)
+    }
+
+    async fn client(&self) -> Result<Object, TransportError> {
+        self.pool.get().await.map_err(|e| match e {
+            PoolError::Timeout(_) => TransportError::PoolTimeout {
+                waited: self.wait_timeout,
+                pool_size: self.pool_size,
+            },
+            PoolError::Backend(e) => map_error(e, None),
+            other => TransportError::Connection(other.to_string()),
+        })
+    }
+
+    async fn send_on(
+        &self,
+        client: &Object,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        let st = self.statements(queue)?;
+        let stmt = client
+            .prepare_cached(&st.send)
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        let ttbr_ms: Option<i64> = message
+            .time_to_be_received
+            .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+        let headers = serialize_headers(&message.headers);
+        client
+            .execute(&stmt, &[&message.id, &ttbr_ms, &headers, &message.body])
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        Ok(())
+    }
+}
+
+/// tokio-postgres knows sslmode disable/prefer/require; libpq's verify-ca and verify-full
+/// mean "require, and check the certificate". Returns the string tokio-postgres accepts and
+/// whether to verify.
+fn tls_mode(raw: &str) -> (String, bool) {
+    let mut verify = false;
+    let mut out = raw.to_string();
+    for mode in ["verify-full", "verify-ca"] {
+        let key = format!("sslmode={mode}");
+        if out.contains(&key) {
+            verify = true;
+            out = out.replace(&key, "sslmode=require");
+        }
+    }
+    (out, verify)
+}
+
+/// Turns a driver error into a transport error that says what happened.
+fn map_error(e: tokio_postgres::Error, queue: Option<&QueueName>) -> TransportError {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code();
+        if *code == SqlState::UNDEFINED_TABLE {
+            return TransportError::QueueNotFound(
+                queue
+                    .map(|q| q.to_string())
+                    .unwrap_or_else(|| db.message().to_string()),
+            );
+        }
+        if *code == SqlState::T_R_DEADLOCK_DETECTED {
+            return TransportError::Deadlock(db.message().to_string());
+        }
+        let class = &code.code()[..2];
+        if class == "08" || class == "57" {
+            return TransportError::Connection(format!(
+                "{} (SQLSTATE {})",
+                db.message(),
+                code.code()
+            ));
+        }
+        return TransportError::Database(format!("{} (SQLSTATE {})", db.message(), code.code()));
+    }
+    if e.is_closed() {
+        return TransportError::Connection("the connection was closed".into());
+    }
+    TransportError::Connection(e.to_string())
+}
+
+/// Drops a pooled connection instead of returning it: used whenever its state is unknown
+/// (an error mid-transaction, a cancelled receive). Closing it makes the server roll back.
+fn discard(client: Object) {
+    drop(Object::take(client));
+}
+
+#[async_trait]
+impl Transport for PostgresTransport {
+    fn describe(&self) -> String {
+        format!(
+            "postgres (schema \"{}\", pool {})",
+            self.inner.schema, self.inner.pool_size
+        )
+    }
+
+    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue)?;
+        let mut client = self.inner.client().await?;
+        let schema = quote_ident(&self.inner.schema);
+        // Two hosts creating the same table at once can still collide inside
+        // CREATE ... IF NOT EXISTS; an advisory lock keyed by the table serialises them and the
+        // remaining "already exists" codes are harmless.
+        let result: Result<(), tokio_postgres::Error> = async {
+            let tx = client.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&st.table])
+                .await?;
+            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+                .await?;
+            tx.batch_execute(&st.create).await?;
+            tx.commit().await
+        }
+        .await;
+        match result {
+            Ok(()) => Ok(()),
+            Err(e)
+                if e.code().is_some_and(|c| {
+                    [
+                        SqlState::DUPLICATE_TABLE,
+                        SqlState::DUPLICATE_OBJECT,
+                        SqlState::UNIQUE_VIOLATION,
+                        SqlState::DUPLICATE_SCHEMA,
+                    ]
+                    .contains(c)
+                }) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(map_error(e, Some(queue))),
+        }
+    }
+
+    async fn send(
+        &self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        let client = self.inner.client().await?;
+        self.inner.send_on(&client, queue, message).await
+    }
+
+    async fn receive(
+        &self,
+        queue: &QueueName,
+    ) -> Result<Option<Box<dyn Received>>, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        let stmt = client
+            .prepare_cached(&st.receive)
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        let transactional = self.inner.mode != TransactionMode::None;
+        let row = if transactional {
+            // Pipelined: both requests leave in one write, the answers come back in order.
+            let (begin, row) =
+                tokio::join!(client.batch_execute("BEGIN"), client.query_opt(&stmt, &[]));
+            match (begin, row) {
+                (Ok(()), Ok(row)) => row,
+                (Err(e), Ok(Some(row))) => {
+                    // BEGIN failed yet the DELETE ran: it committed on its own. Put the row
+                    // back rather than lose it (it goes to the tail of the queue).
+                    discard(client);
+                    self.reinsert_autocommitted(queue, &row).await;
+                    return Err(map_error(e, Some(queue)));
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    discard(client);
+                    return Err(map_error(e, Some(queue)));
+                }
+            }
+        } else {
+            match client.query_opt(&stmt, &[]).await {
+                Ok(row) => row,
+                Err(e) => {
+                    discard(client);
+                    return Err(map_error(e, Some(queue)));
+                }
+            }
+        };
+        let Some(row) = row else {
+            if transactional && let Err(e) = client.batch_execute("ROLLBACK").await {
+                discard(client);
+                return Err(map_error(e, Some(queue)));
+            }
+            return Ok(None);
+        };
+        let decoded: Result<_, tokio_postgres::Error> = (|| {
+            let id: Uuid = row.try_get(0)?;
+            let expired: bool = row.try_get(1)?;
+            let headers: String = row.try_get(2)?;
+            let body: Option<Vec<u8>> = row.try_get(3)?;
+            let expires: Option<NaiveDateTime> = row.try_get(4)?;
+            Ok((id, expired, headers, body.unwrap_or_default(), expires))
+        })();
+        let (id, expired, raw_headers, body, expires) = match decoded {
+            Ok(d) => d,
+            Err(e) => {
+                discard(client);
+                return Err(TransportError::Database(format!(
+                    "queue `{queue}` has columns of unexpected types: {e}"
+                )));
+            }
+        };
+        let (payload, raw) = if expired {
+            (Payload::Expired { id }, None)
+        } else {
+            match parse_headers(&raw_headers) {
+                Ok(headers) => (
+                    Payload::Message(Message {
+                        id,
+                        headers,
+                        body,
+                        expires: expires.map(|e| Utc.from_utc_datetime(&e)),
+                    }),
+                    None,
+                ),
+                Err(reason) => (Payload::Poison { id, reason }, Some((raw_headers, body))),
+            }
+        };
+        Ok(Some(Box::new(PgReceived {
+            inner: self.inner.clone(),
+            queue: queue.clone(),
+            client: if transactional { Some(client) } else { None },
+            failed: false,
+            payload,
+            raw,
+        })))
+    }
+
+    async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        let stmt = client
+            .prepare_cached(&st.peek)
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        let row = client
+            .query_one(&stmt, &[])
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        let n: i64 = row
+            .try_get(0)
+            .map_err(|e| TransportError::Database(e.to_string()))?;
+        Ok(n.max(0) as u64)
+    }
+
+    async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        let mut total = 0;
+        loop {
+            let n = client
+                .execute(&st.purge_expired_batch, &[&PURGE_BATCH])
+                .await
+                .map_err(|e| map_error(e, Some(queue)))?;
+            total += n;
+            if n < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        client
+            .execute(&st.purge, &[])
+            .await
+            .map_err(|e| map_error(e, Some(queue)))
+    }
+
+    async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
+        let client = self.inner.client().await?;
+        let rows = client
+            .query(
+                "SELECT table_name::text FROM information_schema.columns \
+                 WHERE table_schema = $1 AND lower(column_name) IN ('id', 'expires', 'headers', 'body', 'seq') \
+                 GROUP BY table_name HAVING count(*) = 5 ORDER BY 1",
+                &[&self.inner.schema],
+            )
+            .await
+            .map_err(|e| map_error(e, None))?;
+        Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+    }
+
+    fn connections_in_use(&self) -> u64 {
+        let s = self.inner.pool.status();
+        s.size.saturating_sub(s.available) as u64
+    }
+
+    async fn ping(&self) -> Result<(), TransportError> {
+        let client = self.inner.client().await?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map_err(|e| map_error(e, None))?;
+        Ok(())
+    }
+
+    async fn startup_checks(&self, queues: &[QueueName]) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let client = match self.inner.client().await {
+            Ok(c) => c,
+            Err(e) => return vec![format!("cannot run start-up checks: {e}")],
+        };
+        for queue in queues {
+            let indexed = client
+                .query_opt(
+                    "SELECT 1 FROM pg_indexes WHERE schemaname = $1 AND tablename = $2 \
+                     AND indexdef ILIKE '%UNIQUE%(seq)%'",
+                    &[&self.inner.schema, &queue.as_str()],
+                )
+                .await;
+            match indexed {
+                Ok(Some(_)) => {}
+                Ok(None) => warnings.push(format!(
+                    "queue `{queue}` has no unique index on Seq: receives will scan the table (see sql/postgres/queue.sql)"
+                )),
+                Err(e) => warnings.push(format!("cannot check the indexes of `{queue}`: {}", map_error(e, Some(queue)))),
+            }
+        }
+        warnings
+    }
+}
+
+/// An open PostgreSQL receive: the pooled connection with its transaction.
+struct PgReceived {
+    inner: Arc<Inner>,
+    queue: QueueName,
+    /// The connection holding the transaction; None in mode `none` and once finished.
+    client: Option<Object>,
+    /// A statement in the transaction failed: PostgreSQL has aborted it, so COMMIT would
+    /// silently roll back. Commit reports an error instead.
+    failed: bool,
+    payload: Payload,
+    /// Raw headers and body of a poison row, for dead-lettering it unchanged.
+    raw: Option<(String, Vec<u8>)>,
+}
+
+impl PgReceived {
+    async fn end(&mut self, statement: &str) -> Result<(), TransportError> {
+        let Some(client) = self.client.take() else {
+            return Ok(());
+        };
+        match client.batch_execute(statement).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                discard(client);
+                Err(map_error(e, Some(&self.queue)))
+            }
+        }
+    }
+}
+
+impl Drop for PgReceived {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            discard(client);
+        }
+    }
+}
+
+#[async_trait]
+impl Received for PgReceived {
+    fn payload(&self) -> &Payload {
+        &self.payload
+    }
+
+    async fn send(
+        &mut self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        match &self.client {
+            Some(client) => {
+                let result = self.inner.send_on(client, queue, message).await;
+                self.failed |= result.is_err();
+                result
+            }
+            None => {
+                let client = self.inner.client().await?;
+                self.inner.send_on(&client, queue, message).await
+            }
+        }
+    }
+
+    async fn dead_letter(&mut self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue)?;
+        let (id, headers, body) = match (&self.payload, &self.raw) {
+            (_, Some((headers, body))) => (self.payload.id(), headers.clone(), body.clone()),
+            (Payload::Message(m), None) => (m.id, serialize_headers(&m.headers), m.body.clone()),
+            (other, None) => {
+                return Err(TransportError::Database(format!(
+                    "cannot dead-letter {other:?}: its row was not kept"
+                )));
+            }
+        };
+        let pooled;
+        let client = match &self.client {
+            Some(c) => c,
+            None => {
+                pooled = self.inner.client().await?;
+                &pooled
+            }
+        };
+        let result = async {
+            let stmt = client.prepare_cached(&st.send_raw).await?;
+            client.execute(&stmt, &[&id, &headers, &body]).await
+        }
+        .await
+        .map(|_| ())
+        .map_err(|e| map_error(e, Some(queue)));
+        if self.client.is_some() {
+            self.failed |= result.is_err();
+        }
+        result
+    }
+
+    async fn commit(mut self: Box<Self>) -> Result<(), TransportError> {
+        if self.failed {
+            self.end("ROLLBACK").await?;
+            return Err(TransportError::Database(format!(
+                "the receive transaction on `{}` was aborted by an earlier error and has been rolled back",
+                self.queue
+            )));
+        }
+        self.end("COMMIT").await
+    }
+
+    async fn rollback(mut self: Box<Self>) -> Result<(), TransportError> {
+        self.end("ROLLBACK").await
+    }
+}

@@ -1,0 +1,214 @@
+//! Shared test helpers: PostgreSQL schemas isolated per test, a transport decorator that
+//! counts statements, polling helpers.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use throttlehost::config::{ConnectionString, TransactionMode, TransportConfig, TransportKind};
+use throttlehost::message::OutgoingMessage;
+use throttlehost::transport::postgres::PostgresTransport;
+use throttlehost::transport::{QueueName, Received, Transport, TransportError};
+
+/// The PostgreSQL the tests use (DATABASE_URL, else the local server).
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A schema (and application name) of its own for one test; dropped at the end.
+pub struct PgSchema {
+    pub name: String,
+}
+
+impl PgSchema {
+    pub fn new() -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        PgSchema {
+            name: format!("th_{}", &id[..16]),
+        }
+    }
+
+    /// Connection string whose connections are tagged with this schema's name.
+    pub fn connection_string(&self) -> String {
+        let url = database_url();
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}application_name={}", self.name)
+    }
+
+    pub fn transport_config(&self, mode: TransactionMode, pool_size: u32) -> TransportConfig {
+        TransportConfig {
+            kind: TransportKind::Postgres,
+            connection_string: ConnectionString::new(self.connection_string()),
+            schema: self.name.clone(),
+            pool_size,
+            transaction_mode: mode,
+            connect_timeout: Duration::from_secs(10),
+            ..TransportConfig::default()
+        }
+    }
+
+    pub async fn transport(&self, mode: TransactionMode, pool_size: u32) -> PostgresTransport {
+        PostgresTransport::connect(&self.transport_config(mode, pool_size))
+            .await
+            .expect("PostgreSQL at DATABASE_URL (default 127.0.0.1:5432, database test) must be running")
+    }
+
+    /// A plain client for assertions and sabotage.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL must be running");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// Terminates this test's pooled connections (pg_terminate_backend); returns how many.
+    pub async fn kill_connections(&self) -> u64 {
+        let client = self.client().await;
+        let rows = client
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                &[&self.name],
+            )
+            .await
+            .unwrap();
+        rows.len() as u64
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop runs outside async context guarantees; use a thread with its own runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let Ok((client, connection)) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await else {
+                    return;
+                };
+                tokio::spawn(connection);
+                let _ = client
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                        &[&name],
+                    )
+                    .await;
+                let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")).await;
+            });
+        })
+        .join();
+    }
+}
+
+pub fn q(name: &str) -> QueueName {
+    QueueName::new(name).unwrap()
+}
+
+/// Waits until `f` is true, polling every 20 ms; panics with `what` after `timeout`.
+pub async fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !f() {
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends `n` messages with 8 concurrent writers; returns their logical ids.
+pub async fn fill(transport: &Arc<dyn Transport>, queue: &QueueName, n: usize) -> Vec<String> {
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let (t, queue) = (transport.clone(), queue.clone());
+        writers.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            let mut i = w;
+            while i < n {
+                let m = OutgoingMessage::new(format!("message {i}"));
+                t.send(&queue, &m).await.unwrap();
+                ids.push(m.logical_id());
+                i += 8;
+            }
+            ids
+        }));
+    }
+    let mut ids = Vec::new();
+    for w in writers {
+        ids.extend(w.await.unwrap());
+    }
+    ids
+}
+
+/// Counts the statements a host sends to its transport.
+pub struct Counting {
+    pub inner: Arc<dyn Transport>,
+    pub receives: AtomicU64,
+    pub peeks: AtomicU64,
+    pub sends: AtomicU64,
+}
+
+impl Counting {
+    pub fn new(inner: Arc<dyn Transport>) -> Arc<Self> {
+        Arc::new(Counting {
+            inner,
+            receives: AtomicU64::new(0),
+            peeks: AtomicU64::new(0),
+            sends: AtomicU64::new(0),
+        })
+    }
+
+    pub fn receives(&self) -> u64 {
+        self.receives.load(Ordering::Relaxed)
+    }
+
+    pub fn peeks(&self) -> u64 {
+        self.peeks.load(Ordering::Relaxed)
+    }
+}
+
+#[async_trait]
+impl Transport for Counting {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        self.inner.create_queue(queue).await
+    }
+    async fn send(
+        &self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        self.sends.fetch_add(1, Ordering::Relaxed);
+        self.inner.send(queue, message).await
+    }
+    async fn receive(
+        &self,
+        queue: &QueueName,
+    ) -> Result<Option<Box<dyn Received>>, TransportError> {
+        self.receives.fetch_add(1, Ordering::Relaxed);
+        self.inner.receive(queue).await
+    }
+    async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        self.peeks.fetch_add(1, Ordering::Relaxed);
+        self.inner.peek_depth(queue).await
+    }
+    async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        self.inner.purge_expired(queue).await
+    }
+    async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        self.inner.purge(queue).await
+    }
+    async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
+        self.inner.list_queues().await
+    }
+    fn connections_in_use(&self) -> u64 {
+        self.inner.connections_in_use()
+    }
+    async fn ping(&self) -> Result<(), TransportError> {
+        self.inner.ping().await
+    }
+}

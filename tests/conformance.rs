@@ -1,0 +1,548 @@
+//! One conformance suite for every transport: memory and PostgreSQL always, SQL Server when
+//! SQLSERVER_URL is set (`SQLSERVER_URL=... cargo test -- --ignored`).
+//!
+//! Each behaviour is a function over a [`Harness`]; the `conformance!` macro stamps one test
+//! per behaviour per transport. Behaviours a transport cannot show (killing the connection of
+//! an in-process transport) are skipped for it, and say so.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use throttlehost::config::TransactionMode;
+use throttlehost::message::{Headers, OutgoingMessage};
+use throttlehost::transport::{Payload, QueueName, Received, Transport, TransportError};
+use uuid::Uuid;
+
+use common::q;
+
+/// What a transport under test offers the suite.
+#[async_trait]
+pub trait Harness: Send + Sync {
+    /// A fresh transport (own schema or instance) in this mode with this pool size.
+    async fn transport(&self, mode: TransactionMode, pool_size: u32) -> Arc<dyn Transport>;
+    /// Kills the transport's database connections; None if it has none.
+    async fn kill_connections(&self) -> Option<u64>;
+    /// Writes a row with unparseable headers straight into a queue table; false if unsupported.
+    async fn insert_poison(&self, queue: &str, id: Uuid, raw_headers: &str, body: &[u8]) -> bool;
+    /// Reads a row's raw headers and body and whether Expires is NULL.
+    async fn read_raw(&self, queue: &str, id: Uuid) -> Option<(String, Vec<u8>, bool)>;
+}
+
+fn body_of(r: &dyn Received) -> Vec<u8> {
+    match r.payload() {
+        Payload::Message(m) => m.body.clone(),
+        other => panic!("expected a message, got {other:?}"),
+    }
+}
+
+async fn setup(h: &dyn Harness, queues: &[&str]) -> Arc<dyn Transport> {
+    let t = h.transport(TransactionMode::ReceiveOnly, 20).await;
+    for name in queues {
+        t.create_queue(&q(name)).await.unwrap();
+    }
+    t
+}
+
+pub async fn fifo_order(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    for i in 0..20u8 {
+        t.send(&q("in"), &OutgoingMessage::new(vec![i]))
+            .await
+            .unwrap();
+    }
+    for i in 0..20u8 {
+        let r = t.receive(&q("in")).await.unwrap().expect("a message");
+        assert_eq!(body_of(r.as_ref()), vec![i]);
+        r.commit().await.unwrap();
+    }
+    assert!(t.receive(&q("in")).await.unwrap().is_none());
+}
+
+pub async fn rollback_returns_the_message_to_the_head(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    for i in 0..3u8 {
+        t.send(&q("in"), &OutgoingMessage::new(vec![i]))
+            .await
+            .unwrap();
+    }
+    let first = t.receive(&q("in")).await.unwrap().unwrap();
+    assert_eq!(body_of(first.as_ref()), vec![0]);
+    first.rollback().await.unwrap();
+    for i in 0..3u8 {
+        let r = t.receive(&q("in")).await.unwrap().unwrap();
+        assert_eq!(
+            body_of(r.as_ref()),
+            vec![i],
+            "rolled-back message comes first again"
+        );
+        r.commit().await.unwrap();
+    }
+}
+
+pub async fn dropping_a_receive_rolls_it_back(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
+    let r = t.receive(&q("in")).await.unwrap().unwrap();
+    drop(r);
+    // The database notices the closed connection asynchronously.
+    let mut again = None;
+    for _ in 0..100 {
+        if let Some(r) = t.receive(&q("in")).await.unwrap() {
+            again = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = again.expect("the message came back");
+    assert_eq!(body_of(r.as_ref()), b"x");
+    r.commit().await.unwrap();
+}
+
+pub async fn eight_receivers_drain_ten_thousand_exactly_once(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    let sent: HashSet<String> = common::fill(&t, &q("in"), 10_000)
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(sent.len(), 10_000);
+    let mut receivers = Vec::new();
+    for _ in 0..8 {
+        let t = t.clone();
+        receivers.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(r) = t.receive(&q("in")).await.unwrap() {
+                if let Payload::Message(m) = r.payload() {
+                    got.push(m.logical_id());
+                }
+                r.commit().await.unwrap();
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for r in receivers {
+        all.extend(r.await.unwrap());
+    }
+    let unique: HashSet<String> = all.iter().cloned().collect();
+    assert_eq!(all.len(), 10_000, "no duplicates");
+    assert_eq!(unique, sent, "every id exactly once");
+}
+
+pub async fn expired_messages_are_flagged_and_purged(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    let old = OutgoingMessage::new("old").with_time_to_be_received(Duration::from_millis(1));
+    t.send(&q("in"), &old).await.unwrap();
+    t.send(
+        &q("in"),
+        &OutgoingMessage::new("live").with_time_to_be_received(Duration::from_secs(600)),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = t.receive(&q("in")).await.unwrap().unwrap();
+    assert!(
+        matches!(r.payload(), Payload::Expired { id } if *id == old.id),
+        "{:?}",
+        r.payload()
+    );
+    r.commit().await.unwrap();
+    let r = t.receive(&q("in")).await.unwrap().unwrap();
+    match r.payload() {
+        Payload::Message(m) => {
+            assert_eq!(m.body, b"live");
+            assert!(m.expires.is_some(), "expiry is reported");
+        }
+        other => panic!("{other:?}"),
+    }
+    r.rollback().await.unwrap();
+    for _ in 0..3 {
+        t.send(
+            &q("in"),
+            &OutgoingMessage::new("gone").with_time_to_be_received(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(t.purge_expired(&q("in")).await.unwrap(), 3);
+    assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 1);
+}
+
+pub async fn peek_ignores_rows_locked_by_in_flight_receives(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 0);
+    for i in 0..3u8 {
+        t.send(&q("in"), &OutgoingMessage::new(vec![i]))
+            .await
+            .unwrap();
+    }
+    assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 3);
+    let held = t.receive(&q("in")).await.unwrap().unwrap();
+    assert_eq!(
+        t.peek_depth(&q("in")).await.unwrap(),
+        2,
+        "the locked head is not counted"
+    );
+    held.rollback().await.unwrap();
+    assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 3);
+}
+
+pub async fn unicode_headers_and_a_ten_mib_body_round_trip(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    let mut body = vec![0u8; 10 << 20];
+    let mut x: u32 = 0x1234_5678;
+    for b in body.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+    let mut m = OutgoingMessage::new(body.clone())
+        .with_header(
+            "Ünïcödé/Key",
+            "rocket \u{1F680}, 中文, \"quoted\", back\\slash, tab\t",
+        )
+        .with_header("empty", "");
+    m.headers.insert("NullValue".into(), None);
+    let sent_headers: Headers = m.headers.clone();
+    t.send(&q("in"), &m).await.unwrap();
+    let r = t.receive(&q("in")).await.unwrap().unwrap();
+    match r.payload() {
+        Payload::Message(got) => {
+            assert_eq!(got.headers, sent_headers);
+            assert!(got.body == body, "10 MiB body byte for byte");
+            assert_eq!(got.id, m.id);
+        }
+        other => panic!("{other:?}"),
+    }
+    r.commit().await.unwrap();
+}
+
+pub async fn names_that_could_inject_sql_are_rejected(_h: &dyn Harness) {
+    for bad in [
+        "a'b",
+        "a]b",
+        "a[b",
+        "a;DROP TABLE x",
+        "a\"b",
+        "a b",
+        "a--b/*",
+    ] {
+        let err = QueueName::new(bad).err();
+        assert!(
+            matches!(err, Some(TransportError::InvalidName(_))),
+            "{bad} must be rejected"
+        );
+    }
+}
+
+pub async fn a_killed_connection_fails_cleanly_and_the_next_receive_works(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    t.send(&q("in"), &OutgoingMessage::new("survivor"))
+        .await
+        .unwrap();
+    let r = t.receive(&q("in")).await.unwrap().unwrap();
+    let Some(killed) = h.kill_connections().await else {
+        eprintln!("skipped: this transport has no connections to kill");
+        return;
+    };
+    assert!(killed >= 1, "killed {killed}");
+    let err = r
+        .commit()
+        .await
+        .expect_err("commit on a killed connection fails");
+    assert!(
+        matches!(
+            err,
+            TransportError::Connection(_) | TransportError::Database(_)
+        ),
+        "{err}"
+    );
+    // The pool may hand out other dead connections once; the message must come back.
+    let mut body = None;
+    for _ in 0..10 {
+        match t.receive(&q("in")).await {
+            Ok(Some(r)) => {
+                body = Some(body_of(r.as_ref()));
+                r.commit().await.unwrap();
+                break;
+            }
+            Ok(None) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(_) => continue,
+        }
+    }
+    assert_eq!(
+        body.as_deref(),
+        Some(&b"survivor"[..]),
+        "rolled back by the server, received again"
+    );
+}
+
+pub async fn an_exhausted_pool_waits_instead_of_failing(h: &dyn Harness) {
+    let t = h.transport(TransactionMode::ReceiveOnly, 2).await;
+    t.create_queue(&q("in")).await.unwrap();
+    for _ in 0..3 {
+        t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
+    }
+    let a = t.receive(&q("in")).await.unwrap().unwrap();
+    let b = t.receive(&q("in")).await.unwrap().unwrap();
+    assert_eq!(t.connections_in_use(), 2);
+    let third = {
+        let t = t.clone();
+        tokio::spawn(async move { t.receive(&q("in")).await.map(|r| r.is_some()) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!third.is_finished(), "waits for a connection");
+    a.commit().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        got.unwrap(),
+        "got the third message once a connection was free"
+    );
+    b.commit().await.unwrap();
+}
+
+pub async fn poison_rows_are_dead_lettered_unchanged(h: &dyn Harness) {
+    let t = setup(h, &["in", "error"]).await;
+    let id = Uuid::new_v4();
+    let raw = "{this is not json";
+    if !h.insert_poison("in", id, raw, b"body bytes").await {
+        eprintln!("skipped: this transport cannot hold an unparseable row");
+        return;
+    }
+    let mut r = t.receive(&q("in")).await.unwrap().unwrap();
+    assert!(
+        matches!(r.payload(), Payload::Poison { id: p, .. } if *p == id),
+        "{:?}",
+        r.payload()
+    );
+    r.dead_letter(&q("error")).await.unwrap();
+    r.commit().await.unwrap();
+    let (headers, body, expires_null) = h
+        .read_raw("error", id)
+        .await
+        .expect("row in the error queue, same id");
+    assert_eq!(headers, raw);
+    assert_eq!(body, b"body bytes");
+    assert!(expires_null);
+    assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 0);
+}
+
+pub async fn sends_inside_a_receive_commit_with_it(h: &dyn Harness) {
+    let t = setup(h, &["in", "out"]).await;
+    t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
+    let mut r = t.receive(&q("in")).await.unwrap().unwrap();
+    r.send(&q("out"), &OutgoingMessage::new("y")).await.unwrap();
+    r.rollback().await.unwrap();
+    assert_eq!(
+        t.peek_depth(&q("out")).await.unwrap(),
+        0,
+        "rolled back with the receive"
+    );
+    let mut r = t.receive(&q("in")).await.unwrap().unwrap();
+    r.send(&q("out"), &OutgoingMessage::new("y")).await.unwrap();
+    r.commit().await.unwrap();
+    assert_eq!(t.peek_depth(&q("out")).await.unwrap(), 1);
+    assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 0);
+}
+
+pub async fn a_failed_send_inside_a_receive_fails_its_commit(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
+    let mut r = t.receive(&q("in")).await.unwrap().unwrap();
+    let err = r
+        .send(&q("missing"), &OutgoingMessage::new("y"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, TransportError::QueueNotFound(ref n) if n == "missing"),
+        "{err}"
+    );
+    let _ = r.commit().await;
+    let back = t.receive(&q("in")).await.unwrap();
+    assert!(
+        back.is_some(),
+        "the message was not deleted by a half-failed unit of work"
+    );
+}
+
+pub async fn mode_none_deletes_before_the_handler(h: &dyn Harness) {
+    let t = h.transport(TransactionMode::None, 5).await;
+    t.create_queue(&q("in")).await.unwrap();
+    t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
+    let r = t.receive(&q("in")).await.unwrap().unwrap();
+    assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 0);
+    r.rollback().await.unwrap();
+    assert!(
+        t.receive(&q("in")).await.unwrap().is_none(),
+        "at-most-once: gone after rollback"
+    );
+}
+
+pub async fn a_missing_queue_is_named_in_the_error(h: &dyn Harness) {
+    let t = setup(h, &[]).await;
+    let err = t
+        .send(&q("nowhere"), &OutgoingMessage::new("x"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, TransportError::QueueNotFound(n) if n == "nowhere"),
+        "{err}"
+    );
+    assert!(t.receive(&q("nowhere")).await.is_err());
+}
+
+pub async fn concurrent_creation_is_safe_and_listed(h: &dyn Harness) {
+    let t = setup(h, &[]).await;
+    let mut creators = Vec::new();
+    for _ in 0..6 {
+        let t = t.clone();
+        creators.push(tokio::spawn(async move {
+            t.create_queue(&q("Sales.Node-1")).await
+        }));
+    }
+    for c in creators {
+        c.await.unwrap().unwrap();
+    }
+    t.create_queue(&q("Sales.Node-1")).await.unwrap();
+    assert!(
+        t.list_queues()
+            .await
+            .unwrap()
+            .contains(&"Sales.Node-1".to_string())
+    );
+    t.send(&q("Sales.Node-1"), &OutgoingMessage::new("x"))
+        .await
+        .unwrap();
+    assert_eq!(t.purge(&q("Sales.Node-1")).await.unwrap(), 1);
+}
+
+macro_rules! conformance {
+    ($module:ident, $harness:expr, { $(#[$attr:meta])* }) => {
+        mod $module {
+            use super::*;
+            conformance!(@tests $harness, { $(#[$attr])* };
+                fifo_order,
+                rollback_returns_the_message_to_the_head,
+                dropping_a_receive_rolls_it_back,
+                eight_receivers_drain_ten_thousand_exactly_once,
+                expired_messages_are_flagged_and_purged,
+                peek_ignores_rows_locked_by_in_flight_receives,
+                unicode_headers_and_a_ten_mib_body_round_trip,
+                names_that_could_inject_sql_are_rejected,
+                a_killed_connection_fails_cleanly_and_the_next_receive_works,
+                an_exhausted_pool_waits_instead_of_failing,
+                poison_rows_are_dead_lettered_unchanged,
+                sends_inside_a_receive_commit_with_it,
+                a_failed_send_inside_a_receive_fails_its_commit,
+                mode_none_deletes_before_the_handler,
+                a_missing_queue_is_named_in_the_error,
+                concurrent_creation_is_safe_and_listed
+            );
+        }
+    };
+    (@tests $harness:expr, $attrs:tt; $($name:ident),*) => {
+        $( conformance!(@one $harness, $attrs, $name); )*
+    };
+    (@one $harness:expr, { $(#[$attr:meta])* }, $name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        $(#[$attr])*
+        async fn $name() {
+            let h = $harness;
+            super::$name(&h).await;
+        }
+    };
+}
+
+// ---- memory ---------------------------------------------------------------------------
+
+struct MemoryHarness;
+
+#[async_trait]
+impl Harness for MemoryHarness {
+    async fn transport(&self, mode: TransactionMode, pool_size: u32) -> Arc<dyn Transport> {
+        Arc::new(
+            throttlehost::transport::memory::MemoryTransport::simulating(
+                mode,
+                pool_size,
+                Duration::from_secs(10),
+                Duration::ZERO,
+            ),
+        )
+    }
+    async fn kill_connections(&self) -> Option<u64> {
+        None
+    }
+    async fn insert_poison(&self, _: &str, _: Uuid, _: &str, _: &[u8]) -> bool {
+        false
+    }
+    async fn read_raw(&self, _: &str, _: Uuid) -> Option<(String, Vec<u8>, bool)> {
+        None
+    }
+}
+
+conformance!(memory, MemoryHarness, {});
+
+// ---- PostgreSQL ------------------------------------------------------------------------
+
+struct PostgresHarness {
+    schema: common::PgSchema,
+}
+
+impl PostgresHarness {
+    fn new() -> Self {
+        PostgresHarness {
+            schema: common::PgSchema::new(),
+        }
+    }
+
+    fn table(&self, queue: &str) -> String {
+        format!("\"{}\".\"{}\"", self.schema.name, queue)
+    }
+}
+
+#[async_trait]
+impl Harness for PostgresHarness {
+    async fn transport(&self, mode: TransactionMode, pool_size: u32) -> Arc<dyn Transport> {
+        Arc::new(self.schema.transport(mode, pool_size).await)
+    }
+    async fn kill_connections(&self) -> Option<u64> {
+        Some(self.schema.kill_connections().await)
+    }
+    async fn insert_poison(&self, queue: &str, id: Uuid, raw: &str, body: &[u8]) -> bool {
+        let c = self.schema.client().await;
+        c.execute(
+            &format!(
+                "INSERT INTO {} (Id, Headers, Body) VALUES ($1, $2, $3)",
+                self.table(queue)
+            ),
+            &[&id, &raw, &body],
+        )
+        .await
+        .unwrap();
+        true
+    }
+    async fn read_raw(&self, queue: &str, id: Uuid) -> Option<(String, Vec<u8>, bool)> {
+        let c = self.schema.client().await;
+        let row = c
+            .query_opt(
+                &format!(
+                    "SELECT Headers, Body, Expires IS NULL FROM {} WHERE Id = $1",
+                    self.table(queue)
+                ),
+                &[&id],
+            )
+            .await
+            .unwrap()?;
+        Some((row.get(0), row.get(1), row.get(2)))
+    }
+}
+
+conformance!(postgres, PostgresHarness::new(), {});

@@ -212,3 +212,82 @@ impl Transport for Counting {
         self.inner.ping().await
     }
 }
+
+use throttlehost::config::{ConcurrencyModel, Config, QueueConfig};
+use throttlehost::{Context, Handler, HandlerError};
+
+/// A host configuration for tests on PostgreSQL: one queue, no admin endpoint.
+pub fn pg_config(schema: &PgSchema, queue: &str, model: ConcurrencyModel, max: u32) -> Config {
+    let mut config = Config::default();
+    config.host.admin_address = "off".into();
+    config.host.shutdown_timeout = Duration::from_secs(10);
+    config.transport = schema.transport_config(TransactionMode::ReceiveOnly, max + 8);
+    let mut qc = QueueConfig {
+        name: queue.into(),
+        ..QueueConfig::default()
+    };
+    qc.concurrency.model = model;
+    qc.concurrency.max = max;
+    config.queues.push(qc);
+    config
+}
+
+/// A handler that records what it saw: ids, concurrency, attempts; optionally slow or failing.
+#[derive(Default)]
+pub struct Probe {
+    pub latency: Duration,
+    pub fail: bool,
+    pub current: AtomicU64,
+    pub peak: AtomicU64,
+    pub calls: AtomicU64,
+    pub ids: std::sync::Mutex<Vec<String>>,
+    /// Concurrency seen by each call when it started: (call number, concurrent).
+    pub starts: std::sync::Mutex<Vec<u64>>,
+}
+
+impl Probe {
+    pub fn new(latency: Duration) -> Arc<Self> {
+        Arc::new(Probe {
+            latency,
+            ..Probe::default()
+        })
+    }
+
+    pub fn failing() -> Arc<Self> {
+        Arc::new(Probe {
+            fail: true,
+            ..Probe::default()
+        })
+    }
+
+    pub fn handled(&self) -> usize {
+        self.ids.lock().unwrap().len()
+    }
+}
+
+/// Lets tests register an `Arc<Probe>` and keep a handle.
+pub struct ProbeHandler(pub Arc<Probe>);
+
+#[async_trait]
+impl Handler for ProbeHandler {
+    async fn handle(&self, ctx: &mut Context<'_>) -> Result<(), HandlerError> {
+        let p = &self.0;
+        p.calls.fetch_add(1, Ordering::Relaxed);
+        let now = p.current.fetch_add(1, Ordering::SeqCst) + 1;
+        p.peak.fetch_max(now, Ordering::SeqCst);
+        p.starts.lock().unwrap().push(now);
+        if !p.latency.is_zero() {
+            tokio::time::sleep(p.latency).await;
+        }
+        p.current.fetch_sub(1, Ordering::SeqCst);
+        if p.fail {
+            return Err("probe told to fail".into());
+        }
+        p.ids.lock().unwrap().push(ctx.message().logical_id());
+        Ok(())
+    }
+
+    fn name(&self) -> &str {
+        "probe"
+    }
+}

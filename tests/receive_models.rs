@@ -1,0 +1,178 @@
+//! The three MaximumConcurrencyLevel models against PostgreSQL: exactly-once draining, the
+//! adaptive ramp, the monitor's bound, and the cost of an idle queue.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use throttlehost::HostBuilder;
+use throttlehost::config::{ConcurrencyModel, TransactionMode};
+use throttlehost::transport::Transport;
+
+use common::{Counting, PgSchema, Probe, ProbeHandler, q, wait_until};
+
+async fn drains_exactly_once(model: ConcurrencyModel) {
+    let schema = PgSchema::new();
+    let transport: Arc<dyn Transport> =
+        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
+    transport.create_queue(&q("work")).await.unwrap();
+    let sent: HashSet<String> = common::fill(&transport, &q("work"), 10_000)
+        .await
+        .into_iter()
+        .collect();
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(common::pg_config(&schema, "work", model, 8))
+        .transport(transport.clone())
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(120), "10 000 messages handled", || {
+        probe.handled() >= 10_000
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    host.shutdown().await;
+    let ids = probe.ids.lock().unwrap().clone();
+    let handled: HashSet<String> = ids.iter().cloned().collect();
+    assert_eq!(ids.len(), 10_000, "no message handled twice");
+    assert_eq!(handled, sent, "every message handled");
+    assert!(probe.peak.load(std::sync::atomic::Ordering::SeqCst) <= 8);
+    assert_eq!(transport.peek_depth(&q("work")).await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_drains_ten_thousand_exactly_once() {
+    drains_exactly_once(ConcurrencyModel::Fixed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_drains_ten_thousand_exactly_once() {
+    drains_exactly_once(ConcurrencyModel::Adaptive).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_drains_ten_thousand_exactly_once() {
+    drains_exactly_once(ConcurrencyModel::Monitor).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_ramps_up_to_max_under_a_backlog_and_back_to_one_when_idle() {
+    let schema = PgSchema::new();
+    let transport: Arc<dyn Transport> =
+        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
+    transport.create_queue(&q("work")).await.unwrap();
+    common::fill(&transport, &q("work"), 3000).await;
+    let probe = Probe::new(Duration::from_millis(5));
+    let mut config = common::pg_config(&schema, "work", ConcurrencyModel::Adaptive, 6);
+    config.queues[0].concurrency.peek_interval = Duration::from_millis(200);
+    let host = HostBuilder::new(config)
+        .transport(transport.clone())
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    let queue = host.inner().queue("work").unwrap().clone();
+    assert!(
+        queue.loops() <= 2,
+        "starts with one loop, got {}",
+        queue.loops()
+    );
+    let mut max_loops = 0;
+    while probe.handled() < 3000 {
+        max_loops = max_loops.max(queue.loops());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(max_loops, 6, "ramped up to max under the backlog");
+    wait_until(Duration::from_secs(10), "ramp down to one loop", || {
+        queue.loops() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(queue.loops(), 1, "never below one");
+    let status = host.status();
+    assert_eq!(status.queues[0].loops, 1);
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_never_has_more_than_max_in_flight() {
+    let schema = PgSchema::new();
+    let transport: Arc<dyn Transport> =
+        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
+    transport.create_queue(&q("work")).await.unwrap();
+    common::fill(&transport, &q("work"), 600).await;
+    let probe = Probe::new(Duration::from_millis(20));
+    let host = HostBuilder::new(common::pg_config(
+        &schema,
+        "work",
+        ConcurrencyModel::Monitor,
+        5,
+    ))
+    .transport(transport.clone())
+    .handler("work", ProbeHandler(probe.clone()))
+    .start()
+    .await
+    .unwrap();
+    let queue = host.inner().queue("work").unwrap().clone();
+    let mut gate_peak = 0;
+    while probe.handled() < 600 {
+        gate_peak = gate_peak.max(queue.gate.in_flight());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    host.shutdown().await;
+    let peak = probe.peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(peak, 5, "handlers ran 5 at a time at most, and did reach 5");
+    assert!(
+        gate_peak <= 5 && queue.gate.peak() <= 5,
+        "receives + handlers never above max"
+    );
+}
+
+/// Runs an idle host for `seconds` and returns (receives, peeks) issued.
+async fn idle_statements(model: ConcurrencyModel, seconds: u64) -> (u64, u64) {
+    let schema = PgSchema::new();
+    let pg: Arc<dyn Transport> = Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
+    pg.create_queue(&q("idle")).await.unwrap();
+    let counting = Counting::new(pg);
+    let mut config = common::pg_config(&schema, "idle", model, 8);
+    config.queues[0].concurrency.peek_interval = Duration::from_secs(1);
+    let host = HostBuilder::new(config)
+        .transport(counting.clone())
+        .handler("idle", ProbeHandler(Probe::new(Duration::ZERO)))
+        .start()
+        .await
+        .unwrap();
+    // Let start-up polling settle, then count a clean window.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (r0, p0) = (counting.receives(), counting.peeks());
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let counts = (counting.receives() - r0, counting.peeks() - p0);
+    host.shutdown().await;
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_queue_costs_at_most_one_statement_per_peek_interval() {
+    for model in [
+        ConcurrencyModel::Monitor,
+        ConcurrencyModel::Fixed,
+        ConcurrencyModel::Adaptive,
+    ] {
+        let (receives, peeks) = idle_statements(model, 5).await;
+        assert_eq!(
+            receives, 0,
+            "{model:?}: an idle queue is peeked, not received from"
+        );
+        assert!(
+            peeks <= 6,
+            "{model:?}: {peeks} peeks in 5 s with peek_interval 1 s"
+        );
+        assert!(
+            peeks >= 4,
+            "{model:?}: still watching the queue ({peeks} peeks)"
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! Graceful shutdown: in-flight messages finish within the timeout or roll back; nothing is
+//! lost either way. One test sends a real SIGTERM to `throttlehost run`.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use throttlehost::HostBuilder;
+use throttlehost::config::{ConcurrencyModel, TransactionMode};
+use throttlehost::transport::{Payload, Transport};
+
+use common::{PgSchema, Probe, ProbeHandler, q, wait_until};
+
+async fn remaining_ids(transport: &Arc<dyn Transport>, queue: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    while let Some(r) = transport.receive(&q(queue)).await.unwrap() {
+        if let Payload::Message(m) = r.payload() {
+            ids.push(m.logical_id());
+        }
+        r.commit().await.unwrap();
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_work_past_the_timeout_rolls_back_and_stays_queued() {
+    let schema = PgSchema::new();
+    let transport: Arc<dyn Transport> =
+        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
+    transport.create_queue(&q("work")).await.unwrap();
+    let sent: HashSet<String> = common::fill(&transport, &q("work"), 20)
+        .await
+        .into_iter()
+        .collect();
+    let probe = Probe::new(Duration::from_secs(30));
+    let host = HostBuilder::new(common::pg_config(
+        &schema,
+        "work",
+        ConcurrencyModel::Monitor,
+        4,
+    ))
+    .transport(transport.clone())
+    .handler("work", ProbeHandler(probe.clone()))
+    .start()
+    .await
+    .unwrap();
+    wait_until(Duration::from_secs(10), "4 in flight", || {
+        probe.current.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    let report = host.shutdown_within(Duration::from_millis(300)).await;
+    assert!(!report.drained);
+    assert_eq!(report.rolled_back, 4);
+    let left: HashSet<String> = remaining_ids(&transport, "work")
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(left, sent, "all 20 are back in the queue");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_work_within_the_timeout_finishes() {
+    let schema = PgSchema::new();
+    let transport: Arc<dyn Transport> =
+        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
+    transport.create_queue(&q("work")).await.unwrap();
+    let sent: HashSet<String> = common::fill(&transport, &q("work"), 20)
+        .await
+        .into_iter()
+        .collect();
+    let probe = Probe::new(Duration::from_millis(500));
+    let host = HostBuilder::new(common::pg_config(
+        &schema,
+        "work",
+        ConcurrencyModel::Fixed,
+        4,
+    ))
+    .transport(transport.clone())
+    .handler("work", ProbeHandler(probe.clone()))
+    .start()
+    .await
+    .unwrap();
+    wait_until(Duration::from_secs(10), "4 in flight", || {
+        probe.current.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    let report = host.shutdown_within(Duration::from_secs(10)).await;
+    assert!(report.drained);
+    let handled: HashSet<String> = probe.ids.lock().unwrap().iter().cloned().collect();
+    assert!(
+        handled.len() >= 4 && handled.len() < 20,
+        "{} handled",
+        handled.len()
+    );
+    let left: HashSet<String> = remaining_ids(&transport, "work")
+        .await
+        .into_iter()
+        .collect();
+    assert!(left.is_disjoint(&handled));
+    assert_eq!(
+        &left | &handled,
+        sent,
+        "every message either handled or still queued"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_to_the_binary_loses_nothing() {
+    let schema = PgSchema::new();
+    let transport: Arc<dyn Transport> =
+        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 8).await);
+    transport.create_queue(&q("work")).await.unwrap();
+    let sent: HashSet<String> = common::fill(&transport, &q("work"), 30)
+        .await
+        .into_iter()
+        .collect();
+    let dir = std::env::temp_dir().join(format!("th-sigterm-{}", schema.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let done = dir.join("done.txt");
+    let config = format!(
+        r#"
+[host]
+name = "sigterm-test"
+admin_address = "off"
+shutdown_timeout = "20s"
+[transport]
+kind = "postgres"
+connection_string = "{cs}"
+schema = "{schema}"
+[[queues]]
+name = "work"
+[queues.concurrency]
+max = 3
+[queues.handler]
+kind = "command"
+program = "sh"
+args = ["-c", "sleep 1; echo \"$THROTTLEHOST_MESSAGE_ID\" >> {done}"]
+"#,
+        cs = schema.connection_string(),
+        schema = schema.name,
+        done = done.display()
+    );
+    let config_path = dir.join("host.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args(["run", "--config"])
+        .arg(&config_path)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "exit status {exit}");
+    let handled: HashSet<String> = std::fs::read_to_string(&done)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(
+        !handled.is_empty(),
+        "some messages were handled before the signal"
+    );
+    let left: HashSet<String> = remaining_ids(&transport, "work")
+        .await
+        .into_iter()
+        .collect();
+    assert!(
+        left.is_disjoint(&handled),
+        "handled messages were committed"
+    );
+    assert_eq!(
+        &left | &handled,
+        sent,
+        "nothing lost: {} handled + {} queued",
+        handled.len(),
+        left.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

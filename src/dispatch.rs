@@ -24,7 +24,7 @@ use crate::message::{Headers, Message, OutgoingMessage, format_wire_time};
 use crate::publish::Publisher;
 use crate::receive::QueueRuntime;
 use crate::throttling::Throttle;
-use crate::transport::{Payload, QueueName, Received};
+use crate::transport::{Payload, QueueName, Received, Transport, TransportError};
 
 /// Longest exception message kept in `NServiceBus.ExceptionInfo.Message` (as Core does).
 const MAX_EXCEPTION_MESSAGE: usize = 16_384;
@@ -212,6 +212,21 @@ pub async fn call_handler(
     }
 }
 
+/// Commits, with the follow-on receive when it is allowed now.
+async fn finish(
+    q: &QueueRuntime,
+    received: Box<dyn Received>,
+    follow: Option<FollowOn<'_>>,
+) -> (Result<(), TransportError>, Next) {
+    match follow {
+        Some(f) if (f.allowed)() => {
+            let r = received.commit_and_receive(f.transport, &q.name).await;
+            (r.committed, Some(r.next))
+        }
+        _ => (received.commit().await, None),
+    }
+}
+
 /// Counts a message as in process while alive.
 struct InProcess<'a>(&'a AtomicU64);
 
@@ -227,6 +242,19 @@ impl Drop for InProcess<'_> {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+/// Lets the dispatcher fetch the next message together with a commit (one round trip on
+/// PostgreSQL). `allowed` is asked at commit time: it must say no whenever a receive would
+/// have to wait (throttling delay or pacing, a full gate, shutdown).
+pub struct FollowOn<'a> {
+    /// The transport to receive from.
+    pub transport: &'a dyn Transport,
+    /// Whether a receive may happen right now.
+    pub allowed: &'a (dyn Fn() -> bool + Send + Sync),
+}
+
+/// The follow-on receive a commit brought along: None when none was attempted.
+pub type Next = Option<Result<Option<Box<dyn Received>>, TransportError>>;
 
 enum Verdict {
     Success(Vec<(QueueName, OutgoingMessage)>),
@@ -281,13 +309,22 @@ impl Dispatcher {
     /// Ends one receive: handles, retries, moves to the error queue, drops expired messages,
     /// dead-letters poison rows. Never panics and never loses the message: when anything
     /// fails the receive rolls back and the message returns to its queue.
-    pub async fn process(&self, q: &QueueRuntime, received: Box<dyn Received>) {
+    ///
+    /// With `follow` the final commit may bring the queue's next message along; it is
+    /// returned for the caller to process.
+    pub async fn process(
+        &self,
+        q: &QueueRuntime,
+        received: Box<dyn Received>,
+        follow: Option<FollowOn<'_>>,
+    ) -> Next {
         q.metrics.received.increment(1);
         self.throttle.delivery_rates.incoming();
         match received.payload() {
             Payload::Expired { id } => {
                 let id = *id;
-                match received.commit().await {
+                let (committed, next) = finish(q, received, follow).await;
+                match committed {
                     Ok(()) => {
                         tracing::debug!(queue = %q.name, %id, "expired message dropped");
                         q.metrics.expired.increment(1);
@@ -298,12 +335,14 @@ impl Dispatcher {
                         tracing::warn!(queue = %q.name, %id, error = %e, "dropping an expired message failed; it stays in the queue")
                     }
                 }
+                next
             }
             Payload::Poison { id, reason } => {
                 let (id, reason) = (*id, reason.clone());
                 self.dead_letter(q, received, id, &reason).await;
+                None
             }
-            Payload::Message(_) => self.handle(q, received).await,
+            Payload::Message(_) => self.handle(q, received, follow).await,
         }
     }
 
@@ -334,7 +373,12 @@ impl Dispatcher {
         }
     }
 
-    async fn handle(&self, q: &QueueRuntime, received: Box<dyn Received>) {
+    async fn handle(
+        &self,
+        q: &QueueRuntime,
+        received: Box<dyn Received>,
+        follow: Option<FollowOn<'_>>,
+    ) -> Next {
         let _in_process = InProcess::enter(&self.in_process);
         let settings = q.settings();
         let max_attempts = settings.immediate_retries + 1;
@@ -342,7 +386,7 @@ impl Dispatcher {
 
         let (id, logical_id, verdict) = {
             let Payload::Message(message) = received.payload() else {
-                return;
+                return None;
             };
             let id = message.id;
             let logical_id = self.observer.as_ref().map(|_| message.logical_id());
@@ -383,16 +427,18 @@ impl Dispatcher {
             (id, logical_id, verdict)
         };
 
-        let outcome = match verdict {
-            Verdict::Success(outbox) => self.complete(q, received, id, outbox).await,
-            Verdict::Failed(error_message, failure) => {
+        let (outcome, next) = match verdict {
+            Verdict::Success(outbox) => self.complete(q, received, id, outbox, follow).await,
+            Verdict::Failed(error_message, failure) => (
                 self.move_to_error(q, received, id, &error_message, &failure)
-                    .await
-            }
+                    .await,
+                None,
+            ),
         };
         if let Some(outcome) = outcome {
             self.observe(q, id, logical_id.as_deref(), outcome);
         }
+        next
     }
 
     async fn complete(
@@ -401,7 +447,8 @@ impl Dispatcher {
         mut received: Box<dyn Received>,
         id: Uuid,
         outbox: Vec<(QueueName, OutgoingMessage)>,
-    ) -> Option<Outcome> {
+        follow: Option<FollowOn<'_>>,
+    ) -> (Option<Outcome>, Next) {
         for (queue, message) in &outbox {
             let sent = match self.mode {
                 TransactionMode::SendsAtomicWithReceive => {
@@ -421,10 +468,11 @@ impl Dispatcher {
                 if let Err(e) = received.rollback().await {
                     tracing::warn!(queue = %q.name, %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
                 }
-                return None;
+                return (None, None);
             }
         }
-        match received.commit().await {
+        let (committed, next) = finish(q, received, follow).await;
+        let outcome = match committed {
             Ok(()) => {
                 q.failures.forget(id);
                 q.metrics.success.increment(1);
@@ -436,7 +484,8 @@ impl Dispatcher {
                     "commit failed after the handler succeeded; the message returns to the queue");
                 None
             }
-        }
+        };
+        (outcome, next)
     }
 
     async fn move_to_error(

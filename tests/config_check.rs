@@ -7,7 +7,10 @@ use std::process::Command;
 use throttlehost::config::{self, Config, HandlerConfig, QueueConfig, SimulateConfig};
 
 fn throttlehost(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_throttlehost")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn write_temp(name: &str, text: &str) -> std::path::PathBuf {
@@ -20,24 +23,44 @@ fn write_temp(name: &str, text: &str) -> std::path::PathBuf {
 
 #[test]
 fn shipped_configurations_pass_config_check() {
-    for file in ["config/host.toml", "config/examples/sqlserver.toml", "config/examples/postgres.toml"] {
+    for file in [
+        "config/host.toml",
+        "config/examples/sqlserver.toml",
+        "config/examples/postgres.toml",
+    ] {
         let out = throttlehost(&["config", "check", "--config", file]);
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(stdout.contains("[throttling.delivery]"), "{file}: prints the effective configuration");
-        assert!(!stdout.contains("change-me"), "{file}: secrets are redacted");
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("[throttling.delivery]"),
+            "{file}: prints the effective configuration"
+        );
+        assert!(
+            !stdout.contains("change-me"),
+            "{file}: secrets are redacted"
+        );
     }
 }
 
 #[test]
 fn an_unknown_key_is_rejected_with_its_name_and_line() {
-    let path = write_temp("bad.toml", "[host]\nname = \"x\"\n\n[throttling]\nproces_memory = \"25%\"\n");
+    let path = write_temp(
+        "bad.toml",
+        "[host]\nname = \"x\"\n\n[throttling]\nproces_memory = \"25%\"\n",
+    );
     let out = throttlehost(&["config", "check", "--config", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(":5:"), "names the line: {stderr}");
     assert!(stderr.contains("proces_memory"), "names the key: {stderr}");
-    assert!(stderr.contains("process_memory"), "suggests the right one: {stderr}");
+    assert!(
+        stderr.contains("process_memory"),
+        "suggests the right one: {stderr}"
+    );
 }
 
 #[test]
@@ -66,7 +89,11 @@ fn key_paths(value: &toml::Value, prefix: &str, out: &mut BTreeSet<String>) {
     match value {
         toml::Value::Table(t) => {
             for (k, v) in t {
-                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 out.insert(path.clone());
                 key_paths(v, &path, out);
             }
@@ -93,12 +120,22 @@ fn host_toml_lists_every_setting_with_the_default_the_code_uses() {
         }],
         ..Config::default()
     };
-    assert_eq!(shipped, expected, "config/host.toml and the code disagree on a default");
+    assert_eq!(
+        shipped, expected,
+        "config/host.toml and the code disagree on a default"
+    );
 
     let mut in_code = BTreeSet::new();
     key_paths(&toml::Value::try_from(&expected).unwrap(), "", &mut in_code);
     let mut in_file = BTreeSet::new();
-    key_paths(&toml::from_str::<toml::Value>(&text).unwrap(), "", &mut in_file);
+    key_paths(
+        &toml::from_str::<toml::Value>(&text).unwrap(),
+        "",
+        &mut in_file,
+    );
     let missing: Vec<_> = in_code.difference(&in_file).collect();
-    assert!(missing.is_empty(), "settings missing from config/host.toml: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "settings missing from config/host.toml: {missing:?}"
+    );
 }

@@ -1,11 +1,17 @@
 //! `throttlehost demo`: runs on a machine without a database, serves /metrics while it runs,
 //! and exits 0 when --duration ends.
+// A plain (non-async) test: blocking sleeps are what it wants.
+#![allow(clippy::disallowed_methods)]
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn get(url: &str) -> Option<String> {
@@ -17,8 +23,14 @@ fn get(url: &str) -> Option<String> {
 fn demo_runs_for_its_duration_serves_metrics_and_exits_zero() {
     let port = free_port();
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
-        .args(["demo", "--duration", "20", "--admin", &format!("127.0.0.1:{port}")])
+    let child = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args([
+            "demo",
+            "--duration",
+            "20",
+            "--admin",
+            &format!("127.0.0.1:{port}"),
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -41,7 +53,10 @@ fn demo_runs_for_its_duration_serves_metrics_and_exits_zero() {
     let output = child.wait_with_output().unwrap();
     let elapsed = started.elapsed();
     assert!(output.status.success(), "exit status {}", output.status);
-    assert!(elapsed >= Duration::from_secs(19) && elapsed < Duration::from_secs(40), "{elapsed:?}");
+    assert!(
+        elapsed >= Duration::from_secs(19) && elapsed < Duration::from_secs(40),
+        "{elapsed:?}"
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("phase 1/5: steady"), "live table printed");
     assert!(stdout.contains("delivery"), "{stdout}");

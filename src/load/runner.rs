@@ -337,11 +337,10 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     for q in &scenario.queues {
         error_queues.push(QueueName::new(&q.error_queue)?);
     }
-    // A database keeps what earlier runs left: start from empty queues.
+    // A database keeps what earlier runs left: start from fresh, empty tables.
     if config.transport.kind != TransportKind::Memory {
         for q in queue_names.iter().chain(error_queues.iter()) {
-            transport.create_queue(q).await?;
-            transport.purge(q).await?;
+            transport.reset_queue(q).await?;
         }
     }
     let ledger = Arc::new(Ledger::new(options.track_ids));

@@ -73,21 +73,33 @@ async fn receive_loop(a: Arc<Adaptive>) {
             p = q.gate.acquire() => p,
             _ = ctx.stop.cancelled() => break,
         };
-        match admit_and_receive(q, ctx).await {
+        let mut succeeded = || {
+            successes += 1;
+            if successes > q.settings().ramp_up_after {
+                successes = 0;
+                a.ramp_up();
+            }
+        };
+        let outcome = match admit_and_receive(q, ctx).await {
             ReceiveOutcome::Got(received) => {
                 empties = 0;
-                successes += 1;
                 backoff.reset();
                 a.idle.work_found();
-                if successes > q.settings().ramp_up_after {
-                    successes = 0;
-                    a.ramp_up();
+                succeeded();
+                let end = process(q, ctx, received, succeeded).await;
+                drop(permit);
+                match end {
+                    Some(outcome) => outcome,
+                    None => continue,
                 }
-                process(q, ctx, received).await;
-                drop(permit);
             }
-            ReceiveOutcome::Empty => {
+            other => {
                 drop(permit);
+                other
+            }
+        };
+        match outcome {
+            ReceiveOutcome::Empty => {
                 successes = 0;
                 empties += 1;
                 if empties > q.settings().ramp_down_after {
@@ -103,12 +115,12 @@ async fn receive_loop(a: Arc<Adaptive>) {
                 }
             }
             ReceiveOutcome::Failed(wait) => {
-                drop(permit);
                 if !pause(ctx, wait).await {
                     break;
                 }
             }
             ReceiveOutcome::Stopped => break,
+            ReceiveOutcome::Got(_) => unreachable!("process ends a chain only on a non-message"),
         }
     }
     q.loops.fetch_sub(1, Ordering::Relaxed);

@@ -56,25 +56,34 @@ async fn receive_loop(
             p = q.gate.acquire() => p,
             _ = ctx.stop.cancelled() => break,
         };
-        match admit_and_receive(&q, &ctx).await {
+        let outcome = match admit_and_receive(&q, &ctx).await {
             ReceiveOutcome::Got(received) => {
                 idle.work_found();
-                process(&q, &ctx, received).await;
+                let end = process(&q, &ctx, received, || {}).await;
                 drop(permit);
+                match end {
+                    Some(outcome) => outcome,
+                    None => continue,
+                }
             }
-            ReceiveOutcome::Empty => {
+            other => {
                 drop(permit);
+                other
+            }
+        };
+        match outcome {
+            ReceiveOutcome::Empty => {
                 if !idle.wait_for_work(&q, &ctx).await {
                     break;
                 }
             }
             ReceiveOutcome::Failed(wait) => {
-                drop(permit);
                 if !pause(&ctx, wait).await {
                     break;
                 }
             }
             ReceiveOutcome::Stopped => break,
+            ReceiveOutcome::Got(_) => unreachable!("process ends a chain only on a non-message"),
         }
     }
     q.loops.fetch_sub(1, Ordering::Relaxed);

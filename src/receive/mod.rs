@@ -232,7 +232,15 @@ pub(crate) async fn admit_and_receive(q: &QueueRuntime, ctx: &ReceiveContext) ->
         _ = ctx.stop.cancelled() => return ReceiveOutcome::Stopped,
         _ = ctx.throttle.delivery.admit() => {}
     }
-    match ctx.transport.receive(&q.name).await {
+    account(q, ctx.transport.receive(&q.name).await)
+}
+
+/// Counts a receive's result and turns it into an outcome.
+pub(crate) fn account(
+    q: &QueueRuntime,
+    result: Result<Option<Box<dyn Received>>, crate::transport::TransportError>,
+) -> ReceiveOutcome {
+    match result {
         Ok(Some(received)) => {
             q.metrics.receive_message.increment(1);
             q.breaker.success();
@@ -255,14 +263,45 @@ pub(crate) async fn admit_and_receive(q: &QueueRuntime, ctx: &ReceiveContext) ->
     }
 }
 
-/// Processes a received message unless shutdown's deadline passes first, in which case the
-/// work is dropped and the receive rolls back.
-pub(crate) async fn process(q: &QueueRuntime, ctx: &ReceiveContext, received: Box<dyn Received>) {
-    tokio::select! {
-        biased;
-        _ = ctx.dispatcher.process(q, received) => {}
-        _ = ctx.abort.cancelled() => {
-            tracing::warn!(queue = %q.name, "shutdown timeout reached: rolled back an in-flight message; it returns to the queue");
+/// Whether the next receive may go out with a commit: only when it would not have to wait.
+fn may_follow_on(q: &QueueRuntime, ctx: &ReceiveContext) -> bool {
+    ctx.throttle.delivery.is_open()
+        && !ctx.stop.is_cancelled()
+        && q.gate.in_flight() <= q.gate.effective()
+}
+
+/// Processes a received message and, while the commits bring the queue's next message along
+/// (see [`crate::dispatch::FollowOn`]), the messages after it; `on_message` is called for
+/// each follow-on message. Returns how the chain ended: `None` when no follow-on receive was
+/// attempted, else the empty or failed receive that ended it. When shutdown's deadline passes
+/// first, the work is dropped and its receive rolls back.
+pub(crate) async fn process(
+    q: &QueueRuntime,
+    ctx: &ReceiveContext,
+    received: Box<dyn Received>,
+    mut on_message: impl FnMut(),
+) -> Option<ReceiveOutcome> {
+    let allowed = || may_follow_on(q, ctx);
+    let mut current = received;
+    loop {
+        let follow = crate::dispatch::FollowOn {
+            transport: ctx.transport.as_ref(),
+            allowed: &allowed,
+        };
+        let next = tokio::select! {
+            biased;
+            next = ctx.dispatcher.process(q, current, Some(follow)) => next,
+            _ = ctx.abort.cancelled() => {
+                tracing::warn!(queue = %q.name, "shutdown timeout reached: rolled back an in-flight message; it returns to the queue");
+                return None;
+            }
+        };
+        match account(q, next?) {
+            ReceiveOutcome::Got(received) => {
+                on_message();
+                current = received;
+            }
+            other => return Some(other),
         }
     }
 }

@@ -44,6 +44,12 @@ impl Batch {
         self.changed.notify_waiters();
     }
 
+    /// A follow-on receive found the queue empty: start no more receives in this batch.
+    fn exhaust(&self) {
+        self.exhausted.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
     fn exhausted(&self) -> bool {
         self.exhausted.load(Ordering::Acquire)
     }
@@ -132,7 +138,14 @@ async fn receive_task(
     match admit_and_receive(&q, &ctx).await {
         ReceiveOutcome::Got(received) => {
             batch.received(false);
-            process(&q, &ctx, received).await;
+            match process(&q, &ctx, received, || {}).await {
+                Some(ReceiveOutcome::Empty) | Some(ReceiveOutcome::Stopped) => batch.exhaust(),
+                Some(ReceiveOutcome::Failed(wait)) => {
+                    batch.exhaust();
+                    pause(&ctx, wait).await;
+                }
+                Some(ReceiveOutcome::Got(_)) | None => {}
+            }
         }
         ReceiveOutcome::Empty => batch.received(true),
         ReceiveOutcome::Failed(wait) => {

@@ -117,6 +117,36 @@ pub trait Received: Send {
 
     /// Ends the receive: the message is back at its original position; sends are discarded.
     async fn rollback(self: Box<Self>) -> Result<(), TransportError>;
+
+    /// Commits, then receives the next message from `queue` on the same connection. A
+    /// transport that can pipelines both into one round trip (PostgreSQL does); the default
+    /// commits and then calls [`Transport::receive`]. The caller must be allowed to receive
+    /// right away (no throttling wait due): nothing may be waited for between the two.
+    async fn commit_and_receive(
+        self: Box<Self>,
+        transport: &dyn Transport,
+        queue: &QueueName,
+    ) -> CommitAndReceive {
+        let committed = self.commit().await;
+        if committed.is_err() {
+            return CommitAndReceive {
+                committed,
+                next: Ok(None),
+            };
+        }
+        CommitAndReceive {
+            committed,
+            next: transport.receive(queue).await,
+        }
+    }
+}
+
+/// What [`Received::commit_and_receive`] did.
+pub struct CommitAndReceive {
+    /// The commit of the current receive.
+    pub committed: Result<(), TransportError>,
+    /// The next receive (not attempted, `Ok(None)`, when the commit failed).
+    pub next: Result<Option<Box<dyn Received>>, TransportError>,
 }
 
 /// A queue store.
@@ -148,6 +178,13 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Deletes every message; returns how many.
     async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError>;
+
+    /// Drops and recreates a queue, empty. Load tests use it to start from a fresh table (a
+    /// purged table keeps its dead rows until vacuumed, which slows receives). The host never
+    /// calls it. Default: purge.
+    async fn reset_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        self.purge(queue).await.map(|_| ())
+    }
 
     /// Names of the queue tables in the transport's schema.
     async fn list_queues(&self) -> Result<Vec<String>, TransportError>;

@@ -25,7 +25,7 @@ pub use statements::{QueueStatements, quote_ident};
 
 use super::headers::{parse_headers, serialize_headers};
 use super::names::validate_schema_name;
-use super::{Payload, QueueName, Received, Transport, TransportError};
+use super::{CommitAndReceive, Payload, QueueName, Received, Transport, TransportError};
 use crate::config::{TransactionMode, TransportConfig};
 use crate::message::{Message, OutgoingMessage};
 
@@ -118,30 +118,6 @@ impl PostgresTransport {
         })
     }
 
-    async fn reinsert_autocommitted(&self, queue: &QueueName, row: &tokio_postgres::Row) {
-        let result = async {
-            let st = self.inner.statements(queue)?;
-            let id: Uuid = row
-                .try_get(0)
-                .map_err(|e| TransportError::Database(e.to_string()))?;
-            let headers: String = row
-                .try_get(2)
-                .map_err(|e| TransportError::Database(e.to_string()))?;
-            let body: Option<Vec<u8>> = row
-                .try_get(3)
-                .map_err(|e| TransportError::Database(e.to_string()))?;
-            let client = self.inner.client().await?;
-            client
-                .execute(&st.send_raw, &[&id, &headers, &body])
-                .await
-                .map_err(|e| map_error(e, Some(queue)))
-        }
-        .await;
-        if let Err(e) = result {
-            tracing::error!(queue = %queue, error = %e, "a message deleted outside a transaction could not be put back");
-        }
-    }
-
     /// The schema the queue tables live in.
     pub fn schema(&self) -> &str {
         &self.inner.schema
@@ -202,6 +178,90 @@ impl Inner {
             .await
             .map_err(|e| map_error(e, Some(queue)))?;
         Ok(())
+    }
+}
+
+impl Inner {
+    /// Turns the receive statement's result into a [`Received`] (or ends an empty receive).
+    async fn received(
+        self: Arc<Self>,
+        queue: &QueueName,
+        client: Object,
+        transactional: bool,
+        row: Option<tokio_postgres::Row>,
+    ) -> Result<Option<Box<dyn Received>>, TransportError> {
+        let Some(row) = row else {
+            if transactional && let Err(e) = client.batch_execute("ROLLBACK").await {
+                discard(client);
+                return Err(map_error(e, Some(queue)));
+            }
+            return Ok(None);
+        };
+        let decoded: Result<_, tokio_postgres::Error> = (|| {
+            let id: Uuid = row.try_get(0)?;
+            let expired: bool = row.try_get(1)?;
+            let headers: String = row.try_get(2)?;
+            let body: Option<Vec<u8>> = row.try_get(3)?;
+            let expires: Option<NaiveDateTime> = row.try_get(4)?;
+            Ok((id, expired, headers, body.unwrap_or_default(), expires))
+        })();
+        let (id, expired, raw_headers, body, expires) = match decoded {
+            Ok(d) => d,
+            Err(e) => {
+                discard(client);
+                return Err(TransportError::Database(format!(
+                    "queue `{queue}` has columns of unexpected types: {e}"
+                )));
+            }
+        };
+        let (payload, raw) = if expired {
+            (Payload::Expired { id }, None)
+        } else {
+            match parse_headers(&raw_headers) {
+                Ok(headers) => (
+                    Payload::Message(Message {
+                        id,
+                        headers,
+                        body,
+                        expires: expires.map(|e| Utc.from_utc_datetime(&e)),
+                    }),
+                    None,
+                ),
+                Err(reason) => (Payload::Poison { id, reason }, Some((raw_headers, body))),
+            }
+        };
+        Ok(Some(Box::new(PgReceived {
+            inner: self,
+            queue: queue.clone(),
+            client: if transactional { Some(client) } else { None },
+            failed: false,
+            payload,
+            raw,
+        })))
+    }
+
+    async fn reinsert_autocommitted(&self, queue: &QueueName, row: &tokio_postgres::Row) {
+        let result = async {
+            let st = self.statements(queue)?;
+            let id: Uuid = row
+                .try_get(0)
+                .map_err(|e| TransportError::Database(e.to_string()))?;
+            let headers: String = row
+                .try_get(2)
+                .map_err(|e| TransportError::Database(e.to_string()))?;
+            let body: Option<Vec<u8>> = row
+                .try_get(3)
+                .map_err(|e| TransportError::Database(e.to_string()))?;
+            let client = self.client().await?;
+            client
+                .execute(&st.send_raw, &[&id, &headers, &body])
+                .await
+                .map_err(|e| map_error(e, Some(queue)))
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::error!(queue = %queue, error = %e, "a message deleted outside a transaction could not be put back");
+        }
     }
 }
 
@@ -332,7 +392,7 @@ impl Transport for PostgresTransport {
                     // BEGIN failed yet the DELETE ran: it committed on its own. Put the row
                     // back rather than lose it (it goes to the tail of the queue).
                     discard(client);
-                    self.reinsert_autocommitted(queue, &row).await;
+                    self.inner.reinsert_autocommitted(queue, &row).await;
                     return Err(map_error(e, Some(queue)));
                 }
                 (Err(e), _) | (_, Err(e)) => {
@@ -349,54 +409,10 @@ impl Transport for PostgresTransport {
                 }
             }
         };
-        let Some(row) = row else {
-            if transactional && let Err(e) = client.batch_execute("ROLLBACK").await {
-                discard(client);
-                return Err(map_error(e, Some(queue)));
-            }
-            return Ok(None);
-        };
-        let decoded: Result<_, tokio_postgres::Error> = (|| {
-            let id: Uuid = row.try_get(0)?;
-            let expired: bool = row.try_get(1)?;
-            let headers: String = row.try_get(2)?;
-            let body: Option<Vec<u8>> = row.try_get(3)?;
-            let expires: Option<NaiveDateTime> = row.try_get(4)?;
-            Ok((id, expired, headers, body.unwrap_or_default(), expires))
-        })();
-        let (id, expired, raw_headers, body, expires) = match decoded {
-            Ok(d) => d,
-            Err(e) => {
-                discard(client);
-                return Err(TransportError::Database(format!(
-                    "queue `{queue}` has columns of unexpected types: {e}"
-                )));
-            }
-        };
-        let (payload, raw) = if expired {
-            (Payload::Expired { id }, None)
-        } else {
-            match parse_headers(&raw_headers) {
-                Ok(headers) => (
-                    Payload::Message(Message {
-                        id,
-                        headers,
-                        body,
-                        expires: expires.map(|e| Utc.from_utc_datetime(&e)),
-                    }),
-                    None,
-                ),
-                Err(reason) => (Payload::Poison { id, reason }, Some((raw_headers, body))),
-            }
-        };
-        Ok(Some(Box::new(PgReceived {
-            inner: self.inner.clone(),
-            queue: queue.clone(),
-            client: if transactional { Some(client) } else { None },
-            failed: false,
-            payload,
-            raw,
-        })))
+        self.inner
+            .clone()
+            .received(queue, client, transactional, row)
+            .await
     }
 
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
@@ -439,6 +455,17 @@ impl Transport for PostgresTransport {
             .execute(&st.purge, &[])
             .await
             .map_err(|e| map_error(e, Some(queue)))
+    }
+
+    async fn reset_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        client
+            .batch_execute(&format!("DROP TABLE IF EXISTS {}", st.table))
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        drop(client);
+        self.create_queue(queue).await
     }
 
     async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
@@ -601,5 +628,60 @@ impl Received for PgReceived {
 
     async fn rollback(mut self: Box<Self>) -> Result<(), TransportError> {
         self.end("ROLLBACK").await
+    }
+
+    async fn commit_and_receive(
+        mut self: Box<Self>,
+        transport: &dyn Transport,
+        queue: &QueueName,
+    ) -> CommitAndReceive {
+        let stmt = match (&self.client, self.failed, self.inner.statements(queue)) {
+            (Some(client), false, Ok(st)) => client.prepare_cached(&st.receive).await.ok(),
+            _ => None,
+        };
+        let (Some(stmt), Some(client)) = (stmt, self.client.take()) else {
+            let committed = self.commit().await;
+            let next = match committed {
+                Ok(()) => transport.receive(queue).await,
+                Err(_) => Ok(None),
+            };
+            return CommitAndReceive { committed, next };
+        };
+        let inner = self.inner.clone();
+        // One write: COMMIT and BEGIN as one simple query, then the receive DELETE.
+        let (commit, row) = tokio::join!(
+            client.batch_execute("COMMIT; BEGIN"),
+            client.query_opt(&stmt, &[])
+        );
+        match (commit, row) {
+            (Ok(()), Ok(row)) => CommitAndReceive {
+                committed: Ok(()),
+                next: inner.received(queue, client, true, row).await,
+            },
+            (Err(e), Ok(Some(row))) => {
+                // COMMIT failed, so BEGIN never ran and the DELETE committed on its own: put
+                // that row back rather than lose it.
+                discard(client);
+                inner.reinsert_autocommitted(queue, &row).await;
+                CommitAndReceive {
+                    committed: Err(map_error(e, Some(queue))),
+                    next: Ok(None),
+                }
+            }
+            (Err(e), _) => {
+                discard(client);
+                CommitAndReceive {
+                    committed: Err(map_error(e, Some(queue))),
+                    next: Ok(None),
+                }
+            }
+            (Ok(()), Err(e)) => {
+                discard(client);
+                CommitAndReceive {
+                    committed: Ok(()),
+                    next: Err(map_error(e, Some(queue))),
+                }
+            }
+        }
     }
 }

@@ -291,3 +291,68 @@ impl Handler for ProbeHandler {
         "probe"
     }
 }
+
+/// A memory-transport host configuration with the admin endpoint on a free port.
+pub fn memory_config(queue: &str) -> Config {
+    let mut config = Config::default();
+    config.host.admin_address = "127.0.0.1:0".into();
+    config.host.shutdown_timeout = Duration::from_secs(5);
+    config.throttling.sample_interval = Duration::from_millis(200);
+    let mut qc = QueueConfig {
+        name: queue.into(),
+        ..QueueConfig::default()
+    };
+    qc.concurrency.peek_interval = Duration::from_millis(200);
+    config.queues.push(qc);
+    config
+}
+
+/// GET returning (status, body); status 0 when unreachable.
+pub fn http(
+    method: &str,
+    url: &str,
+    body: &[u8],
+    headers: &[(&str, &str)],
+) -> (u16, String, Option<String>) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let result = match method {
+        "GET" => {
+            let mut r = agent.get(url);
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r.call()
+        }
+        "DELETE" => agent.delete(url).call(),
+        m => {
+            let mut r = if m == "POST" {
+                agent.post(url)
+            } else {
+                agent.put(url)
+            };
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r.send(body)
+        }
+    };
+    match result {
+        Ok(mut response) => {
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(String::from);
+            (
+                status,
+                response.body_mut().read_to_string().unwrap_or_default(),
+                retry_after,
+            )
+        }
+        Err(_) => (0, String::new(), None),
+    }
+}

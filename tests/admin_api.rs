@@ -1,0 +1,290 @@
+//! The admin HTTP endpoint: status, health, ingest (throttled, limited, authorised), override,
+//! and 4xx JSON errors for bad requests. Also `throttlehost status` against a running host.
+
+mod common;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use throttlehost::config::{ByteSize, HandlerConfig, OverrideMode, Secret};
+use throttlehost::{Host, HostBuilder};
+
+use common::http;
+
+async fn start(token: &str) -> (Host, String) {
+    let mut config = common::memory_config("orders");
+    config.queues[0].handler = Some(HandlerConfig::Noop);
+    config.admin.token = Secret::new(token);
+    config.admin.max_body_size = ByteSize(1024);
+    config.admin.ingest_reject_after = Duration::from_millis(5);
+    let host = HostBuilder::new(config).start().await.unwrap();
+    let base = format!("http://{}", host.admin_address().unwrap());
+    (host, base)
+}
+
+async fn call(
+    method: &'static str,
+    url: String,
+    body: Vec<u8>,
+    headers: Vec<(&'static str, &'static str)>,
+) -> (u16, Value, Option<String>) {
+    tokio::task::spawn_blocking(move || {
+        let (status, text, retry) = http(method, &url, &body, &headers);
+        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, json, retry)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_health_and_readiness() {
+    let (host, base) = start("").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, body, _) = call("GET", format!("{base}/status"), vec![], vec![]).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["queues"][0]["name"], "orders");
+    assert_eq!(body["queues"][0]["model"], "monitor");
+    assert_eq!(body["queues"][0]["max"], 8);
+    assert_eq!(body["throttling"]["delivery"]["state"], 0);
+    assert_eq!(
+        body["throttling"]["delivery"]["state_name"],
+        "not throttling"
+    );
+    let resources = body["throttling"]["resources"].as_array().unwrap();
+    assert!(
+        resources
+            .iter()
+            .any(|r| r["condition"] == "process_memory" && r["threshold"].as_f64().unwrap() > 0.0)
+    );
+    assert_eq!(
+        call("GET", format!("{base}/healthz"), vec![], vec![])
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        call("GET", format!("{base}/readyz"), vec![], vec![])
+            .await
+            .0,
+        200
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_accepts_rejects_and_explains() {
+    let (host, base) = start("").await;
+    let (status, body, _) = call(
+        "POST",
+        format!("{base}/queues/orders/messages?ttbr=30s"),
+        b"hello".to_vec(),
+        vec![("X-Header-Customer", "42")],
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    assert!(body["id"].as_str().unwrap().len() == 36);
+    common::wait_until(Duration::from_secs(5), "ingested message processed", || {
+        host.inner().metrics().render().contains(
+            "throttlehost_messages_processed_total{queue=\"orders\",outcome=\"success\"} 1",
+        )
+    })
+    .await;
+
+    let (status, body, _) = call(
+        "POST",
+        format!("{base}/queues/nowhere/messages"),
+        b"x".to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert!(body["error"].as_str().unwrap().contains("nowhere"));
+
+    let (status, body, _) = call(
+        "POST",
+        format!("{base}/queues/bad;name/messages"),
+        b"x".to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+
+    let (status, body, _) = call(
+        "POST",
+        format!("{base}/queues/orders/messages"),
+        vec![b'x'; 2048],
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 413);
+    assert!(body["error"].as_str().unwrap().contains("max_body_size"));
+
+    let (status, body, _) = call(
+        "POST",
+        format!("{base}/queues/orders/messages?ttbr=soon"),
+        b"x".to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(body["error"].as_str().unwrap().contains("soon"));
+
+    // Publishing throttled beyond ingest_reject_after: 503 with Retry-After.
+    host.inner().set_override(
+        throttlehost::throttling::Direction::Publishing,
+        OverrideMode::Throttle,
+    );
+    common::wait_until(Duration::from_secs(5), "publishing delay", || {
+        host.inner().publisher().current_wait() > Duration::from_millis(5)
+    })
+    .await;
+    let (status, body, retry) = call(
+        "POST",
+        format!("{base}/queues/orders/messages"),
+        b"x".to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(retry.unwrap().parse::<u64>().unwrap() >= 1);
+    assert!(body["error"].as_str().unwrap().contains("throttled"));
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn override_is_set_through_the_api_and_bad_requests_get_json_errors() {
+    let (host, base) = start("").await;
+    let (status, body, _) = call(
+        "PUT",
+        format!("{base}/throttling/delivery/override"),
+        b"throttle".to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    common::wait_until(Duration::from_secs(5), "delivery state 10", || {
+        host.inner()
+            .control()
+            .snapshot()
+            .is_some_and(|s| s.decision.delivery.state == 10)
+    })
+    .await;
+    let (status, _, _) = call(
+        "PUT",
+        format!("{base}/throttling/delivery/override"),
+        br#"{"mode": "none"}"#.to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, body, _) = call(
+        "PUT",
+        format!("{base}/throttling/delivery/override"),
+        b"sometimes".to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(body["error"].as_str().unwrap().contains("sometimes"));
+    let (status, body, _) = call(
+        "PUT",
+        format!("{base}/throttling/sideways/override"),
+        b"never".to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert!(body["error"].as_str().unwrap().contains("sideways"));
+    let (status, body, _) = call("GET", format!("{base}/nothing-here"), vec![], vec![]).await;
+    assert_eq!(status, 404);
+    assert!(body["error"].is_string());
+    let (status, body, _) = call("POST", format!("{base}/status"), b"x".to_vec(), vec![]).await;
+    assert_eq!(status, 405);
+    assert!(body["error"].is_string());
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutating_routes_need_the_bearer_token() {
+    let (host, base) = start("s3cret").await;
+    let (status, body, _) = call(
+        "POST",
+        format!("{base}/queues/orders/messages"),
+        b"x".to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    let (status, _, _) = call(
+        "PUT",
+        format!("{base}/throttling/publishing/override"),
+        b"never".to_vec(),
+        vec![("Authorization", "Bearer wrong")],
+    )
+    .await;
+    assert_eq!(status, 401);
+    let (status, _, _) = call(
+        "PUT",
+        format!("{base}/throttling/publishing/override"),
+        b"never".to_vec(),
+        vec![("Authorization", "Bearer s3cret")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _, _) = call("GET", format!("{base}/status"), vec![], vec![]).await;
+    assert_eq!(status, 200, "reading needs no token");
+    assert!(
+        !call("GET", format!("{base}/status"), vec![], vec![])
+            .await
+            .1
+            .to_string()
+            .contains("s3cret")
+    );
+    host.shutdown().await;
+}
+
+fn status_cli(url: &str) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args(["status", "--url", url])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_command_prints_a_table_and_says_by_exit_code_whether_throttling() {
+    let (host, base) = start("").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = base.clone();
+    let (code, text) = tokio::task::spawn_blocking(move || status_cli(&b))
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("orders") && text.contains("not throttling"),
+        "{text}"
+    );
+    host.inner().set_override(
+        throttlehost::throttling::Direction::Delivery,
+        OverrideMode::Throttle,
+    );
+    common::wait_until(Duration::from_secs(5), "state 10", || {
+        host.status().is_throttling()
+    })
+    .await;
+    let b = base.clone();
+    let (code, text) = tokio::task::spawn_blocking(move || status_cli(&b))
+        .await
+        .unwrap();
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("10 user override on delivery"), "{text}");
+    host.shutdown().await;
+    let (code, _) = tokio::task::spawn_blocking(move || status_cli(&base))
+        .await
+        .unwrap();
+    assert_eq!(code, 2, "unreachable");
+}

@@ -1,0 +1,100 @@
+//! Every metric named in DESIGN section 6 appears in /metrics of a running host.
+
+mod common;
+
+use std::time::Duration;
+
+use throttlehost::HostBuilder;
+use throttlehost::config::{HandlerConfig, SimulateConfig};
+use throttlehost::message::OutgoingMessage;
+
+/// DESIGN section 6, written out here on purpose (not taken from the code's catalogue).
+const DESIGN_METRICS: &[&str] = &[
+    "throttling_state{direction=\"delivery\"}",
+    "throttling_state{direction=\"publishing\"}",
+    "throttling_delay_seconds{direction=",
+    "throttling_state_duration_seconds{direction=",
+    "throttling_override{direction=",
+    "throttling_condition_active{direction=\"delivery\",condition=\"process_memory\"}",
+    "throttling_condition_active{direction=\"publishing\",condition=\"database_size\"}",
+    "process_memory_bytes ",
+    "process_memory_threshold_bytes ",
+    "system_memory_used_bytes ",
+    "system_memory_threshold_bytes ",
+    "in_process_messages ",
+    "in_process_messages_threshold ",
+    "threads ",
+    "threads_threshold ",
+    "database_size_messages ",
+    "database_size_threshold ",
+    "database_sessions ",
+    "database_sessions_threshold ",
+    "rate_messages_per_second{direction=\"delivery\",side=\"incoming\"}",
+    "rate_messages_per_second{direction=\"publishing\",side=\"outgoing\"}",
+    "concurrency_limit{queue=\"orders\"}",
+    "concurrency_max{queue=\"orders\"}",
+    "in_flight{queue=\"orders\"}",
+    "receive_loops{queue=\"orders\"}",
+    "queue_depth{queue=\"orders\"}",
+    "messages_received_total{queue=\"orders\"}",
+    "messages_processed_total{queue=\"orders\",outcome=\"success\"}",
+    "messages_processed_total{queue=\"orders\",outcome=\"retry\"}",
+    "messages_processed_total{queue=\"orders\",outcome=\"error\"}",
+    "messages_processed_total{queue=\"orders\",outcome=\"expired\"}",
+    "messages_processed_total{queue=\"orders\",outcome=\"poison\"}",
+    "messages_published_total{queue=\"orders\"}",
+    "receive_attempts_total{queue=\"orders\",result=\"message\"}",
+    "receive_attempts_total{queue=\"orders\",result=\"empty\"}",
+    "receive_attempts_total{queue=\"orders\",result=\"error\"}",
+    "config_reloads_total{result=",
+    "handler_duration_seconds_bucket{queue=\"orders\",le=",
+    "throttling_wait_seconds_bucket{direction=",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_design_metric_is_exported() {
+    let mut config = common::memory_config("orders");
+    config.queues[0].handler = Some(HandlerConfig::Simulate(SimulateConfig {
+        latency: Duration::from_millis(1),
+        failure_rate: 0.3,
+        ..SimulateConfig::default()
+    }));
+    config.queues[0].immediate_retries = 1;
+    config.throttling.publishing.override_mode = throttlehost::config::OverrideMode::Throttle;
+    let dir = std::env::temp_dir().join(format!("th-metrics-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("host.toml");
+    std::fs::write(&path, "[host]\nadmin_address = 'off'\n").unwrap();
+    let host = HostBuilder::new(config).start().await.unwrap();
+    for i in 0..40 {
+        host.send("orders", OutgoingMessage::new(format!("m{i}")))
+            .await
+            .unwrap();
+    }
+    let _ = host.inner().reload_from(&path);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let url = format!("http://{}/metrics", host.admin_address().unwrap());
+    let (status, text, _) =
+        tokio::task::spawn_blocking(move || common::http("GET", &url, b"", &[]))
+            .await
+            .unwrap();
+    assert_eq!(status, 200);
+    let missing: Vec<&&str> = DESIGN_METRICS
+        .iter()
+        .filter(|m| !text.contains(&format!("throttlehost_{m}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "missing from /metrics: {missing:?}\n{text}"
+    );
+    assert!(
+        text.contains("# HELP throttlehost_throttling_state "),
+        "described"
+    );
+    assert!(
+        text.contains("# TYPE throttlehost_handler_duration_seconds histogram"),
+        "a real histogram"
+    );
+    host.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

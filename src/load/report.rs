@@ -30,6 +30,8 @@ pub struct Summary {
     pub expected_states: BTreeMap<&'static str, Vec<u8>>,
     /// Expected states that did not appear (`delivery:4`).
     pub missing_states: Vec<String>,
+    /// States that appeared although the scenario forbids them.
+    pub unexpected_states: Vec<String>,
     /// Every expected state appeared.
     pub expectations_met: bool,
     /// Both directions were back at state 0 at the end.
@@ -114,19 +116,30 @@ pub fn summarize(run: &RunResult) -> Summary {
             *seconds = round1(*seconds);
         }
     }
+    let seen = |direction: &str, code: &u8| {
+        states
+            .get(direction)
+            .is_some_and(|m| m.contains_key(&code.to_string()))
+    };
+    let e = &run.expect;
     let mut missing = Vec::new();
-    for (direction, expected) in [
-        ("delivery", &run.expected.0),
-        ("publishing", &run.expected.1),
+    let mut unexpected = Vec::new();
+    for (direction, expected, absent) in [
+        ("delivery", &e.delivery_states, &e.delivery_absent),
+        ("publishing", &e.publishing_states, &e.publishing_absent),
     ] {
-        for code in expected {
-            let seen = states
-                .get(direction)
-                .is_some_and(|m| m.contains_key(&code.to_string()));
-            if !seen {
-                missing.push(format!("{direction}:{code}"));
-            }
-        }
+        missing.extend(
+            expected
+                .iter()
+                .filter(|c| !seen(direction, c))
+                .map(|c| format!("{direction}:{c}")),
+        );
+        unexpected.extend(
+            absent
+                .iter()
+                .filter(|c| seen(direction, c))
+                .map(|c| format!("{direction}:{c}")),
+        );
     }
     let a = &run.accounting;
     let done = a.processed + a.in_error_queue + a.expired + a.poison;
@@ -135,17 +148,18 @@ pub fn summarize(run: &RunResult) -> Summary {
     } else {
         0.0
     };
-    let expectations_met = missing.is_empty();
+    let expectations_met = missing.is_empty() && unexpected.is_empty();
     Summary {
         scenario: run.scenario.clone(),
         transport: run.transport.clone(),
         duration_seconds: round1(run.samples.last().map(|s| s.t).unwrap_or(0.0)),
         states_observed: states,
         expected_states: BTreeMap::from([
-            ("delivery", run.expected.0.clone()),
-            ("publishing", run.expected.1.clone()),
+            ("delivery", e.delivery_states.clone()),
+            ("publishing", e.publishing_states.clone()),
         ]),
         missing_states: missing,
+        unexpected_states: unexpected,
         expectations_met,
         cleared: run.cleared,
         max_delay_seconds: max_delay.values().copied().fold(0.0, f64::max),
@@ -333,6 +347,12 @@ fn text_details(s: &Summary, out: &mut String) {
         reasons.push(format!(
             "expected states not seen: {}",
             s.missing_states.join(", ")
+        ));
+    }
+    if !s.unexpected_states.is_empty() {
+        reasons.push(format!(
+            "forbidden states seen: {}",
+            s.unexpected_states.join(", ")
         ));
     }
     if !s.cleared {

@@ -160,8 +160,8 @@ pub struct RunResult {
     pub busy_seconds: f64,
     /// Both directions were back at state 0 at the end.
     pub cleared: bool,
-    /// The scenario's expectations (delivery, publishing).
-    pub expected: (Vec<u8>, Vec<u8>),
+    /// The scenario's expectations.
+    pub expect: super::scenario::Expect,
     /// Hysteresis ratio in force (the chart draws the resume line from it).
     pub resume_ratio: f64,
 }
@@ -525,10 +525,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         accounting: ledger.accounting(remaining),
         busy_seconds: (busy_seconds - phase_start).max(0.0),
         cleared,
-        expected: (
-            scenario.expect.delivery_states.clone(),
-            scenario.expect.publishing_states.clone(),
-        ),
+        expect: scenario.expect.clone(),
         resume_ratio,
     })
 }

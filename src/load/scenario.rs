@@ -76,6 +76,12 @@ pub struct Expect {
     /// Publishing state codes that must appear.
     #[serde(default)]
     pub publishing_states: Vec<u8>,
+    /// Delivery state codes that must not appear.
+    #[serde(default)]
+    pub delivery_absent: Vec<u8>,
+    /// Publishing state codes that must not appear.
+    #[serde(default)]
+    pub publishing_absent: Vec<u8>,
 }
 
 /// Thresholds resolved at start. Each replaces the matching `[throttling]` setting.

@@ -139,3 +139,34 @@ fn host_toml_lists_every_setting_with_the_default_the_code_uses() {
         "settings missing from config/host.toml: {missing:?}"
     );
 }
+
+#[test]
+fn a_sqlserver_configuration_is_accepted_and_an_unreachable_server_is_a_clear_error() {
+    let path = write_temp(
+        "mssql.toml",
+        "[transport]\nkind = \"sqlserver\"\nconnection_string = \"Server=tcp:127.0.0.1,1;Database=q;User Id=sa;Password=Sup3rS3cret;Encrypt=false\"\nconnect_timeout = \"2s\"\n[[queues]]\nname = \"Sales\"\n[queues.handler]\nkind = \"noop\"\n",
+    );
+    let p = path.to_str().unwrap();
+    let check = throttlehost(&["config", "check", "--config", p]);
+    assert!(check.status.success());
+    for args in [
+        vec!["queues", "create", "--config", p],
+        vec!["run", "--config", p],
+    ] {
+        let out = throttlehost(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            all.contains("cannot connect to SQL Server") || all.contains("connection"),
+            "{args:?}: {all}"
+        );
+        assert!(
+            !all.contains("Sup3rS3cret"),
+            "the password never appears: {all}"
+        );
+    }
+}

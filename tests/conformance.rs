@@ -546,3 +546,217 @@ impl Harness for PostgresHarness {
 }
 
 conformance!(postgres, PostgresHarness::new(), {});
+
+// ---- SQL Server (needs SQLSERVER_URL: an ADO.NET connection string) ---------------------
+
+mod mssql {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use throttlehost::config::{ConnectionString, TransactionMode, TransportConfig, TransportKind};
+    use throttlehost::transport::Transport;
+    use throttlehost::transport::sqlserver::{SqlServerTransport, parse_connection_string};
+    use tokio::net::TcpStream;
+    use tokio_util::compat::TokioAsyncWriteCompatExt;
+
+    pub fn url() -> String {
+        std::env::var("SQLSERVER_URL").expect(
+            "SQLSERVER_URL must hold an ADO.NET connection string, e.g. \
+             Server=tcp:127.0.0.1,1433;User Id=sa;Password=...;TrustServerCertificate=true",
+        )
+    }
+
+    pub type Client = tiberius::Client<tokio_util::compat::Compat<TcpStream>>;
+
+    /// A plain client for assertions and sabotage.
+    pub async fn client() -> Client {
+        let config = parse_connection_string(&url()).unwrap();
+        let tcp = TcpStream::connect(config.get_addr()).await.unwrap();
+        tcp.set_nodelay(true).unwrap();
+        tiberius::Client::connect(config, tcp.compat_write())
+            .await
+            .unwrap()
+    }
+
+    /// A schema and application name of its own for one test.
+    pub struct Schema {
+        pub name: String,
+    }
+
+    impl Schema {
+        pub fn new() -> Self {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            Schema {
+                name: format!("th_{}", &id[..16]),
+            }
+        }
+
+        pub async fn transport(&self, mode: TransactionMode, pool_size: u32) -> Arc<dyn Transport> {
+            let config = TransportConfig {
+                kind: TransportKind::Sqlserver,
+                connection_string: ConnectionString::new(format!(
+                    "{};Application Name={}",
+                    url().trim_end_matches(';'),
+                    self.name
+                )),
+                schema: self.name.clone(),
+                pool_size,
+                transaction_mode: mode,
+                connect_timeout: Duration::from_secs(10),
+                ..TransportConfig::default()
+            };
+            Arc::new(
+                SqlServerTransport::connect(&config)
+                    .await
+                    .expect("SQL Server at SQLSERVER_URL"),
+            )
+        }
+
+        pub async fn kill_connections(&self) -> u64 {
+            let mut c = client().await;
+            let rows = c
+                .query("SELECT session_id FROM sys.dm_exec_sessions WHERE program_name = @P1 AND session_id <> @@SPID", &[&self.name.as_str()])
+                .await
+                .unwrap()
+                .into_first_result()
+                .await
+                .unwrap();
+            let ids: Vec<i16> = rows.iter().filter_map(|r| r.get::<i16, _>(0)).collect();
+            for id in &ids {
+                c.simple_query(format!("KILL {id}"))
+                    .await
+                    .unwrap()
+                    .into_results()
+                    .await
+                    .unwrap();
+            }
+            ids.len() as u64
+        }
+
+        pub fn table(&self, queue: &str) -> String {
+            format!("[{}].[{}]", self.name, queue)
+        }
+    }
+
+    impl Drop for Schema {
+        fn drop(&mut self) {
+            let name = self.name.clone();
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async move {
+                    let mut c = client().await;
+                    let drop_tables = format!(
+                        "DECLARE @sql nvarchar(max) = N''; \
+                         SELECT @sql += N'DROP TABLE [{name}].' + QUOTENAME(t.name) + N';' FROM sys.tables t WHERE t.schema_id = SCHEMA_ID(N'{name}'); \
+                         EXEC(@sql); IF SCHEMA_ID(N'{name}') IS NOT NULL EXEC(N'DROP SCHEMA [{name}]');"
+                    );
+                    if let Ok(stream) = c.simple_query(drop_tables).await {
+                        let _ = stream.into_results().await;
+                    }
+                });
+            })
+            .join();
+        }
+    }
+}
+
+struct SqlServerHarness {
+    schema: mssql::Schema,
+}
+
+#[async_trait]
+impl Harness for SqlServerHarness {
+    async fn transport(&self, mode: TransactionMode, pool_size: u32) -> Arc<dyn Transport> {
+        self.schema.transport(mode, pool_size).await
+    }
+    async fn kill_connections(&self) -> Option<u64> {
+        Some(self.schema.kill_connections().await)
+    }
+    async fn insert_poison(&self, queue: &str, id: Uuid, raw: &str, body: &[u8]) -> bool {
+        let mut c = mssql::client().await;
+        c.execute(
+            format!(
+                "INSERT INTO {} (Id, Recoverable, Headers, Body) VALUES (@P1, 1, @P2, @P3)",
+                self.schema.table(queue)
+            ),
+            &[&id, &raw, &body],
+        )
+        .await
+        .unwrap();
+        true
+    }
+    async fn read_raw(&self, queue: &str, id: Uuid) -> Option<(String, Vec<u8>, bool)> {
+        let mut c = mssql::client().await;
+        let row = c
+            .query(
+                format!("SELECT Headers, Body, CASE WHEN Expires IS NULL THEN 1 ELSE 0 END FROM {} WHERE Id = @P1", self.schema.table(queue)),
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .into_row()
+            .await
+            .unwrap()?;
+        Some((
+            row.get::<&str, _>(0).unwrap().to_string(),
+            row.get::<&[u8], _>(1).unwrap().to_vec(),
+            row.get::<i32, _>(2).unwrap() == 1,
+        ))
+    }
+}
+
+conformance!(sqlserver, SqlServerHarness { schema: mssql::Schema::new() }, { #[ignore = "needs SQLSERVER_URL"] });
+
+/// SQL Server only: the start-up checks find a clustered RowVersion index and varchar
+/// headers, the old layouts NServiceBus warns about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_startup_checks_warn_about_old_layouts() {
+    let schema = mssql::Schema::new();
+    let t = schema.transport(TransactionMode::ReceiveOnly, 5).await;
+    t.create_queue(&q("modern")).await.unwrap();
+    let mut c = mssql::client().await;
+    let old = schema.table("old");
+    c.simple_query(format!(
+        "CREATE TABLE {old} (Id uniqueidentifier NOT NULL, CorrelationId varchar(255), ReplyToAddress varchar(255), \
+         Recoverable bit NOT NULL, Expires datetime, Headers varchar(max) NOT NULL, Body varbinary(max), \
+         RowVersion bigint IDENTITY(1,1) NOT NULL); CREATE CLUSTERED INDEX Index_RowVersion ON {old} (RowVersion);"
+    ))
+    .await
+    .unwrap()
+    .into_results()
+    .await
+    .unwrap();
+    let warnings = t.startup_checks(&[q("modern"), q("old")]).await;
+    assert!(
+        !warnings.iter().any(|w| w.contains("`modern`")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("`old`") && w.contains("clustered")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("`old`") && w.contains("varchar")),
+        "{warnings:?}"
+    );
+    // A table without Recoverable takes the other insert form.
+    let bare = schema.table("bare");
+    c.simple_query(format!(
+        "CREATE TABLE {bare} (Id uniqueidentifier NOT NULL, CorrelationId varchar(255), ReplyToAddress varchar(255), \
+         Expires datetime, Headers nvarchar(max) NOT NULL, Body varbinary(max), RowVersion bigint IDENTITY(1,1) NOT NULL);"
+    ))
+    .await
+    .unwrap()
+    .into_results()
+    .await
+    .unwrap();
+    t.send(&q("bare"), &OutgoingMessage::new("x"))
+        .await
+        .unwrap();
+    assert_eq!(t.peek_depth(&q("bare")).await.unwrap(), 1);
+}

@@ -1,17 +1,815 @@
-//! SQL Server transport (in progress).
-use super::TransportError;
-use crate::config::TransportConfig;
+//! SQL Server transport: the NServiceBus SQL Server transport's table layout and statement
+//! semantics on tiberius 0.13, pooled with bb8 (see [`pool`]).
+//!
+//! A receive takes a pooled connection and sends one batch: `BEGIN TRAN`, the receive DELETE
+//! (`UPDLOCK, READPAST, ROWLOCK`, oldest RowVersion first, OUTPUT of the deleted row), and a
+//! `COMMIT` of the empty transaction when nothing was deleted: one round trip either way. The
+//! connection keeps the transaction open until the caller commits or rolls back; a receive
+//! dropped without either marks its connection broken, and closing it makes the server roll
+//! back. Sessions run READ COMMITTED with `XACT_ABORT ON`.
+//!
+//! Not verified against a live server in this project's CI (none is available there); the
+//! conformance suite runs against one when `SQLSERVER_URL` is set.
 
-/// SQL Server transport.
-pub struct SqlServerTransport;
+pub mod pool;
+pub mod statements;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bb8::{PooledConnection, RunError};
+use chrono::{NaiveDateTime, TimeZone, Utc};
+use uuid::Uuid;
+
+pub use statements::{QueueStatements, bracket};
+
+use self::pool::{Connection, Manager};
+use super::headers::{parse_headers, serialize_headers};
+use super::names::validate_schema_name;
+use super::{CommitAndReceive, Payload, QueueName, Received, Transport, TransportError};
+use crate::config::{Dialect, TransactionMode, TransportConfig};
+use crate::message::{Message, OutgoingMessage};
+
+/// Rows deleted per statement by [`Transport::purge_expired`] (NServiceBus default).
+const PURGE_BATCH: i64 = 10_000;
+/// Standalone sends chosen as deadlock victims are retried this many times.
+const DEADLOCK_RETRIES: u32 = 3;
+
+type Pooled = PooledConnection<'static, Manager>;
+
+/// The SQL Server transport.
+#[derive(Clone)]
+pub struct SqlServerTransport {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: bb8::Pool<Manager>,
+    schema: String,
+    dialect: Dialect,
+    mode: TransactionMode,
+    pool_size: u32,
+    wait_timeout: Duration,
+    max_pool_size_in_connection_string: bool,
+    last_connect_error: Arc<std::sync::Mutex<Option<String>>>,
+    statements: RwLock<HashMap<QueueName, Arc<QueueStatements>>>,
+    recoverable: RwLock<HashMap<QueueName, bool>>,
+}
+
+/// Parses an ADO.NET connection string into a tiberius configuration. Errors never contain
+/// the password.
+pub fn parse_connection_string(raw: &str) -> Result<tiberius::Config, TransportError> {
+    tiberius::Config::from_ado_string(raw).map_err(|e| {
+        let mut message = e.to_string();
+        for secret in password_values(raw) {
+            message = message.replace(&secret, "***");
+        }
+        TransportError::Config(format!(
+            "transport.connection_string is not a usable ADO.NET connection string ({message}): {}",
+            crate::config::secret::redact(raw)
+        ))
+    })
+}
+
+fn password_values(raw: &str) -> Vec<String> {
+    raw.split(';')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(k, _)| matches!(k.trim().to_ascii_lowercase().as_str(), "password" | "pwd"))
+        .map(|(_, v)| v.trim().trim_matches(['\'', '"']).to_string())
+        .filter(|v| !v.is_empty())
+        .collect()
+}
 
 impl SqlServerTransport {
-    /// Connects.
-    pub async fn connect(
-        _config: &TransportConfig,
-    ) -> Result<super::memory::MemoryTransport, TransportError> {
-        Err(TransportError::Config(
-            "sqlserver transport is not built yet".into(),
-        ))
+    /// Opens a pool from the configuration and checks that the server answers.
+    pub async fn connect(config: &TransportConfig) -> Result<Self, TransportError> {
+        let transport = Self::new(config)?;
+        transport.ping().await?;
+        Ok(transport)
+    }
+
+    /// Builds the pool without connecting.
+    pub fn new(config: &TransportConfig) -> Result<Self, TransportError> {
+        let schema = config.effective_schema().to_string();
+        validate_schema_name(&schema).map_err(TransportError::InvalidName)?;
+        let raw = config.connection_string.expose();
+        let mut tiberius_config = parse_connection_string(raw)?;
+        if !raw.to_ascii_lowercase().contains("application name") {
+            tiberius_config.application_name("throttlehost");
+        }
+        tiberius_config.command_timeout(Some(config.command_timeout));
+        let manager = Manager::new(tiberius_config, config.connect_timeout);
+        let last_connect_error = manager.last_error();
+        let pool = bb8::Pool::builder()
+            .max_size(config.pool_size.max(1))
+            .connection_timeout(config.connect_timeout)
+            .test_on_check_out(false)
+            .build_unchecked(manager);
+        Ok(SqlServerTransport {
+            inner: Arc::new(Inner {
+                pool,
+                schema,
+                dialect: config.dialect,
+                mode: config.transaction_mode,
+                pool_size: config.pool_size,
+                wait_timeout: config.connect_timeout,
+                max_pool_size_in_connection_string: raw
+                    .to_ascii_lowercase()
+                    .contains("max pool size"),
+                last_connect_error,
+                statements: RwLock::new(HashMap::new()),
+                recoverable: RwLock::new(HashMap::new()),
+            }),
+        })
+    }
+}
+
+/// Turns a tiberius error into a transport error that says what happened.
+fn map_error(e: tiberius::error::Error, queue: Option<&QueueName>) -> TransportError {
+    use tiberius::error::Error;
+    match &e {
+        Error::Server(token) => match token.code() {
+            208 => TransportError::QueueNotFound(
+                queue
+                    .map(|q| q.to_string())
+                    .unwrap_or_else(|| token.message().to_string()),
+            ),
+            1205 => TransportError::Deadlock(token.message().to_string()),
+            code => TransportError::Database(format!("{} (error {code})", token.message())),
+        },
+        Error::Io { .. } | Error::Tls(_) | Error::Routing { .. } | Error::Protocol(_) => {
+            TransportError::Connection(e.to_string())
+        }
+        _ => TransportError::Database(e.to_string()),
+    }
+}
+
+/// A server error leaves the connection usable (XACT_ABORT has rolled back what needs it); any
+/// other error may leave it out of step with the server.
+fn is_server_error(e: &tiberius::error::Error) -> bool {
+    matches!(e, tiberius::error::Error::Server(_))
+}
+
+impl Inner {
+    fn statements(&self, queue: &QueueName) -> Arc<QueueStatements> {
+        if let Some(s) = self
+            .statements
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(queue)
+        {
+            return s.clone();
+        }
+        let built = Arc::new(QueueStatements::new(&self.schema, queue, self.dialect));
+        self.statements
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(queue.clone(), built.clone());
+        built
+    }
+
+    async fn conn(&self) -> Result<Pooled, TransportError> {
+        self.pool.get_owned().await.map_err(|e| match e {
+            RunError::User(e) => map_error(e, None),
+            RunError::TimedOut => match self
+                .last_connect_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+            {
+                Some(reason) if self.pool.state().connections == 0 => {
+                    TransportError::Connection(format!("cannot connect to SQL Server: {reason}"))
+                }
+                _ => TransportError::PoolTimeout {
+                    waited: self.wait_timeout,
+                    pool_size: self.pool_size,
+                },
+            },
+        })
+    }
+
+    /// Whether the queue table has the legacy Recoverable column (checked once per queue, as
+    /// NServiceBus does).
+    async fn has_recoverable(
+        &self,
+        conn: &mut Connection,
+        queue: &QueueName,
+        st: &QueueStatements,
+    ) -> Result<bool, TransportError> {
+        if let Some(known) = self
+            .recoverable
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(queue)
+        {
+            return Ok(*known);
+        }
+        let row = async {
+            conn.client
+                .simple_query(st.has_recoverable.as_str())
+                .await?
+                .into_row()
+                .await
+        }
+        .await
+        .map_err(|e| {
+            conn.broken |= !is_server_error(&e);
+            map_error(e, Some(queue))
+        })?;
+        let n: i32 = row.and_then(|r| r.get::<i32, _>(0)).unwrap_or(-1);
+        if n < 0 {
+            return Err(TransportError::QueueNotFound(queue.to_string()));
+        }
+        let has = n > 0;
+        self.recoverable
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(queue.clone(), has);
+        Ok(has)
+    }
+
+    /// Inserts a message on `conn` (inside whatever transaction it has open).
+    async fn send_on(
+        &self,
+        conn: &mut Connection,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        let st = self.statements(queue);
+        let recoverable = self.has_recoverable(conn, queue, &st).await?;
+        let sql = if recoverable {
+            &st.send_with_recoverable
+        } else {
+            &st.send_without_recoverable
+        };
+        let ttbr: Option<i64> = message
+            .time_to_be_received
+            .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+        let headers = serialize_headers(&message.headers);
+        let result = conn
+            .client
+            .execute(
+                sql.as_str(),
+                &[
+                    &message.id,
+                    &ttbr,
+                    &headers.as_str(),
+                    &message.body.as_slice(),
+                ],
+            )
+            .await;
+        self.after_insert(conn, queue, result)
+    }
+
+    /// Inserts a raw row (poison dead-lettering) on `conn`.
+    async fn send_raw_on(
+        &self,
+        conn: &mut Connection,
+        queue: &QueueName,
+        id: Uuid,
+        headers: &str,
+        body: &[u8],
+    ) -> Result<(), TransportError> {
+        let st = self.statements(queue);
+        let recoverable = self.has_recoverable(conn, queue, &st).await?;
+        let sql = if recoverable {
+            &st.send_raw_with_recoverable
+        } else {
+            &st.send_raw_without_recoverable
+        };
+        let result = conn
+            .client
+            .execute(sql.as_str(), &[&id, &headers, &body])
+            .await;
+        self.after_insert(conn, queue, result)
+    }
+
+    fn after_insert(
+        &self,
+        conn: &mut Connection,
+        queue: &QueueName,
+        result: Result<tiberius::ExecuteResult, tiberius::error::Error>,
+    ) -> Result<(), TransportError> {
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // Invalid column (207) or NULL into a NOT NULL column (515) naming Recoverable:
+                // the table changed shape; detect the column again next time.
+                if let tiberius::error::Error::Server(t) = &e
+                    && matches!(t.code(), 207 | 515)
+                    && t.message().contains("Recoverable")
+                {
+                    self.recoverable
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(queue);
+                }
+                conn.broken |= !is_server_error(&e);
+                Err(map_error(e, Some(queue)))
+            }
+        }
+    }
+
+    /// Runs a receive batch and turns its result into a [`Received`].
+    async fn run_receive(
+        self: &Arc<Self>,
+        mut conn: Pooled,
+        queue: &QueueName,
+        sql: &str,
+        transactional: bool,
+    ) -> Result<Option<Box<dyn Received>>, TransportError> {
+        let rows = async {
+            conn.client
+                .simple_query(sql)
+                .await?
+                .into_first_result()
+                .await
+        }
+        .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Whatever the error, do not reuse a connection whose transaction state is
+                // in doubt.
+                conn.broken = true;
+                return Err(map_error(e, Some(queue)));
+            }
+        };
+        let Some(row) = rows.first() else {
+            // The batch already ended the empty transaction.
+            return Ok(None);
+        };
+        let decoded: Result<_, tiberius::error::Error> = (|| {
+            let id: Option<Uuid> = row.try_get(0)?;
+            let expired: Option<i32> = row.try_get(1)?;
+            let headers: Option<&str> = row.try_get(2)?;
+            let body: Option<&[u8]> = row.try_get(3)?;
+            let expires: Option<NaiveDateTime> = row.try_get(4)?;
+            Ok((
+                id,
+                expired.unwrap_or(0) != 0,
+                headers.unwrap_or("").to_string(),
+                body.unwrap_or(&[]).to_vec(),
+                expires,
+            ))
+        })();
+        let (id, expired, raw_headers, body, expires) = match decoded {
+            Ok((Some(id), expired, headers, body, expires)) => {
+                (id, expired, headers, body, expires)
+            }
+            Ok((None, ..)) | Err(_) => {
+                conn.broken = true;
+                return Err(TransportError::Database(format!(
+                    "queue `{queue}` returned a row of unexpected shape; is it an NServiceBus queue table?"
+                )));
+            }
+        };
+        let (payload, raw) = if expired {
+            (Payload::Expired { id }, None)
+        } else {
+            match parse_headers(&raw_headers) {
+                Ok(headers) => (
+                    Payload::Message(Message {
+                        id,
+                        headers,
+                        body,
+                        expires: expires.map(|e| Utc.from_utc_datetime(&e)),
+                    }),
+                    None,
+                ),
+                Err(reason) => (Payload::Poison { id, reason }, Some((raw_headers, body))),
+            }
+        };
+        Ok(Some(Box::new(SqlReceived {
+            inner: self.clone(),
+            queue: queue.clone(),
+            conn: if transactional { Some(conn) } else { None },
+            failed: false,
+            payload,
+            raw,
+        })))
+    }
+
+    /// Runs a batch whose first result's first value is a bigint count.
+    async fn count(
+        &self,
+        conn: &mut Connection,
+        queue: &QueueName,
+        sql: &str,
+        params: &[&dyn tiberius::ToSql],
+    ) -> Result<u64, TransportError> {
+        let row = async { conn.client.query(sql, params).await?.into_row().await }
+            .await
+            .map_err(|e| {
+                conn.broken |= !is_server_error(&e);
+                map_error(e, Some(queue))
+            })?;
+        Ok(row.and_then(|r| r.get::<i64, _>(0)).unwrap_or(0).max(0) as u64)
+    }
+}
+
+#[async_trait]
+impl Transport for SqlServerTransport {
+    fn describe(&self) -> String {
+        let dialect = match self.inner.dialect {
+            Dialect::Sqlserver => "sqlserver",
+            Dialect::Babelfish => "babelfish",
+        };
+        format!(
+            "{dialect} (schema [{}], pool {})",
+            self.inner.schema, self.inner.pool_size
+        )
+    }
+
+    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue);
+        let mut conn = self.inner.conn().await?;
+        let result = async {
+            conn.client
+                .simple_query(st.create.as_str())
+                .await?
+                .into_results()
+                .await
+        }
+        .await;
+        match result {
+            Ok(_) => Ok(()),
+            // "Already exists" from a host that won a race the lock did not cover.
+            Err(tiberius::error::Error::Server(t)) if matches!(t.code(), 2714 | 1913) => Ok(()),
+            Err(e) => {
+                conn.broken = true;
+                Err(map_error(e, Some(queue)))
+            }
+        }
+    }
+
+    async fn send(
+        &self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        let mut attempt = 0;
+        loop {
+            let mut conn = self.inner.conn().await?;
+            match self.inner.send_on(&mut conn, queue, message).await {
+                Err(e) if e.is_deadlock() && attempt < DEADLOCK_RETRIES => {
+                    attempt += 1;
+                    tracing::debug!(queue = %queue, attempt, "send was a deadlock victim; retrying");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn receive(
+        &self,
+        queue: &QueueName,
+    ) -> Result<Option<Box<dyn Received>>, TransportError> {
+        let st = self.inner.statements(queue);
+        let conn = self.inner.conn().await?;
+        let transactional = self.inner.mode != TransactionMode::None;
+        let sql = if transactional {
+            &st.begin_and_receive
+        } else {
+            &st.receive
+        };
+        self.inner
+            .run_receive(conn, queue, sql, transactional)
+            .await
+    }
+
+    async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue);
+        let mut conn = self.inner.conn().await?;
+        self.inner.count(&mut conn, queue, &st.peek, &[]).await
+    }
+
+    async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue);
+        let mut conn = self.inner.conn().await?;
+        let mut total = 0;
+        loop {
+            let n = self
+                .inner
+                .count(&mut conn, queue, &st.purge_expired_batch, &[&PURGE_BATCH])
+                .await?;
+            total += n;
+            if n < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue);
+        let mut conn = self.inner.conn().await?;
+        self.inner.count(&mut conn, queue, &st.purge, &[]).await
+    }
+
+    async fn reset_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue);
+        {
+            let mut conn = self.inner.conn().await?;
+            let dropped = async {
+                conn.client
+                    .simple_query(st.drop.as_str())
+                    .await?
+                    .into_results()
+                    .await
+            }
+            .await;
+            if let Err(e) = dropped {
+                conn.broken = true;
+                return Err(map_error(e, Some(queue)));
+            }
+        }
+        self.inner
+            .recoverable
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(queue);
+        self.create_queue(queue).await
+    }
+
+    async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
+        let mut conn = self.inner.conn().await?;
+        let schema = self.inner.schema.as_str();
+        let rows = async {
+            conn.client
+                .query(statements::LIST_QUEUES, &[&schema])
+                .await?
+                .into_first_result()
+                .await
+        }
+        .await
+        .map_err(|e| {
+            conn.broken |= !is_server_error(&e);
+            map_error(e, None)
+        })?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| r.get::<&str, _>(0).map(str::to_string))
+            .collect())
+    }
+
+    fn connections_in_use(&self) -> u64 {
+        let s = self.inner.pool.state();
+        s.connections.saturating_sub(s.idle_connections) as u64
+    }
+
+    async fn ping(&self) -> Result<(), TransportError> {
+        let mut conn = self.inner.conn().await?;
+        let result = async {
+            conn.client
+                .simple_query("SELECT 1")
+                .await?
+                .into_results()
+                .await
+        }
+        .await;
+        result.map(|_| ()).map_err(|e| {
+            conn.broken = true;
+            map_error(e, None)
+        })
+    }
+
+    async fn startup_checks(&self, queues: &[QueueName]) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if !self.inner.max_pool_size_in_connection_string {
+            warnings.push(format!(
+                "the connection string sets no Max Pool Size; the pool holds at most transport.pool_size = {} connections, one per in-flight message: keep it above the queues' total concurrency",
+                self.inner.pool_size
+            ));
+        }
+        if self.inner.dialect == Dialect::Babelfish {
+            warnings.push(
+                "dialect babelfish: Babelfish ignores READPAST, so concurrent receivers on one queue wait for each other's locked row (see sql/sqlserver/README.md)".into(),
+            );
+        }
+        let mut conn = match self.inner.conn().await {
+            Ok(c) => c,
+            Err(e) => return vec![format!("cannot run start-up checks: {e}")],
+        };
+        for queue in queues {
+            let st = self.inner.statements(queue);
+            let table = st.table.as_str();
+            let indexes = async {
+                conn.client
+                    .query(statements::ROWVERSION_INDEXES, &[&table])
+                    .await?
+                    .into_first_result()
+                    .await
+            }
+            .await;
+            match indexes {
+                Ok(rows) => {
+                    let types: Vec<i32> = rows.iter().filter_map(|r| r.get::<i32, _>(0)).collect();
+                    if types.is_empty() {
+                        warnings.push(format!(
+                            "queue `{queue}` has no index on RowVersion: every receive scans the table (create Index_RowVersion, see sql/sqlserver/queue.sql)"
+                        ));
+                    } else if !types.contains(&2) {
+                        warnings.push(format!(
+                            "queue `{queue}` has a clustered index on RowVersion: under concurrency it suffers page-latch contention; recreate Index_RowVersion as NONCLUSTERED (sql/sqlserver/migrate-nonclustered.sql)"
+                        ));
+                    }
+                }
+                Err(e) => warnings.push(format!(
+                    "cannot check the indexes of `{queue}`: {}",
+                    map_error(e, Some(queue))
+                )),
+            }
+            let headers = async {
+                conn.client
+                    .query(statements::HEADERS_TYPE, &[&table])
+                    .await?
+                    .into_row()
+                    .await
+            }
+            .await;
+            match headers {
+                Ok(Some(row)) if row.get::<&str, _>(0) == Some("varchar") => warnings.push(format!(
+                    "queue `{queue}` stores Headers as varchar: characters outside its code page are lost; change the column to nvarchar(max)"
+                )),
+                Ok(_) => {}
+                Err(e) => warnings.push(format!("cannot check the Headers column of `{queue}`: {}", map_error(e, Some(queue)))),
+            }
+        }
+        warnings
+    }
+}
+
+/// An open SQL Server receive: the pooled connection with its transaction.
+struct SqlReceived {
+    inner: Arc<Inner>,
+    queue: QueueName,
+    /// The connection holding the transaction; None in mode `none` and once finished.
+    conn: Option<Pooled>,
+    /// A statement in the transaction failed (XACT_ABORT rolled it back): commit must fail.
+    failed: bool,
+    payload: Payload,
+    /// Raw headers and body of a poison row, for dead-lettering it unchanged.
+    raw: Option<(String, Vec<u8>)>,
+}
+
+impl SqlReceived {
+    async fn end(&mut self, sql: &str) -> Result<(), TransportError> {
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        let result = async { conn.client.simple_query(sql).await?.into_results().await }.await;
+        result.map(|_| ()).map_err(|e| {
+            conn.broken = true;
+            map_error(e, Some(&self.queue))
+        })
+    }
+}
+
+impl Drop for SqlReceived {
+    fn drop(&mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            // Closing the connection makes the server roll the transaction back.
+            conn.broken = true;
+        }
+    }
+}
+
+#[async_trait]
+impl Received for SqlReceived {
+    fn payload(&self) -> &Payload {
+        &self.payload
+    }
+
+    async fn send(
+        &mut self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        match self.conn.as_mut() {
+            Some(conn) => {
+                let result = self.inner.send_on(conn, queue, message).await;
+                self.failed |= result.is_err();
+                result
+            }
+            None => {
+                SqlServerTransport {
+                    inner: self.inner.clone(),
+                }
+                .send(queue, message)
+                .await
+            }
+        }
+    }
+
+    async fn dead_letter(&mut self, queue: &QueueName) -> Result<(), TransportError> {
+        let (id, headers, body) = match (&self.payload, &self.raw) {
+            (_, Some((headers, body))) => (self.payload.id(), headers.clone(), body.clone()),
+            (Payload::Message(m), None) => (m.id, serialize_headers(&m.headers), m.body.clone()),
+            (other, None) => {
+                return Err(TransportError::Database(format!(
+                    "cannot dead-letter {other:?}: its row was not kept"
+                )));
+            }
+        };
+        match self.conn.as_mut() {
+            Some(conn) => {
+                let result = self
+                    .inner
+                    .send_raw_on(conn, queue, id, &headers, &body)
+                    .await;
+                self.failed |= result.is_err();
+                result
+            }
+            None => {
+                let mut conn = self.inner.conn().await?;
+                self.inner
+                    .send_raw_on(&mut conn, queue, id, &headers, &body)
+                    .await
+            }
+        }
+    }
+
+    async fn commit(mut self: Box<Self>) -> Result<(), TransportError> {
+        if self.failed {
+            self.end("IF @@TRANCOUNT > 0 ROLLBACK TRAN;").await?;
+            return Err(TransportError::Database(format!(
+                "the receive transaction on `{}` was aborted by an earlier error and has been rolled back",
+                self.queue
+            )));
+        }
+        self.end("COMMIT TRAN;").await
+    }
+
+    async fn rollback(mut self: Box<Self>) -> Result<(), TransportError> {
+        self.end("IF @@TRANCOUNT > 0 ROLLBACK TRAN;").await
+    }
+
+    async fn commit_and_receive(
+        mut self: Box<Self>,
+        transport: &dyn Transport,
+        queue: &QueueName,
+    ) -> CommitAndReceive {
+        if self.failed || self.conn.is_none() || &self.queue != queue {
+            let committed = self.commit().await;
+            let next = match committed {
+                Ok(()) => transport.receive(queue).await,
+                Err(_) => Ok(None),
+            };
+            return CommitAndReceive { committed, next };
+        }
+        let conn = self.conn.take().expect("checked above");
+        let st = self.inner.statements(queue);
+        // One batch: COMMIT, BEGIN, receive. With XACT_ABORT ON a failed COMMIT aborts the
+        // batch before anything is received.
+        match self
+            .inner
+            .run_receive(conn, queue, &st.commit_and_receive, true)
+            .await
+        {
+            Ok(next) => CommitAndReceive {
+                committed: Ok(()),
+                next: Ok(next),
+            },
+            Err(e) => CommitAndReceive {
+                committed: Err(e),
+                next: Ok(None),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_strings_parse_and_errors_hide_the_password() {
+        let ok = parse_connection_string(
+            "Server=tcp:db.example,1433;Database=q;User Id=app;Password=Sup3r;Encrypt=true;TrustServerCertificate=true",
+        );
+        assert!(ok.is_ok());
+        let cfg = ok.unwrap();
+        assert_eq!(cfg.get_addr(), "db.example:1433");
+        let err = parse_connection_string("Server=tcp:db,notaport;Password=Sup3r")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("Sup3r"), "{err}");
+        assert!(err.contains("Password=***"), "{err}");
+    }
+
+    #[test]
+    fn a_pool_is_built_without_connecting() {
+        let config = TransportConfig {
+            kind: crate::config::TransportKind::Sqlserver,
+            connection_string: crate::config::ConnectionString::new(
+                "Server=tcp:127.0.0.1,1;User Id=sa;Password=x;Encrypt=false",
+            ),
+            ..TransportConfig::default()
+        };
+        let t = SqlServerTransport::new(&config).unwrap();
+        assert_eq!(t.describe(), "sqlserver (schema [dbo], pool 20)");
+        assert_eq!(t.connections_in_use(), 0);
     }
 }

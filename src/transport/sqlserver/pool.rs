@@ -1,0 +1,100 @@
+//! Pooled tiberius connections: a bb8 manager of our own (the published tiberius pool crates
+//! do not build against tiberius 0.13).
+//!
+//! tiberius cannot say whether a connection is still usable after an error (a timed-out or
+//! cancelled request leaves it out of step with the server), so any connection that saw an
+//! error or timeout is marked broken and the pool drops it instead of handing it out again.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tiberius::{Client, Config};
+use tokio::net::TcpStream;
+use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+
+/// Statements run on every new connection: counts off (NServiceBus does the same per
+/// statement), abort the transaction on any error, READ COMMITTED (READPAST needs it).
+const SESSION_SETUP: &str =
+    "SET NOCOUNT ON; SET XACT_ABORT ON; SET TRANSACTION ISOLATION LEVEL READ COMMITTED;";
+
+/// A pooled connection.
+pub struct Connection {
+    /// The tiberius client.
+    pub client: Client<Compat<TcpStream>>,
+    /// Set after any error: the pool drops the connection instead of reusing it.
+    pub broken: bool,
+}
+
+/// Opens connections for bb8.
+pub struct Manager {
+    config: Config,
+    connect_timeout: Duration,
+    /// The last connect error, so a pool timeout can say why ("connection refused", bad
+    /// password) instead of only that it timed out.
+    last_error: Arc<Mutex<Option<String>>>,
+}
+
+impl Manager {
+    /// A manager opening connections with this configuration.
+    pub fn new(config: Config, connect_timeout: Duration) -> Self {
+        Manager {
+            config,
+            connect_timeout,
+            last_error: Arc::default(),
+        }
+    }
+
+    /// A handle on the reason the last connection attempt failed (None after a success).
+    pub fn last_error(&self) -> Arc<Mutex<Option<String>>> {
+        self.last_error.clone()
+    }
+
+    async fn open(&self) -> Result<Connection, tiberius::error::Error> {
+        let addr = self.config.get_addr();
+        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&addr))
+            .await
+            .map_err(|_| tiberius::error::Error::Io {
+                kind: std::io::ErrorKind::TimedOut,
+                message: format!(
+                    "connecting to {addr} timed out after {:?}",
+                    self.connect_timeout
+                ),
+            })??;
+        tcp.set_nodelay(true)?;
+        let mut client = Client::connect(self.config.clone(), tcp.compat_write()).await?;
+        client
+            .simple_query(SESSION_SETUP)
+            .await?
+            .into_results()
+            .await?;
+        Ok(Connection {
+            client,
+            broken: false,
+        })
+    }
+}
+
+impl bb8::ManageConnection for Manager {
+    type Connection = Connection;
+    type Error = tiberius::error::Error;
+
+    async fn connect(&self) -> Result<Connection, Self::Error> {
+        let result = self.open().await;
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+            result.as_ref().err().map(|e| e.to_string());
+        result
+    }
+
+    async fn is_valid(&self, conn: &mut Connection) -> Result<(), Self::Error> {
+        conn.client
+            .simple_query("SELECT 1")
+            .await?
+            .into_results()
+            .await?;
+        Ok(())
+    }
+
+    fn has_broken(&self, conn: &mut Connection) -> bool {
+        conn.broken
+    }
+}

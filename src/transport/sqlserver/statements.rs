@@ -1,0 +1,188 @@
+//! SQL text for one SQL Server queue table, built once per queue from validated,
+//! bracket-quoted identifiers. The statements follow the NServiceBus SQL Server transport
+//! (`SqlServerConstants`): same table, same receive, peek and purge semantics. Values are
+//! always bound as parameters (`@P1`...), never spliced.
+//!
+//! Two dialects: `sqlserver` (the NServiceBus forms) and `babelfish` (Babelfish for
+//! PostgreSQL rejects DELETE through a CTE and OUTPUT expressions over `deleted`, and ignores
+//! READPAST; see `sql/sqlserver/README.md`).
+
+use crate::config::Dialect;
+use crate::transport::QueueName;
+
+/// Quotes a validated identifier for SQL Server. Names reaching here passed
+/// [`crate::transport::names`], which rejects `[` and `]`.
+pub fn bracket(name: &str) -> String {
+    debug_assert!(!name.contains(['[', ']']));
+    format!("[{name}]")
+}
+
+/// Every statement the transport runs against one queue table.
+#[derive(Debug, Clone)]
+pub struct QueueStatements {
+    /// `[schema].[table]`
+    pub table: String,
+    /// Creates schema (if missing) and table with its indexes, under an application lock so
+    /// that hosts creating at once do not collide. Idempotent.
+    pub create: String,
+    /// Drops the table if it exists (load tests start from a fresh table).
+    pub drop: String,
+    /// Insert with the legacy `Recoverable` column set to 1. `@P1` id, `@P2` time-to-be-received
+    /// in ms (NULL = never), `@P3` headers, `@P4` body. Expiry uses the server's clock.
+    pub send_with_recoverable: String,
+    /// Insert for tables without `Recoverable`.
+    pub send_without_recoverable: String,
+    /// Insert of a raw row with no expiry (dead-lettering poison rows), with `Recoverable`.
+    pub send_raw_with_recoverable: String,
+    /// The same without `Recoverable`.
+    pub send_raw_without_recoverable: String,
+    /// Does the table have a `Recoverable` column? 1 yes, 0 no, -1 no such table.
+    pub has_recoverable: String,
+    /// Deletes the oldest row not locked by another receiver, outside a transaction of its
+    /// own (transaction mode `none`); returns id, expired flag (int), headers, body, expires.
+    pub receive: String,
+    /// Starts a transaction and receives as `receive`; when nothing was deleted the same batch
+    /// ends the transaction, so an empty receive costs one round trip.
+    pub begin_and_receive: String,
+    /// Commits the current receive, then does what `begin_and_receive` does.
+    pub commit_and_receive: String,
+    /// max(RowVersion) - min(RowVersion) + 1 over committed rows not locked by receivers.
+    pub peek: String,
+    /// Deletes up to `@P1` expired rows; returns the count.
+    pub purge_expired_batch: String,
+    /// Deletes every row; returns the count.
+    pub purge: String,
+}
+
+/// The receive: the NServiceBus CTE form, or the Babelfish table-variable form.
+fn receive(table: &str, dialect: Dialect) -> String {
+    match dialect {
+        Dialect::Sqlserver => format!(
+            "WITH message AS (SELECT TOP(1) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion)
+DELETE FROM message
+OUTPUT deleted.Id,
+    CASE WHEN deleted.Expires IS NULL THEN 0 ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,
+    CAST(deleted.Headers AS nvarchar(max)),
+    deleted.Body,
+    deleted.Expires;"
+        ),
+        Dialect::Babelfish => format!(
+            "DECLARE @received TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
+DELETE FROM {table}
+OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
+WHERE RowVersion IN (SELECT TOP(1) RowVersion FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion);
+SELECT Id,
+    CASE WHEN Expires IS NULL THEN 0 WHEN Expires > GETUTCDATE() THEN 0 ELSE 1 END,
+    Headers,
+    Body,
+    Expires
+FROM @received;"
+        ),
+    }
+}
+
+/// Puts `end` right after the receive's DELETE (before the Babelfish SELECT), where
+/// `@@ROWCOUNT` still counts the deleted rows.
+fn with_end_if_empty(receive: &str, end: &str) -> String {
+    match receive.find("\nSELECT Id,") {
+        Some(at) => format!("{}\n{end}{}", &receive[..at], &receive[at..]),
+        None => format!("{receive}\n{end}"),
+    }
+}
+
+impl QueueStatements {
+    /// Builds the statements for `[schema].[queue]` in a dialect.
+    pub fn new(schema: &str, queue: &QueueName, dialect: Dialect) -> Self {
+        let table = format!("{}.{}", bracket(schema), bracket(queue.as_str()));
+        // Inside N'...' literals: names cannot contain quotes (validated). One lock per schema
+        // serialises creating the schema and its tables across hosts.
+        let lock = format!("throttlehost_create_{schema}");
+        let exists = format!("OBJECT_ID(N'{table}', N'U') IS NOT NULL");
+        let insert = |recoverable: bool, expires: &str, params: &str| {
+            let (column, value) = if recoverable {
+                ("Recoverable, ", "1, ")
+            } else {
+                ("", "")
+            };
+            format!(
+                "INSERT INTO {table} (Id, CorrelationId, ReplyToAddress, {column}Expires, Headers, Body) VALUES (@P1, NULL, NULL, {value}{expires}, {params});"
+            )
+        };
+        // Milliseconds split into seconds and a remainder so TTBRs beyond 24 days fit
+        // DATEADD's int argument.
+        let expires = "CASE WHEN @P2 IS NULL THEN NULL ELSE DATEADD(ms, @P2 % 1000, DATEADD(s, @P2 / 1000, GETUTCDATE())) END";
+        let receive = receive(&table, dialect);
+        let end_if_empty = "IF @@ROWCOUNT = 0 AND @@TRANCOUNT > 0 COMMIT TRAN;";
+        QueueStatements {
+            create: format!(
+                "SET XACT_ABORT ON;
+BEGIN TRAN;
+EXEC sp_getapplock @Resource = N'{lock}', @LockMode = 'Exclusive', @LockOwner = 'Transaction';
+IF SCHEMA_ID(N'{schema}') IS NULL EXEC(N'CREATE SCHEMA {sq}');
+IF NOT ({exists})
+BEGIN
+    CREATE TABLE {table} (
+        Id uniqueidentifier NOT NULL,
+        CorrelationId varchar(255) NULL,
+        ReplyToAddress varchar(255) NULL,
+        Recoverable bit NOT NULL,
+        Expires datetime NULL,
+        Headers nvarchar(max) NOT NULL,
+        Body varbinary(max) NULL,
+        RowVersion bigint IDENTITY(1,1) NOT NULL
+    );
+    CREATE NONCLUSTERED INDEX Index_RowVersion ON {table} (RowVersion);
+    CREATE NONCLUSTERED INDEX Index_Expires ON {table} (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
+END
+COMMIT TRAN;",
+                sq = bracket(schema)
+            ),
+            drop: format!("IF {exists} DROP TABLE {table};"),
+            send_with_recoverable: insert(true, expires, "@P3, @P4"),
+            send_without_recoverable: insert(false, expires, "@P3, @P4"),
+            send_raw_with_recoverable: insert(true, "NULL", "@P2, @P3"),
+            send_raw_without_recoverable: insert(false, "NULL", "@P2, @P3"),
+            has_recoverable: format!(
+                "SELECT CASE WHEN OBJECT_ID(N'{table}', N'U') IS NULL THEN -1 ELSE (SELECT COUNT(*) FROM sys.columns WHERE object_id = OBJECT_ID(N'{table}', N'U') AND name = N'Recoverable') END;"
+            ),
+            begin_and_receive: format!("BEGIN TRAN;\n{}", with_end_if_empty(&receive, end_if_empty)),
+            commit_and_receive: format!("COMMIT TRAN;\nBEGIN TRAN;\n{}", with_end_if_empty(&receive, end_if_empty)),
+            receive,
+            peek: match dialect {
+                Dialect::Sqlserver => format!(
+                    "SELECT ISNULL(CAST(MAX(RowVersion) - MIN(RowVersion) + 1 AS bigint), 0) FROM {table} WITH (READPAST, READCOMMITTEDLOCK);"
+                ),
+                // Babelfish reads committed data under MVCC and ignores READPAST: rows
+                // locked by in-flight receives are counted (an overestimate).
+                Dialect::Babelfish => format!(
+                    "SELECT ISNULL(CAST(MAX(RowVersion) - MIN(RowVersion) + 1 AS bigint), 0) FROM {table};"
+                ),
+            },
+            purge_expired_batch: format!(
+                "DELETE FROM {table} WHERE RowVersion IN (SELECT TOP(@P1) RowVersion FROM {table} WITH (READPAST) WHERE Expires < GETUTCDATE());
+SELECT CAST(@@ROWCOUNT AS bigint);"
+            ),
+            purge: format!("DELETE FROM {table};\nSELECT CAST(@@ROWCOUNT AS bigint);"),
+            table,
+        }
+    }
+}
+
+/// Startup check: indexes whose first key column is RowVersion (type 1 clustered, 2 not).
+pub const ROWVERSION_INDEXES: &str = "SELECT CAST(i.type AS int), i.name FROM sys.indexes i
+JOIN sys.index_columns ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id AND ic.key_ordinal = 1
+JOIN sys.columns c ON c.object_id = ic.object_id AND c.column_id = ic.column_id
+WHERE i.object_id = OBJECT_ID(@P1, N'U') AND c.name = N'RowVersion';";
+
+/// Startup check: the type of the Headers column.
+pub const HEADERS_TYPE: &str = "SELECT t.name FROM sys.columns c
+JOIN sys.types t ON t.user_type_id = c.user_type_id
+WHERE c.object_id = OBJECT_ID(@P1, N'U') AND c.name = N'Headers';";
+
+/// The queue tables in a schema: tables with the columns a queue has.
+pub const LIST_QUEUES: &str = "SELECT t.name FROM sys.tables t
+JOIN sys.schemas s ON s.schema_id = t.schema_id
+WHERE s.name = @P1
+  AND (SELECT COUNT(*) FROM sys.columns c WHERE c.object_id = t.object_id
+       AND c.name IN (N'Id', N'Expires', N'Headers', N'Body', N'RowVersion')) = 5
+ORDER BY t.name;";

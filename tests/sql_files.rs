@@ -1,0 +1,38 @@
+//! The DDL shipped in `sql/` is the DDL the transports run, statement for statement.
+
+use throttlehost::config::Dialect;
+use throttlehost::transport::QueueName;
+
+fn normalize(s: &str) -> String {
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn sqlserver_queue_sql_is_what_create_queue_runs() {
+    let file = std::fs::read_to_string("sql/sqlserver/queue.sql").unwrap();
+    let code = throttlehost::transport::sqlserver::QueueStatements::new(
+        "dbo",
+        &QueueName::new("Sales").unwrap(),
+        Dialect::Sqlserver,
+    )
+    .create;
+    assert_eq!(normalize(&file), normalize(&code));
+}
+
+#[test]
+fn postgres_queue_sql_is_what_create_queue_runs() {
+    let file = std::fs::read_to_string("sql/postgres/queue.sql").unwrap();
+    let code = throttlehost::transport::postgres::QueueStatements::new(
+        "public",
+        &QueueName::new("Sales").unwrap(),
+    )
+    .create;
+    assert_eq!(
+        normalize(&file),
+        normalize(&format!("CREATE SCHEMA IF NOT EXISTS \"public\";\n{code};"))
+    );
+}

@@ -25,7 +25,7 @@ pub fn validate_queue_name(name: &str) -> Result<(), String> {
     {
         return Err(format!(
             "queue name `{}` contains {:?}; use letters, digits, '_', '-' and '.' only",
-            name.escape_debug(),
+            shown(name),
             bad
         ));
     }
@@ -35,6 +35,15 @@ pub fn validate_queue_name(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// A name as the user wrote it, unless it holds control characters (shown escaped then).
+fn shown(name: &str) -> String {
+    if name.chars().any(char::is_control) {
+        name.escape_debug().to_string()
+    } else {
+        name.to_string()
+    }
 }
 
 /// Checks a schema name: an unquoted-style identifier (letter or `_`, then letters, digits,
@@ -47,7 +56,7 @@ pub fn validate_schema_name(name: &str) -> Result<(), String> {
     if !valid_start || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return Err(format!(
             "schema name `{}` must start with a letter or '_' and contain only ASCII letters, digits and '_'",
-            name.escape_debug()
+            shown(name)
         ));
     }
     if name.len() > 63 {

@@ -1,0 +1,132 @@
+//! `throttlehost queues create|list|depth|purge` and `throttlehost send` against PostgreSQL,
+//! and secrets kept out of every output.
+// Plain (non-async) tests driving a process: blocking sleeps are what they want.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::process::Command;
+
+use common::PgSchema;
+
+fn throttlehost(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args(args)
+        .env("RUST_LOG", "trace")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn config_file(schema: &PgSchema, connection_string: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("th-cli-{}", schema.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("host.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[host]\ninstance_id = \"node1\"\n[transport]\nkind = \"postgres\"\nconnection_string = \"{connection_string}\"\nschema = \"{}\"\n\
+             [[queues]]\nname = \"orders\"\n[queues.instance_queue]\nenabled = true\n[queues.handler]\nkind = \"forward\"\nto = \"shipping\"\n",
+            schema.name
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn queues_and_send_work_from_the_command_line() {
+    let schema = PgSchema::new();
+    let path = config_file(&schema, &schema.connection_string());
+    let p = path.to_str().unwrap();
+
+    let (code, out, err) = throttlehost(&["queues", "create", "-c", p]);
+    assert_eq!(code, 0, "{err}");
+    for q in ["orders", "error", "orders.node1", "shipping"] {
+        assert!(out.contains(&format!("created {q}")), "{q}: {out}");
+    }
+    let (code, _, _) = throttlehost(&["queues", "create", "-c", p]);
+    assert_eq!(code, 0, "idempotent");
+
+    let (code, out, _) = throttlehost(&["queues", "list", "-c", p]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        vec!["error", "orders", "orders.node1", "shipping"]
+    );
+
+    let (code, _, err) = throttlehost(&[
+        "send",
+        "-c",
+        p,
+        "--queue",
+        "orders",
+        "--count",
+        "10000",
+        "--body",
+        "hello",
+        "--header",
+        "Tenant=a=b",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("sent 10000 message(s) to orders"), "{err}");
+    let (code, out, _) = throttlehost(&["queues", "depth", "-c", p, "orders"]);
+    assert_eq!(code, 0);
+    assert_eq!(out.trim(), "orders\t10000");
+
+    let (code, out, _) = throttlehost(&[
+        "send", "-c", p, "--queue", "shipping", "--ttbr", "1ms", "--body", "late",
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(out.trim().len(), 36, "prints the id of a single message");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let (_, out, _) = throttlehost(&["queues", "purge", "-c", p, "shipping", "--expired"]);
+    assert!(out.contains("deleted 1 expired"), "{out}");
+    let (code, _, err) = throttlehost(&["queues", "purge", "-c", p, "orders"]);
+    assert_eq!(code, 2, "purge says what to delete");
+    assert!(err.contains("--all"));
+    let (_, out, _) = throttlehost(&["queues", "purge", "-c", p, "orders", "--all"]);
+    assert!(out.contains("deleted 10000 messages"), "{out}");
+
+    let (code, _, err) = throttlehost(&["send", "-c", p, "--queue", "bad'name"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("bad'name"), "{err}");
+    let (code, _, err) =
+        throttlehost(&["send", "-c", p, "--queue", "orders", "--header", "novalue"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("NAME=VALUE"), "{err}");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[test]
+fn passwords_never_reach_output_or_logs() {
+    let schema = PgSchema::new();
+    // Unreachable port: the failure path logs the most.
+    let path = config_file(
+        &schema,
+        "postgres://postgres:Sekr1tPassw0rd@127.0.0.1:1/test?connect_timeout=2",
+    );
+    let p = path.to_str().unwrap();
+    for args in [
+        vec!["run", "-c", p],
+        vec!["queues", "list", "-c", p],
+        vec!["config", "check", "-c", p],
+    ] {
+        let (_, out, err) = throttlehost(&args);
+        assert!(
+            !out.contains("Sekr1tPassw0rd") && !err.contains("Sekr1tPassw0rd"),
+            "{args:?}:\n{out}\n{err}"
+        );
+    }
+    let (code, out, _) = throttlehost(&["config", "check", "-c", p]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("postgres://postgres:***@127.0.0.1:1/test"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}

@@ -1,0 +1,107 @@
+//! Settings change without a restart: `throttlehost run` re-reads its file on SIGHUP and when
+//! the file changes; an invalid file keeps the running settings.
+// Plain (non-async) tests driving a process: blocking sleeps are what they want.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn config(port: u16, override_mode: &str, max: u32) -> String {
+    format!(
+        "[host]\nadmin_address = \"127.0.0.1:{port}\"\n[[queues]]\nname = \"orders\"\n[queues.concurrency]\nmax = {max}\n[queues.handler]\nkind = \"noop\"\n[throttling]\nsample_interval = \"100ms\"\n[throttling.delivery]\noverride = \"{override_mode}\"\n"
+    )
+}
+
+fn status(port: u16) -> Option<serde_json::Value> {
+    let mut r = ureq::get(&format!("http://127.0.0.1:{port}/status"))
+        .call()
+        .ok()?;
+    serde_json::from_str(&r.body_mut().read_to_string().ok()?).ok()
+}
+
+fn wait_for(port: u16, what: &str, f: impl Fn(&serde_json::Value) -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        if status(port).is_some_and(|s| f(&s)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out waiting for {what}: {:?}", status(port));
+}
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn sighup_and_file_changes_reload_and_a_bad_file_keeps_the_settings() {
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("th-reload-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("host.toml");
+    std::fs::write(&path, config(port, "none", 4)).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let running = Running(child);
+    wait_for(port, "the host", |s| {
+        s["throttling"]["delivery"]["state"] == 0
+    });
+
+    // A file change: override on, max 9.
+    std::fs::write(&path, config(port, "throttle", 9)).unwrap();
+    wait_for(port, "override from the edited file", |s| {
+        s["throttling"]["delivery"]["state"] == 10 && s["queues"][0]["max"] == 9
+    });
+
+    // An invalid file: the running settings stay.
+    std::fs::write(&path, "[throttling]\nsample_interval = \"fast\"\n").unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let s = status(port).unwrap();
+    assert_eq!(s["throttling"]["delivery"]["state"], 10);
+    let mut r = ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
+        .call()
+        .unwrap();
+    assert!(
+        r.body_mut()
+            .read_to_string()
+            .unwrap()
+            .contains("throttlehost_config_reloads_total{result=\"error\"}")
+    );
+
+    // SIGHUP after a change the watcher might miss (written, then signalled).
+    std::fs::write(&path, config(port, "none", 3)).unwrap();
+    let pid = running.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    wait_for(port, "override off after SIGHUP", |s| {
+        s["throttling"]["delivery"]["state"] == 0 && s["queues"][0]["max"] == 3
+    });
+    drop(running);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,6 +6,29 @@
 //! [`dispatch`] runs [`Handler`]s with retries and the error queue, [`publish`] is the one
 //! throttled send path, and [`throttling`] watches resources and rates and sets the delays
 //! and limits the receivers and the publisher obey. [`Host`] puts them together.
+//!
+//! ```no_run
+//! use throttlehost::{Context, Handler, HandlerError, HostBuilder, OutgoingMessage};
+//!
+//! struct Billing;
+//!
+//! #[throttlehost::async_trait]
+//! impl Handler for Billing {
+//!     async fn handle(&self, ctx: &mut Context<'_>) -> Result<(), HandlerError> {
+//!         let invoice = OutgoingMessage::new(ctx.body().to_vec());
+//!         ctx.send("invoices", invoice).await?; // throttled; written only if this succeeds
+//!         Ok(())
+//!     }
+//! }
+//!
+//! async fn start() -> Result<(), Box<dyn std::error::Error>> {
+//!     let config = throttlehost::config::load_file("host.toml".as_ref())?;
+//!     let host = HostBuilder::new(config).handler("billing", Billing).start().await?;
+//!     // ... until shutdown:
+//!     host.shutdown().await; // in-flight messages finish or roll back; none is lost
+//!     Ok(())
+//! }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -22,6 +45,8 @@ pub mod receive;
 pub mod throttling;
 pub mod transport;
 
+/// Handlers are async traits; re-exported so users need no extra dependency.
+pub use async_trait::async_trait;
 pub use config::Config;
 pub use handlers::{Context, Handler, HandlerError};
 pub use host::{Host, HostBuilder, HostError, HostStatus};

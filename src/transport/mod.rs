@@ -94,6 +94,56 @@ impl Payload {
     }
 }
 
+/// A received row as the SQL transports read it, before its headers are parsed.
+pub(crate) struct RawRow {
+    pub id: Uuid,
+    pub expired: bool,
+    pub headers: String,
+    pub body: Vec<u8>,
+    pub expires: Option<chrono::NaiveDateTime>,
+}
+
+/// What a received row becomes: a message, an expired row, or a poison row (whose raw headers
+/// and body are returned for dead-lettering it unchanged).
+pub(crate) fn payload_of(row: RawRow) -> (Payload, Option<(String, Vec<u8>)>) {
+    use chrono::TimeZone;
+    if row.expired {
+        return (Payload::Expired { id: row.id }, None);
+    }
+    match headers::parse_headers(&row.headers) {
+        Ok(parsed) => (
+            Payload::Message(Message {
+                id: row.id,
+                headers: parsed,
+                body: row.body,
+                expires: row.expires.map(|e| chrono::Utc.from_utc_datetime(&e)),
+            }),
+            None,
+        ),
+        Err(reason) => (
+            Payload::Poison { id: row.id, reason },
+            Some((row.headers, row.body)),
+        ),
+    }
+}
+
+/// The row to dead-letter: a poison row's raw headers and body as received, or a message
+/// written back in wire form.
+pub(crate) fn dead_letter_row(
+    payload: &Payload,
+    raw: &Option<(String, Vec<u8>)>,
+) -> Result<(Uuid, String, Vec<u8>), TransportError> {
+    match (payload, raw) {
+        (_, Some((headers, body))) => Ok((payload.id(), headers.clone(), body.clone())),
+        (Payload::Message(m), None) => {
+            Ok((m.id, headers::serialize_headers(&m.headers), m.body.clone()))
+        }
+        (other, None) => Err(TransportError::Database(format!(
+            "cannot dead-letter {other:?}: its row was not kept"
+        ))),
+    }
+}
+
 /// An open receive: a message and the unit of work that removed it from its queue.
 #[async_trait]
 pub trait Received: Send {

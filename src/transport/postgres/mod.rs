@@ -14,7 +14,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{NaiveDateTime, TimeZone, Utc};
+use chrono::NaiveDateTime;
 use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
 };
@@ -23,11 +23,14 @@ use uuid::Uuid;
 
 pub use statements::{QueueStatements, quote_ident};
 
-use super::headers::{parse_headers, serialize_headers};
+use super::headers::serialize_headers;
 use super::names::validate_schema_name;
-use super::{CommitAndReceive, Payload, QueueName, Received, Transport, TransportError};
+use super::{
+    CommitAndReceive, Payload, QueueName, RawRow, Received, Transport, TransportError,
+    dead_letter_row, payload_of,
+};
 use crate::config::{TransactionMode, TransportConfig};
-use crate::message::{Message, OutgoingMessage};
+use crate::message::OutgoingMessage;
 
 /// NServiceBus rejects PostgreSQL table names longer than this (63 bytes minus room for the
 /// `_Seq_seq` sequence suffix).
@@ -214,22 +217,13 @@ impl Inner {
                 )));
             }
         };
-        let (payload, raw) = if expired {
-            (Payload::Expired { id }, None)
-        } else {
-            match parse_headers(&raw_headers) {
-                Ok(headers) => (
-                    Payload::Message(Message {
-                        id,
-                        headers,
-                        body,
-                        expires: expires.map(|e| Utc.from_utc_datetime(&e)),
-                    }),
-                    None,
-                ),
-                Err(reason) => (Payload::Poison { id, reason }, Some((raw_headers, body))),
-            }
-        };
+        let (payload, raw) = payload_of(RawRow {
+            id,
+            expired,
+            headers: raw_headers,
+            body,
+            expires,
+        });
         Ok(Some(Box::new(PgReceived {
             inner: self,
             queue: queue.clone(),
@@ -585,15 +579,7 @@ impl Received for PgReceived {
 
     async fn dead_letter(&mut self, queue: &QueueName) -> Result<(), TransportError> {
         let st = self.inner.statements(queue)?;
-        let (id, headers, body) = match (&self.payload, &self.raw) {
-            (_, Some((headers, body))) => (self.payload.id(), headers.clone(), body.clone()),
-            (Payload::Message(m), None) => (m.id, serialize_headers(&m.headers), m.body.clone()),
-            (other, None) => {
-                return Err(TransportError::Database(format!(
-                    "cannot dead-letter {other:?}: its row was not kept"
-                )));
-            }
-        };
+        let (id, headers, body) = dead_letter_row(&self.payload, &self.raw)?;
         let pooled;
         let client = match &self.client {
             Some(c) => c,

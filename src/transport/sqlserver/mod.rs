@@ -20,17 +20,20 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bb8::{PooledConnection, RunError};
-use chrono::{NaiveDateTime, TimeZone, Utc};
+use chrono::NaiveDateTime;
 use uuid::Uuid;
 
 pub use statements::{QueueStatements, bracket};
 
 use self::pool::{Connection, Manager};
-use super::headers::{parse_headers, serialize_headers};
+use super::headers::serialize_headers;
 use super::names::validate_schema_name;
-use super::{CommitAndReceive, Payload, QueueName, Received, Transport, TransportError};
+use super::{
+    CommitAndReceive, Payload, QueueName, RawRow, Received, Transport, TransportError,
+    dead_letter_row, payload_of,
+};
 use crate::config::{Dialect, TransactionMode, TransportConfig};
-use crate::message::{Message, OutgoingMessage};
+use crate::message::OutgoingMessage;
 
 /// Rows deleted per statement by [`Transport::purge_expired`] (NServiceBus default).
 const PURGE_BATCH: i64 = 10_000;
@@ -366,22 +369,13 @@ impl Inner {
                 )));
             }
         };
-        let (payload, raw) = if expired {
-            (Payload::Expired { id }, None)
-        } else {
-            match parse_headers(&raw_headers) {
-                Ok(headers) => (
-                    Payload::Message(Message {
-                        id,
-                        headers,
-                        body,
-                        expires: expires.map(|e| Utc.from_utc_datetime(&e)),
-                    }),
-                    None,
-                ),
-                Err(reason) => (Payload::Poison { id, reason }, Some((raw_headers, body))),
-            }
-        };
+        let (payload, raw) = payload_of(RawRow {
+            id,
+            expired,
+            headers: raw_headers,
+            body,
+            expires,
+        });
         Ok(Some(Box::new(SqlReceived {
             inner: self.clone(),
             queue: queue.clone(),
@@ -704,15 +698,7 @@ impl Received for SqlReceived {
     }
 
     async fn dead_letter(&mut self, queue: &QueueName) -> Result<(), TransportError> {
-        let (id, headers, body) = match (&self.payload, &self.raw) {
-            (_, Some((headers, body))) => (self.payload.id(), headers.clone(), body.clone()),
-            (Payload::Message(m), None) => (m.id, serialize_headers(&m.headers), m.body.clone()),
-            (other, None) => {
-                return Err(TransportError::Database(format!(
-                    "cannot dead-letter {other:?}: its row was not kept"
-                )));
-            }
-        };
+        let (id, headers, body) = dead_letter_row(&self.payload, &self.raw)?;
         match self.conn.as_mut() {
             Some(conn) => {
                 let result = self

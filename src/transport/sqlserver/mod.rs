@@ -785,8 +785,8 @@ mod tests {
         assert!(err.contains("Password=***"), "{err}");
     }
 
-    #[test]
-    fn a_pool_is_built_without_connecting() {
+    #[tokio::test]
+    async fn a_pool_is_built_without_connecting() {
         let config = TransportConfig {
             kind: crate::config::TransportKind::Sqlserver,
             connection_string: crate::config::ConnectionString::new(

@@ -41,6 +41,8 @@ enum Command {
             default_value = "config/host.toml"
         )]
         config: PathBuf,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
     },
     /// Run the built-in demo: in-memory queues, simulated handlers and a load that walks
     /// through the throttling states, with a live table and /metrics. No database needed.
@@ -51,6 +53,8 @@ enum Command {
         /// Address of the admin endpoint (/metrics, /status).
         #[arg(long, default_value = "127.0.0.1:9464")]
         admin: String,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
     },
     /// Configuration tools.
     Config {
@@ -128,6 +132,8 @@ enum Command {
         /// Use this connection string instead of the scenario's.
         #[arg(long, env = "THROTTLEHOST_LOAD_CONNECTION_STRING")]
         connection_string: Option<String>,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
     },
 }
 
@@ -176,6 +182,15 @@ enum QueuesAction {
     },
 }
 
+/// Options every command that runs a host shares.
+#[derive(Debug, Clone, Copy, clap::Args)]
+struct RuntimeArgs {
+    /// Async worker threads (default: `[host] worker_threads` for `run`, else one per CPU).
+    /// Fewer workers cost less CPU per message when the host shares its cores with the database.
+    #[arg(long)]
+    worker_threads: Option<usize>,
+}
+
 /// A duration: a plain number of seconds or a humantime duration such as `500ms` or `5m`.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     if let Ok(secs) = s.trim().parse::<f64>() {
@@ -188,14 +203,33 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{s}` is not a duration ({e}); write for example 20, 20s or 5m"))
 }
 
+impl Cli {
+    /// The worker threads asked for: the flag, else (for `run`) the configuration file.
+    fn worker_threads(&self) -> Option<usize> {
+        let (flag, config) = match &self.command {
+            Command::Run { runtime, config } => (runtime.worker_threads, Some(config)),
+            Command::Demo { runtime, .. } | Command::Load { runtime, .. } => {
+                (runtime.worker_threads, None)
+            }
+            _ => (None, None),
+        };
+        flag.or_else(|| {
+            let config = throttlehost::config::load_file(config?).ok()?;
+            (config.host.worker_threads > 0).then_some(config.host.worker_threads as usize)
+        })
+        .filter(|n| *n > 0)
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let quiet_default = matches!(cli.command, Command::Demo { .. } | Command::Load { .. });
     cli::init_logging(cli.log_format == LogFormat::Json, quiet_default);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = cli.worker_threads() {
+        builder.worker_threads(workers);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -204,8 +238,10 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Run { config } => cli::run::run(&config).await,
-            Command::Demo { duration, admin } => cli::demo::demo(duration, admin).await,
+            Command::Run { config, .. } => cli::run::run(&config).await,
+            Command::Demo {
+                duration, admin, ..
+            } => cli::demo::demo(duration, admin).await,
             Command::Config {
                 action: ConfigAction::Check { config },
             } => cli::config_check(&config),
@@ -255,6 +291,7 @@ fn main() -> ExitCode {
                 out,
                 schema,
                 connection_string,
+                ..
             } => cli::load::load(&file, duration_scale, &out, schema, connection_string).await,
         }
     })

@@ -51,6 +51,9 @@ pub struct HostConfig {
     pub shutdown_timeout: Duration,
     /// Create missing queue tables (input, instance and error queues) at start-up.
     pub create_queues: bool,
+    /// Async worker threads of `throttlehost run`; 0 = one per CPU. Fewer cost less CPU per
+    /// message when the host shares its cores with the database. Needs a restart.
+    pub worker_threads: u32,
 }
 
 impl Default for HostConfig {
@@ -61,6 +64,7 @@ impl Default for HostConfig {
             admin_address: "127.0.0.1:9464".into(),
             shutdown_timeout: Duration::from_secs(30),
             create_queues: true,
+            worker_threads: 0,
         }
     }
 }

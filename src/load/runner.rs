@@ -313,6 +313,7 @@ pub fn host_config(
                 .unwrap_or_else(|| scenario.admin_address.clone()),
             shutdown_timeout: Duration::from_secs(10),
             create_queues: true,
+            worker_threads: 0,
         },
         transport,
         queues: scenario.queues.clone(),

@@ -105,3 +105,36 @@ fn sighup_and_file_changes_reload_and_a_bad_file_keeps_the_settings() {
     drop(running);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Reload applies each queue's settings to that queue and its instance queue only, even when
+/// another queue's name starts with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_reaches_each_queue_and_its_instance_queue_exactly() {
+    use throttlehost::config::{Config, HandlerConfig, QueueConfig};
+    let queue = |name: &str, max: u32, instance: bool| {
+        let mut q = QueueConfig {
+            name: name.into(),
+            handler: Some(HandlerConfig::Noop),
+            ..QueueConfig::default()
+        };
+        q.concurrency.max = max;
+        q.instance_queue.enabled = instance;
+        q
+    };
+    let mut config = Config::default();
+    config.host.admin_address = "off".into();
+    config.host.instance_id = "n1".into();
+    config.queues = vec![queue("a", 4, true), queue("a.b", 6, false)];
+    let host = throttlehost::HostBuilder::new(config.clone())
+        .start()
+        .await
+        .unwrap();
+    config.queues[0].concurrency.max = 3;
+    config.queues[0].instance_queue.max_concurrency = 2;
+    config.queues[1].concurrency.max = 5;
+    let restart = host.inner().apply_config(config);
+    assert!(restart.is_empty(), "{restart:?}");
+    let max = |name: &str| host.inner().queue(name).unwrap().settings().max;
+    assert_eq!((max("a"), max("a.n1"), max("a.b")), (3, 2, 5));
+    host.shutdown().await;
+}

@@ -468,13 +468,14 @@ impl HostInner {
                     qc.name
                 ));
             }
-            for q in self.queues.iter().filter(|q| {
-                q.name.as_str() == qc.name || q.name.as_str().starts_with(&format!("{}.", qc.name))
-            }) {
+            let instance_queue = format!("{}.{}", qc.name, self.instance);
+            for q in self.queues.iter() {
                 let max = if q.name.as_str() == qc.name {
                     qc.concurrency.max
-                } else {
+                } else if qc.instance_queue.enabled && q.name.as_str() == instance_queue {
                     qc.instance_queue.max_concurrency
+                } else {
+                    continue;
                 };
                 q.reconfigure(QueueSettings::from_config(qc, max));
                 match (&qc.handler, &q.simulate) {

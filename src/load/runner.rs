@@ -447,13 +447,13 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     for direction in Direction::ALL {
         inner.set_override(direction, OverrideMode::None);
     }
-    // Back to an easy handler so the backlog drains.
+    // Stop holding memory and threads so the resource conditions can clear while the backlog
+    // drains; latency and failure rate stay as the last phase left them.
     for q in inner.queues() {
         if let Some(sim) = &q.simulate {
             let mut knobs = sim.knobs();
             knobs.memory_per_message = crate::config::ByteSize(0);
             knobs.blocking = false;
-            knobs.failure_rate = knobs.failure_rate.min(1.0);
             sim.set_knobs(knobs);
         }
     }

@@ -461,7 +461,7 @@ impl HostInner {
             };
             if before.concurrency.model != qc.concurrency.model
                 || before.error_queue != qc.error_queue
-                || before.instance_queue != qc.instance_queue
+                || before.instance_queue.enabled != qc.instance_queue.enabled
             {
                 needs_restart.push(format!(
                     "queue `{}` model, error queue or instance queue",

@@ -4,6 +4,8 @@
 //! 2. **Wait**: the delay (plus pacing interval) each admission saw, log scale.
 //! 3. **Cause**: every condition that became active, as its value in percent of its threshold;
 //!    the condition is active above the 100 % line and clears below the dashed resume line.
+//! 4. **Concurrency**: each queue's effective limit and messages in flight: the limit drops
+//!    under memory, in-process or thread pressure and grows back when it clears.
 
 use std::path::Path;
 
@@ -13,7 +15,7 @@ use super::runner::RunResult;
 use crate::throttling::{Condition, Direction};
 
 const WIDTH: u32 = 1200;
-const HEIGHT: u32 = 900;
+const HEIGHT: u32 = 1150;
 
 /// Colour of a state code.
 fn state_color(code: u8) -> RGBColor {
@@ -63,7 +65,8 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
     let title = format!("throttlehost load: {}", run.scenario);
     let root = root.titled(&title, ("sans-serif", 22))?;
     let (top, rest) = root.split_vertically(230);
-    let (middle, bottom) = rest.split_vertically(300);
+    let (middle, rest) = rest.split_vertically(300);
+    let (bottom, concurrency) = rest.split_vertically(330);
 
     // 1. State bands.
     let mut chart = ChartBuilder::on(&top)
@@ -284,6 +287,67 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
             });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 11))
+        .draw()?;
+
+    // 4. Concurrency per queue.
+    let queues: Vec<String> = run
+        .samples
+        .first()
+        .map(|s| s.queues.iter().map(|q| q.0.clone()).collect())
+        .unwrap_or_default();
+    let top_limit = run
+        .samples
+        .iter()
+        .flat_map(|s| s.queues.iter().map(|q| q.1.max(q.2)))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let mut chart = ChartBuilder::on(&concurrency)
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(90)
+        .caption(
+            "concurrency per queue: effective limit (solid) and in flight (thin)",
+            ("sans-serif", 16),
+        )
+        .build_cartesian_2d(0f64..end, 0f64..top_limit * 1.1)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("messages")
+        .draw()?;
+    let palette = [
+        RGBColor(31, 119, 180),
+        RGBColor(44, 160, 44),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+    ];
+    for (i, name) in queues.iter().enumerate() {
+        let color = palette[i % palette.len()];
+        let limit: Vec<(f64, f64)> = run
+            .samples
+            .iter()
+            .filter_map(|s| s.queues.get(i).map(|q| (s.t, q.1 as f64)))
+            .collect();
+        let in_flight: Vec<(f64, f64)> = run
+            .samples
+            .iter()
+            .filter_map(|s| s.queues.get(i).map(|q| (s.t, q.2 as f64)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(limit, color.stroke_width(2)))?
+            .label(format!("{name} limit"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
+            });
+        chart.draw_series(LineSeries::new(in_flight, color.mix(0.5).stroke_width(1)))?;
     }
     chart
         .configure_series_labels()

@@ -120,6 +120,19 @@ mod tests {
         assert_eq!(parse_headers(&serialize_headers(&h)).unwrap(), h);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_headers_round_trip_with_slashes_and_non_bmp_escaped(
+            map in proptest::collection::btree_map(".{0,12}", proptest::option::of(".{0,40}"), 0..8)
+        ) {
+            let headers: Headers = map;
+            let wire = serialize_headers(&headers);
+            proptest::prop_assert_eq!(parse_headers(&wire).unwrap(), headers);
+            proptest::prop_assert!(wire.chars().all(|c| (c as u32) <= 0xFFFF), "non-BMP written as escapes");
+            proptest::prop_assert!(!wire.contains('/') || wire.matches('/').count() == wire.matches("\\/").count());
+        }
+    }
+
     #[test]
     fn non_objects_and_non_string_values_are_errors() {
         assert!(parse_headers("[1]").is_err());

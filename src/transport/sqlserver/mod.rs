@@ -430,11 +430,14 @@ impl Transport for SqlServerTransport {
         .await;
         match result {
             Ok(_) => Ok(()),
-            // "Already exists" from a host that won a race the lock did not cover.
-            Err(tiberius::error::Error::Server(t)) if matches!(t.code(), 2714 | 1913) => Ok(()),
             Err(e) => {
+                // The script's transaction was aborted: do not reuse the connection.
                 conn.broken = true;
-                Err(map_error(e, Some(queue)))
+                match e {
+                    // "Already exists" from a host that won a race the lock did not cover.
+                    tiberius::error::Error::Server(t) if matches!(t.code(), 2714 | 1913) => Ok(()),
+                    e => Err(map_error(e, Some(queue))),
+                }
             }
         }
     }
@@ -654,10 +657,12 @@ impl SqlReceived {
             return Ok(());
         };
         let result = async { conn.client.simple_query(sql).await?.into_results().await }.await;
-        result.map(|_| ()).map_err(|e| {
-            conn.broken = true;
-            map_error(e, Some(&self.queue))
-        })
+        // After an error inside the transaction the client's idea of it may be stale: start
+        // the next unit of work on a fresh connection.
+        conn.broken |= self.failed || result.is_err();
+        result
+            .map(|_| ())
+            .map_err(|e| map_error(e, Some(&self.queue)))
     }
 }
 

@@ -11,23 +11,14 @@ use throttlehost::HostBuilder;
 use throttlehost::config::{ConcurrencyModel, TransactionMode};
 use throttlehost::transport::Transport;
 
-use common::{PgSchema, Probe, ProbeHandler, q, wait_until};
+use common::{PgBacklog, PgSchema, Probe, ProbeHandler, q, wait_until};
 
 async fn lowering_the_limit_is_obeyed_within_one_completion(model: ConcurrencyModel) {
-    let schema = PgSchema::new();
-    let transport: Arc<dyn Transport> =
-        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 24).await);
-    transport.create_queue(&q("work")).await.unwrap();
-    common::fill(&transport, &q("work"), 2000).await;
+    let backlog = PgBacklog::new("work", 2000, 24).await;
     let probe = Probe::new(Duration::from_millis(100));
-    let mut config = common::pg_config(&schema, "work", model, 16);
+    let mut config = backlog.config(model, 16);
     config.transport.pool_size = 24;
-    let host = HostBuilder::new(config)
-        .transport(transport.clone())
-        .handler("work", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let host = backlog.host(config, &probe).await;
     let queue = host.inner().queue("work").unwrap().clone();
     wait_until(Duration::from_secs(20), "16 in flight", || {
         probe.current.load(Ordering::SeqCst) == 16

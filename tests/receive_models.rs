@@ -11,24 +11,13 @@ use throttlehost::HostBuilder;
 use throttlehost::config::{ConcurrencyModel, TransactionMode};
 use throttlehost::transport::Transport;
 
-use common::{Counting, PgSchema, Probe, ProbeHandler, q, wait_until};
+use common::{Counting, PgBacklog, PgSchema, Probe, ProbeHandler, q, wait_until};
 
 async fn drains_exactly_once(model: ConcurrencyModel) {
-    let schema = PgSchema::new();
-    let transport: Arc<dyn Transport> =
-        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
-    transport.create_queue(&q("work")).await.unwrap();
-    let sent: HashSet<String> = common::fill(&transport, &q("work"), 10_000)
-        .await
-        .into_iter()
-        .collect();
+    let backlog = PgBacklog::new("work", 10_000, 16).await;
+    let (transport, sent) = (&backlog.transport, &backlog.sent);
     let probe = Probe::new(Duration::ZERO);
-    let host = HostBuilder::new(common::pg_config(&schema, "work", model, 8))
-        .transport(transport.clone())
-        .handler("work", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let host = backlog.host(backlog.config(model, 8), &probe).await;
     wait_until(Duration::from_secs(120), "10 000 messages handled", || {
         probe.handled() >= 10_000
     })
@@ -38,7 +27,7 @@ async fn drains_exactly_once(model: ConcurrencyModel) {
     let ids = probe.ids.lock().unwrap().clone();
     let handled: HashSet<String> = ids.iter().cloned().collect();
     assert_eq!(ids.len(), 10_000, "no message handled twice");
-    assert_eq!(handled, sent, "every message handled");
+    assert_eq!(&handled, sent, "every message handled");
     assert!(probe.peak.load(std::sync::atomic::Ordering::SeqCst) <= 8);
     assert_eq!(transport.peek_depth(&q("work")).await.unwrap(), 0);
 }
@@ -60,20 +49,11 @@ async fn monitor_drains_ten_thousand_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adaptive_ramps_up_to_max_under_a_backlog_and_back_to_one_when_idle() {
-    let schema = PgSchema::new();
-    let transport: Arc<dyn Transport> =
-        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
-    transport.create_queue(&q("work")).await.unwrap();
-    common::fill(&transport, &q("work"), 3000).await;
+    let backlog = PgBacklog::new("work", 3000, 16).await;
     let probe = Probe::new(Duration::from_millis(5));
-    let mut config = common::pg_config(&schema, "work", ConcurrencyModel::Adaptive, 6);
+    let mut config = backlog.config(ConcurrencyModel::Adaptive, 6);
     config.queues[0].concurrency.peek_interval = Duration::from_millis(200);
-    let host = HostBuilder::new(config)
-        .transport(transport.clone())
-        .handler("work", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let host = backlog.host(config, &probe).await;
     let queue = host.inner().queue("work").unwrap().clone();
     assert!(
         queue.loops() <= 2,
@@ -99,23 +79,11 @@ async fn adaptive_ramps_up_to_max_under_a_backlog_and_back_to_one_when_idle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_never_has_more_than_max_in_flight() {
-    let schema = PgSchema::new();
-    let transport: Arc<dyn Transport> =
-        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
-    transport.create_queue(&q("work")).await.unwrap();
-    common::fill(&transport, &q("work"), 600).await;
+    let backlog = PgBacklog::new("work", 600, 16).await;
     let probe = Probe::new(Duration::from_millis(20));
-    let host = HostBuilder::new(common::pg_config(
-        &schema,
-        "work",
-        ConcurrencyModel::Monitor,
-        5,
-    ))
-    .transport(transport.clone())
-    .handler("work", ProbeHandler(probe.clone()))
-    .start()
-    .await
-    .unwrap();
+    let host = backlog
+        .host(backlog.config(ConcurrencyModel::Monitor, 5), &probe)
+        .await;
     let queue = host.inner().queue("work").unwrap().clone();
     let mut gate_peak = 0;
     while probe.handled() < 600 {

@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use throttlehost::HostBuilder;
 use throttlehost::config::{ConcurrencyModel, TransactionMode};
 use throttlehost::transport::{Payload, Transport};
 
-use common::{PgSchema, Probe, ProbeHandler, q, wait_until};
+use common::{PgBacklog, PgSchema, Probe, q, wait_until};
 
 async fn remaining_ids(transport: &Arc<dyn Transport>, queue: &str) -> Vec<String> {
     let mut ids = Vec::new();
@@ -27,26 +26,12 @@ async fn remaining_ids(transport: &Arc<dyn Transport>, queue: &str) -> Vec<Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_work_past_the_timeout_rolls_back_and_stays_queued() {
-    let schema = PgSchema::new();
-    let transport: Arc<dyn Transport> =
-        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
-    transport.create_queue(&q("work")).await.unwrap();
-    let sent: HashSet<String> = common::fill(&transport, &q("work"), 20)
-        .await
-        .into_iter()
-        .collect();
+    let backlog = PgBacklog::new("work", 20, 16).await;
+    let (transport, sent) = (&backlog.transport, &backlog.sent);
     let probe = Probe::new(Duration::from_secs(30));
-    let host = HostBuilder::new(common::pg_config(
-        &schema,
-        "work",
-        ConcurrencyModel::Monitor,
-        4,
-    ))
-    .transport(transport.clone())
-    .handler("work", ProbeHandler(probe.clone()))
-    .start()
-    .await
-    .unwrap();
+    let host = backlog
+        .host(backlog.config(ConcurrencyModel::Monitor, 4), &probe)
+        .await;
     wait_until(Duration::from_secs(10), "4 in flight", || {
         probe.current.load(Ordering::SeqCst) == 4
     })
@@ -54,35 +39,18 @@ async fn in_flight_work_past_the_timeout_rolls_back_and_stays_queued() {
     let report = host.shutdown_within(Duration::from_millis(300)).await;
     assert!(!report.drained);
     assert_eq!(report.rolled_back, 4);
-    let left: HashSet<String> = remaining_ids(&transport, "work")
-        .await
-        .into_iter()
-        .collect();
-    assert_eq!(left, sent, "all 20 are back in the queue");
+    let left: HashSet<String> = remaining_ids(transport, "work").await.into_iter().collect();
+    assert_eq!(&left, sent, "all 20 are back in the queue");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_work_within_the_timeout_finishes() {
-    let schema = PgSchema::new();
-    let transport: Arc<dyn Transport> =
-        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
-    transport.create_queue(&q("work")).await.unwrap();
-    let sent: HashSet<String> = common::fill(&transport, &q("work"), 20)
-        .await
-        .into_iter()
-        .collect();
+    let backlog = PgBacklog::new("work", 20, 16).await;
+    let (transport, sent) = (&backlog.transport, &backlog.sent);
     let probe = Probe::new(Duration::from_millis(500));
-    let host = HostBuilder::new(common::pg_config(
-        &schema,
-        "work",
-        ConcurrencyModel::Fixed,
-        4,
-    ))
-    .transport(transport.clone())
-    .handler("work", ProbeHandler(probe.clone()))
-    .start()
-    .await
-    .unwrap();
+    let host = backlog
+        .host(backlog.config(ConcurrencyModel::Fixed, 4), &probe)
+        .await;
     wait_until(Duration::from_secs(10), "4 in flight", || {
         probe.current.load(Ordering::SeqCst) == 4
     })
@@ -95,13 +63,10 @@ async fn in_flight_work_within_the_timeout_finishes() {
         "{} handled",
         handled.len()
     );
-    let left: HashSet<String> = remaining_ids(&transport, "work")
-        .await
-        .into_iter()
-        .collect();
+    let left: HashSet<String> = remaining_ids(transport, "work").await.into_iter().collect();
     assert!(left.is_disjoint(&handled));
     assert_eq!(
-        &left | &handled,
+        &(&left | &handled),
         sent,
         "every message either handled or still queued"
     );

@@ -59,6 +59,25 @@ pub fn write_svg(run: &RunResult, path: &Path) -> std::io::Result<()> {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
+/// The legend every panel draws: small, boxed, half-transparent.
+fn legend<'a, 'b: 'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
+    position: SeriesLabelPosition,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 11))
+        .draw()?;
+    Ok(())
+}
+
 fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> {
     root.fill(&WHITE)?;
     let end = run.samples.last().map(|s| s.t).unwrap_or(1.0).max(1.0);
@@ -139,13 +158,7 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
             ("sans-serif", 11).into_font().color(&BLACK),
         )))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .label_font(("sans-serif", 11))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
 
     // 2. Waits.
     let max_wait = run
@@ -210,13 +223,7 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
             }
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .label_font(("sans-serif", 11))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
 
     // 3. Causes: every condition that became active, in % of its threshold.
     let mut causes: Vec<(Condition, Direction)> = Vec::new();
@@ -288,13 +295,7 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
                 PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
             });
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .label_font(("sans-serif", 11))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
 
     // 4. Concurrency per queue.
     let queues: Vec<String> = run
@@ -349,12 +350,6 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
             });
         chart.draw_series(LineSeries::new(in_flight, color.mix(0.5).stroke_width(1)))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .label_font(("sans-serif", 11))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     Ok(())
 }

@@ -178,16 +178,7 @@ pub trait Received: Send {
         queue: &QueueName,
     ) -> CommitAndReceive {
         let committed = self.commit().await;
-        if committed.is_err() {
-            return CommitAndReceive {
-                committed,
-                next: Ok(None),
-            };
-        }
-        CommitAndReceive {
-            committed,
-            next: transport.receive(queue).await,
-        }
+        CommitAndReceive::then_receive(committed, transport, queue).await
     }
 }
 
@@ -197,6 +188,21 @@ pub struct CommitAndReceive {
     pub committed: Result<(), TransportError>,
     /// The next receive (not attempted, `Ok(None)`, when the commit failed).
     pub next: Result<Option<Box<dyn Received>>, TransportError>,
+}
+
+impl CommitAndReceive {
+    /// The two-step form: after a commit, receive the next message if the commit worked.
+    pub async fn then_receive(
+        committed: Result<(), TransportError>,
+        transport: &dyn Transport,
+        queue: &QueueName,
+    ) -> Self {
+        let next = match committed {
+            Ok(()) => transport.receive(queue).await,
+            Err(_) => Ok(None),
+        };
+        CommitAndReceive { committed, next }
+    }
 }
 
 /// A queue store.

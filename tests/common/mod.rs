@@ -356,3 +356,48 @@ pub fn http(
         Err(_) => (0, String::new(), None),
     }
 }
+
+/// A PostgreSQL schema with one queue holding a backlog: the start of most receiver tests.
+pub struct PgBacklog {
+    pub schema: PgSchema,
+    pub transport: Arc<dyn Transport>,
+    pub queue: QueueName,
+    /// Logical ids of the backlog.
+    pub sent: std::collections::HashSet<String>,
+}
+
+impl PgBacklog {
+    /// Creates `queue` in a fresh schema and sends `n` messages to it.
+    pub async fn new(queue: &str, n: usize, pool_size: u32) -> Self {
+        let schema = PgSchema::new();
+        let transport: Arc<dyn Transport> = Arc::new(
+            schema
+                .transport(TransactionMode::ReceiveOnly, pool_size)
+                .await,
+        );
+        let queue = q(queue);
+        transport.create_queue(&queue).await.unwrap();
+        let sent = fill(&transport, &queue, n).await.into_iter().collect();
+        PgBacklog {
+            schema,
+            transport,
+            queue,
+            sent,
+        }
+    }
+
+    /// The test host configuration for this queue (see [`pg_config`]).
+    pub fn config(&self, model: ConcurrencyModel, max: u32) -> Config {
+        pg_config(&self.schema, self.queue.as_str(), model, max)
+    }
+
+    /// Starts a host on this schema with `probe` handling the queue.
+    pub async fn host(&self, config: Config, probe: &Arc<Probe>) -> throttlehost::Host {
+        throttlehost::HostBuilder::new(config)
+            .transport(self.transport.clone())
+            .handler(self.queue.as_str(), ProbeHandler(probe.clone()))
+            .start()
+            .await
+            .unwrap()
+    }
+}

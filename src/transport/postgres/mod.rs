@@ -627,11 +627,7 @@ impl Received for PgReceived {
         };
         let (Some(stmt), Some(client)) = (stmt, self.client.take()) else {
             let committed = self.commit().await;
-            let next = match committed {
-                Ok(()) => transport.receive(queue).await,
-                Err(_) => Ok(None),
-            };
-            return CommitAndReceive { committed, next };
+            return CommitAndReceive::then_receive(committed, transport, queue).await;
         };
         let inner = self.inner.clone();
         // One write: COMMIT and BEGIN as one simple query, then the receive DELETE.

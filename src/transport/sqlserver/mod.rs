@@ -744,11 +744,7 @@ impl Received for SqlReceived {
     ) -> CommitAndReceive {
         if self.failed || self.conn.is_none() || &self.queue != queue {
             let committed = self.commit().await;
-            let next = match committed {
-                Ok(()) => transport.receive(queue).await,
-                Err(_) => Ok(None),
-            };
-            return CommitAndReceive { committed, next };
+            return CommitAndReceive::then_receive(committed, transport, queue).await;
         }
         let conn = self.conn.take().expect("checked above");
         let st = self.inner.statements(queue);

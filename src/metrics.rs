@@ -7,8 +7,7 @@
 //! Each host owns its own Prometheus registry (no process-global recorder), so several hosts
 //! in one process (tests, load runs) do not mix their numbers.
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use metrics::{
     Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString, Unit,
@@ -303,7 +302,6 @@ static METADATA: Metadata<'static> = Metadata::new(module_path!(), metrics::Leve
 pub struct Metrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
-    published: Arc<RwLock<HashMap<String, Counter>>>,
 }
 
 impl Default for Metrics {
@@ -341,7 +339,6 @@ impl Metrics {
         Metrics {
             recorder: Arc::new(recorder),
             handle,
-            published: Arc::default(),
         }
     }
 
@@ -416,22 +413,9 @@ impl Metrics {
         }
     }
 
-    /// The published-messages counter of a destination queue (cached per queue).
+    /// Registers the published-messages counter of a destination queue (callers keep it).
     pub fn published(&self, queue: &str) -> Counter {
-        if let Some(c) = self
-            .published
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(queue)
-        {
-            return c.clone();
-        }
-        let c = self.counter("messages_published_total", &[("queue", queue)]);
-        self.published
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(queue.to_string(), c.clone());
-        c
+        self.counter("messages_published_total", &[("queue", queue)])
     }
 
     /// Counts a configuration reload (`success` or `error`).

@@ -8,7 +8,7 @@
 //! throttling episode does not leave a rate imbalance behind it. [`Publisher::send`] does both
 //! steps; handler sends admit when the handler asks and insert when it has succeeded.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -22,7 +22,8 @@ pub struct Publisher {
     transport: Arc<dyn Transport>,
     throttle: Arc<Throttle>,
     metrics: Metrics,
-    targets: RwLock<HashSet<QueueName>>,
+    /// Every queue published to, with its published-messages counter: one lookup per insert.
+    targets: RwLock<HashMap<QueueName, metrics::Counter>>,
 }
 
 impl Publisher {
@@ -32,7 +33,7 @@ impl Publisher {
             transport,
             throttle,
             metrics,
-            targets: RwLock::new(HashSet::new()),
+            targets: RwLock::new(HashMap::new()),
         }
     }
 
@@ -78,18 +79,21 @@ impl Publisher {
 
     fn published(&self, queue: &QueueName) {
         self.throttle.publishing_rates.outgoing();
-        self.metrics.published(queue.as_str()).increment(1);
         let known = self
             .targets
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .contains(queue);
-        if !known {
+            .get(queue)
+            .cloned();
+        let counter = known.unwrap_or_else(|| {
             self.targets
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(queue.clone());
-        }
+                .entry(queue.clone())
+                .or_insert_with(|| self.metrics.published(queue.as_str()))
+                .clone()
+        });
+        counter.increment(1);
     }
 
     /// Every queue this host has published to (their depths count toward database size).
@@ -97,7 +101,7 @@ impl Publisher {
         self.targets
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .iter()
+            .keys()
             .cloned()
             .collect()
     }

@@ -3,16 +3,10 @@
 // A plain (non-async) test: blocking sleeps are what it wants.
 #![allow(clippy::disallowed_methods)]
 
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn get(url: &str) -> Option<String> {
     let mut response = ureq::get(url).call().ok()?;
@@ -21,7 +15,7 @@ fn get(url: &str) -> Option<String> {
 
 #[test]
 fn demo_runs_for_its_duration_serves_metrics_and_exits_zero() {
-    let port = free_port();
+    let port = common::free_port();
     let started = Instant::now();
     let child = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
         .args([

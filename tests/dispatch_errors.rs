@@ -13,7 +13,7 @@ use throttlehost::message::OutgoingMessage;
 use throttlehost::transport::{Payload, Transport};
 use throttlehost::{Context, Handler, HandlerError, HostBuilder};
 
-use common::{PgSchema, Probe, ProbeHandler, q, wait_until};
+use common::{PgBacklog, PgSchema, Probe, ProbeHandler, q, wait_until};
 
 async fn error_queue_message(transport: &Arc<dyn Transport>) -> throttlehost::Message {
     for _ in 0..200 {
@@ -32,24 +32,18 @@ async fn error_queue_message(transport: &Arc<dyn Transport>) -> throttlehost::Me
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_message_goes_to_the_error_queue_with_fault_headers_after_its_retries() {
-    let schema = PgSchema::new();
-    let transport: Arc<dyn Transport> =
-        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
-    let mut config = common::pg_config(&schema, "orders", ConcurrencyModel::Monitor, 2);
+    let backlog = PgBacklog::new("orders", 0, 16).await;
+    let transport = &backlog.transport;
+    let mut config = backlog.config(ConcurrencyModel::Monitor, 2);
     config.queues[0].immediate_retries = 3;
     config.host.name = "Sales".into();
     let probe = Probe::failing();
-    let host = HostBuilder::new(config)
-        .transport(transport.clone())
-        .handler("orders", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let host = backlog.host(config, &probe).await;
     let sent = OutgoingMessage::new("bad order")
         .with_header("NServiceBus.Retries", "2")
         .with_header("Custom", "kept");
     host.send("orders", sent.clone()).await.unwrap();
-    let m = error_queue_message(&transport).await;
+    let m = error_queue_message(transport).await;
     assert_eq!(
         probe.calls.load(Ordering::SeqCst),
         4,
@@ -126,21 +120,15 @@ impl Handler for Hangs {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_is_a_failure_not_a_crash() {
-    let schema = PgSchema::new();
-    let transport: Arc<dyn Transport> =
-        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
-    let mut config = common::pg_config(&schema, "orders", ConcurrencyModel::Fixed, 2);
+    let backlog = PgBacklog::new("orders", 0, 16).await;
+    let transport = &backlog.transport;
+    let mut config = backlog.config(ConcurrencyModel::Fixed, 2);
     config.queues[0].immediate_retries = 1;
-    let host = HostBuilder::new(config)
-        .transport(transport.clone())
-        .handler("orders", Panics)
-        .start()
-        .await
-        .unwrap();
+    let host = backlog.host_with(config, Panics).await;
     host.send("orders", OutgoingMessage::new("boom"))
         .await
         .unwrap();
-    let m = error_queue_message(&transport).await;
+    let m = error_queue_message(transport).await;
     assert_eq!(
         m.header("NServiceBus.ExceptionInfo.ExceptionType"),
         Some("throttlehost.HandlerPanic")
@@ -156,22 +144,16 @@ async fn a_panicking_handler_is_a_failure_not_a_crash() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_past_its_timeout_fails_the_attempt() {
-    let schema = PgSchema::new();
-    let transport: Arc<dyn Transport> =
-        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
-    let mut config = common::pg_config(&schema, "orders", ConcurrencyModel::Adaptive, 2);
+    let backlog = PgBacklog::new("orders", 0, 16).await;
+    let transport = &backlog.transport;
+    let mut config = backlog.config(ConcurrencyModel::Adaptive, 2);
     config.queues[0].immediate_retries = 0;
     config.queues[0].handler_timeout = Some(Duration::from_millis(200));
-    let host = HostBuilder::new(config)
-        .transport(transport.clone())
-        .handler("orders", Hangs)
-        .start()
-        .await
-        .unwrap();
+    let host = backlog.host_with(config, Hangs).await;
     host.send("orders", OutgoingMessage::new("slow"))
         .await
         .unwrap();
-    let m = error_queue_message(&transport).await;
+    let m = error_queue_message(transport).await;
     assert_eq!(
         m.header("NServiceBus.ExceptionInfo.ExceptionType"),
         Some("throttlehost.HandlerTimeout")

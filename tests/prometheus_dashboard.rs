@@ -27,14 +27,6 @@ impl Drop for Prometheus {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn start_prometheus(target: &str) -> (Prometheus, String) {
     let dir = std::env::temp_dir().join(format!("th-prometheus-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -46,7 +38,7 @@ fn start_prometheus(target: &str) -> (Prometheus, String) {
         ),
     )
     .unwrap();
-    let port = free_port();
+    let port = common::free_port();
     let binary = std::env::var("PROMETHEUS").unwrap_or_else(|_| "prometheus".into());
     let child = Command::new(&binary)
         .arg(format!("--config.file={}", config.display()))

@@ -8,14 +8,6 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn config(port: u16, override_mode: &str, max: u32) -> String {
     format!(
         "[host]\nadmin_address = \"127.0.0.1:{port}\"\n[[queues]]\nname = \"orders\"\n[queues.concurrency]\nmax = {max}\n[queues.handler]\nkind = \"noop\"\n[throttling]\nsample_interval = \"100ms\"\n[throttling.delivery]\noverride = \"{override_mode}\"\n"
@@ -51,7 +43,7 @@ impl Drop for Running {
 
 #[test]
 fn sighup_and_file_changes_reload_and_a_bad_file_keeps_the_settings() {
-    let port = free_port();
+    let port = common::free_port();
     let dir = std::env::temp_dir().join(format!("th-reload-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("host.toml");

@@ -191,6 +191,7 @@ impl Transport for MemoryTransport {
         };
         let mut received = MemoryReceived {
             shared: self.shared.clone(),
+            queue_name: queue.clone(),
             queue: state,
             seq,
             stored: Some(stored),
@@ -262,6 +263,7 @@ impl Transport for MemoryTransport {
 
 struct MemoryReceived {
     shared: Arc<Shared>,
+    queue_name: QueueName,
     queue: Arc<Mutex<QueueState>>,
     seq: u64,
     /// The row as stored minus its body (which is in the payload); None once finished.
@@ -340,9 +342,7 @@ impl Received for MemoryReceived {
         if self.failed {
             self.pending_sends.clear();
             self.finish(true);
-            return Err(TransportError::Database(
-                "the receive was aborted by an earlier error and has been rolled back".into(),
-            ));
+            return Err(TransportError::aborted(&self.queue_name));
         }
         for (queue, message) in std::mem::take(&mut self.pending_sends) {
             self.shared.insert(&queue, message)?;

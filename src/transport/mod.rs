@@ -59,6 +59,13 @@ pub enum TransportError {
 }
 
 impl TransportError {
+    /// A unit of work that a failed statement aborted: committing it rolled it back instead.
+    pub fn aborted(queue: &QueueName) -> Self {
+        TransportError::Database(format!(
+            "the receive transaction on `{queue}` was aborted by an earlier error and has been rolled back"
+        ))
+    }
+
     /// Deadlocks are retried rather than counted as failures.
     pub fn is_deadlock(&self) -> bool {
         matches!(self, TransportError::Deadlock(_))

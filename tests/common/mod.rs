@@ -107,6 +107,15 @@ pub fn q(name: &str) -> QueueName {
     QueueName::new(name).unwrap()
 }
 
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Waits until `f` is true, polling every 20 ms; panics with `what` after `timeout`.
 pub async fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + timeout;
@@ -393,9 +402,14 @@ impl PgBacklog {
 
     /// Starts a host on this schema with `probe` handling the queue.
     pub async fn host(&self, config: Config, probe: &Arc<Probe>) -> throttlehost::Host {
+        self.host_with(config, ProbeHandler(probe.clone())).await
+    }
+
+    /// Starts a host on this schema with `handler` handling the queue.
+    pub async fn host_with(&self, config: Config, handler: impl Handler) -> throttlehost::Host {
         throttlehost::HostBuilder::new(config)
             .transport(self.transport.clone())
-            .handler(self.queue.as_str(), ProbeHandler(probe.clone()))
+            .handler(self.queue.as_str(), handler)
             .start()
             .await
             .unwrap()

@@ -604,10 +604,7 @@ impl Received for PgReceived {
     async fn commit(mut self: Box<Self>) -> Result<(), TransportError> {
         if self.failed {
             self.end("ROLLBACK").await?;
-            return Err(TransportError::Database(format!(
-                "the receive transaction on `{}` was aborted by an earlier error and has been rolled back",
-                self.queue
-            )));
+            return Err(TransportError::aborted(&self.queue));
         }
         self.end("COMMIT").await
     }

@@ -725,10 +725,7 @@ impl Received for SqlReceived {
     async fn commit(mut self: Box<Self>) -> Result<(), TransportError> {
         if self.failed {
             self.end("IF @@TRANCOUNT > 0 ROLLBACK TRAN;").await?;
-            return Err(TransportError::Database(format!(
-                "the receive transaction on `{}` was aborted by an earlier error and has been rolled back",
-                self.queue
-            )));
+            return Err(TransportError::aborted(&self.queue));
         }
         self.end("COMMIT TRAN;").await
     }

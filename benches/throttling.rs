@@ -7,7 +7,9 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use throttlehost::config::ThrottlingConfig;
 use throttlehost::throttling::admission::Admission;
-use throttlehost::throttling::controller::{Controller, MachineFacts, Readings, Thresholds};
+use throttlehost::throttling::controller::{
+    Controller, MachineFacts, QueueLoad, Readings, Thresholds,
+};
 use throttlehost::throttling::rates::{RateCounters, RateWindow};
 
 fn controller_tick(c: &mut Criterion) {
@@ -17,7 +19,9 @@ fn controller_tick(c: &mut Criterion) {
         cpus: 2,
     };
     let mut controller = Controller::new(config.clone(), Thresholds::resolve(&config, machine));
-    let queues: Vec<(String, u32)> = (0..8).map(|i| (format!("queue-{i}"), 16)).collect();
+    let queues: Vec<QueueLoad> = (0..8)
+        .map(|i| QueueLoad::idle(&format!("queue-{i}"), 16))
+        .collect();
     let readings = Readings {
         process_memory: 50 << 20,
         in_process: 12,

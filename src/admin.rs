@@ -5,7 +5,7 @@
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /status` | JSON: throttling per direction, sensors, queues |
 //! | `GET /healthz` | 200 while the process runs |
-//! | `GET /readyz` | 200 when the transport answers and receivers run, else 503 |
+//! | `GET /readyz` | 200 when the transport answers and every queue's receiver runs, else 503 naming what is not |
 //! | `POST /queues/{name}/messages` | ingest through the throttled publish path |
 //! | `PUT /throttling/{direction}/override` | `none`, `throttle` or `never` |
 //!
@@ -26,19 +26,56 @@ use serde_json::json;
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::OverrideMode;
-use crate::host::HostInner;
+use crate::config::{AdminConfig, OverrideMode};
+use crate::isolate::on_host;
 use crate::message::OutgoingMessage;
+use crate::publish::Publisher;
+use crate::status::HostStatus;
 use crate::throttling::Direction;
-use crate::transport::QueueName;
+use crate::transport::{QueueName, Transport};
 
 /// How long `/readyz` waits for the transport.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
-type Shared = Arc<HostInner>;
+type Shared = Arc<dyn AdminState>;
+
+/// What the admin endpoint reads from a running host and the two things it may change (the
+/// override, by storing messages). The host implements it; the endpoint knows nothing else of
+/// the host.
+pub trait AdminState: Send + Sync + 'static {
+    /// The `/status` document.
+    fn status(&self) -> HostStatus;
+    /// The Prometheus text exposition.
+    fn metrics_text(&self) -> String;
+    /// Why the host is not ready to receive (shutdown begun, a receiver not running); None
+    /// when it is, apart from the transport, which [`AdminState::transport`] answers.
+    fn not_ready(&self) -> Option<String>;
+    /// The transport, to ping it (on [`AdminState::runtime`]).
+    fn transport(&self) -> Arc<dyn Transport>;
+    /// The runtime transport work must run on.
+    fn runtime(&self) -> tokio::runtime::Handle;
+    /// The admin settings in force (token, body size, ingest rejection).
+    fn settings(&self) -> AdminConfig;
+    /// Whether ingest may store into `queue`.
+    fn accepts(&self, queue: &QueueName) -> bool;
+    /// The throttled publisher ingest stores through.
+    fn publisher(&self) -> Arc<Publisher>;
+    /// Sets a direction's override until the next reload.
+    fn set_override(&self, direction: Direction, mode: OverrideMode);
+}
 
 /// Serves the admin routes on `listener` until `stop` is cancelled.
-pub async fn serve(listener: tokio::net::TcpListener, host: Shared, stop: CancellationToken) {
+///
+/// Takes a std listener so it can be served on another runtime than the one that bound it
+/// (the admin endpoint runs on its own thread; see [`crate::isolate`]).
+pub async fn serve(listener: std::net::TcpListener, host: Shared, stop: CancellationToken) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "admin endpoint cannot listen");
+            return;
+        }
+    };
     let app = router(host);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -87,7 +124,7 @@ async fn metrics(State(host): State<Shared>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        host.metrics().render(),
+        host.metrics_text(),
     )
         .into_response()
 }
@@ -101,15 +138,18 @@ async fn healthz() -> Response {
 }
 
 async fn readyz(State(host): State<Shared>) -> Response {
-    if !host.is_receiving() {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting down: receivers stopped",
-        );
+    if let Some(reason) = host.not_ready() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, reason);
     }
-    match tokio::time::timeout(READY_TIMEOUT, host.transport().ping()).await {
-        Ok(Ok(())) => axum::Json(json!({ "status": "ready" })).into_response(),
-        Ok(Err(e)) => error(
+    let (transport, runtime) = (host.transport(), host.runtime());
+    let ping = on_host(&runtime, async move { transport.ping().await });
+    match tokio::time::timeout(READY_TIMEOUT, ping).await {
+        Ok(None) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the host runtime is stopping",
+        ),
+        Ok(Some(Ok(()))) => axum::Json(json!({ "status": "ready" })).into_response(),
+        Ok(Some(Err(e))) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("transport unavailable: {e}"),
         ),
@@ -123,9 +163,9 @@ async fn readyz(State(host): State<Shared>) -> Response {
     }
 }
 
-fn authorize(host: &HostInner, headers: &HeaderMap) -> Result<(), Box<Response>> {
-    let config = host.config();
-    let token = config.admin.token.expose();
+fn authorize(host: &dyn AdminState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let settings = host.settings();
+    let token = settings.token.expose();
     if token.is_empty() {
         return Ok(());
     }
@@ -160,7 +200,7 @@ async fn ingest(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(denied) = authorize(&host, &headers) {
+    if let Err(denied) = authorize(host.as_ref(), &headers) {
         return *denied;
     }
     let Ok(Query(query)) = query else {
@@ -173,7 +213,7 @@ async fn ingest(
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    if !host.is_known_queue(&queue) {
+    if !host.accepts(&queue) {
         return error(
             StatusCode::NOT_FOUND,
             format!(
@@ -181,16 +221,16 @@ async fn ingest(
             ),
         );
     }
-    let config = host.config();
+    let settings = host.settings();
     let wait = host.publisher().current_wait();
-    if wait > config.admin.ingest_reject_after {
+    if wait > settings.ingest_reject_after {
         let retry_after = wait.as_secs_f64().ceil().max(1.0) as u64;
         let mut response = error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "publishing is throttled (wait {:.3}s > admin.ingest_reject_after {}s); retry later",
                 wait.as_secs_f64(),
-                config.admin.ingest_reject_after.as_secs_f64()
+                settings.ingest_reject_after.as_secs_f64()
             ),
         );
         response
@@ -198,7 +238,7 @@ async fn ingest(
             .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
         return response;
     }
-    let limit = config.admin.max_body_size.bytes() as usize;
+    let limit = settings.max_body_size.bytes() as usize;
     let body = match to_bytes(body, limit).await {
         Ok(b) => b,
         Err(_) => {
@@ -206,7 +246,7 @@ async fn ingest(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
                     "the body is larger than admin.max_body_size ({})",
-                    config.admin.max_body_size
+                    settings.max_body_size
                 ),
             );
         }
@@ -241,13 +281,22 @@ async fn ingest(
         }
     }
     let id = message.logical_id();
-    match host.publisher().send(&queue, &message).await {
-        Ok(()) => (
+    let (publisher, runtime) = (host.publisher(), host.runtime());
+    let sent = on_host(&runtime, {
+        let queue = queue.clone();
+        async move { publisher.send(&queue, &message).await }
+    });
+    match sent.await {
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the host is stopping; retry later",
+        ),
+        Some(Ok(())) => (
             StatusCode::ACCEPTED,
             axum::Json(json!({ "id": id, "queue": queue.as_str() })),
         )
             .into_response(),
-        Err(e) => error(
+        Some(Err(e)) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("could not store the message: {e}"),
         ),
@@ -266,7 +315,7 @@ async fn set_override(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(denied) = authorize(&host, &headers) {
+    if let Err(denied) = authorize(host.as_ref(), &headers) {
         return *denied;
     }
     let Some(direction) = Direction::parse(&direction) else {

@@ -8,10 +8,9 @@
 //! remembered per message id, so a message whose move failed (and was rolled back) goes
 //! straight to the error queue next time instead of starting its retries over.
 
-use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -22,14 +21,12 @@ use crate::config::TransactionMode;
 use crate::handlers::{Context, Handler};
 use crate::message::{Headers, Message, OutgoingMessage, format_wire_time};
 use crate::publish::Publisher;
-use crate::receive::QueueRuntime;
+use crate::queue::QueueRuntime;
 use crate::throttling::Throttle;
 use crate::transport::{Payload, QueueName, Received, Transport, TransportError};
 
 /// Longest exception message kept in `NServiceBus.ExceptionInfo.Message` (as Core does).
 const MAX_EXCEPTION_MESSAGE: usize = 16_384;
-/// Message ids whose failure counts are remembered (NServiceBus `FailureInfoStorage`).
-const FAILURE_MEMORY: usize = 10_000;
 
 /// How a message left its queue (reported after the commit succeeded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,55 +75,6 @@ impl HostIdentity {
             instance: instance.to_string(),
             host_id,
         }
-    }
-}
-
-/// Failure counts per message id, bounded; oldest forgotten first.
-#[derive(Debug, Default)]
-pub struct FailureMemory {
-    entries: Mutex<(HashMap<Uuid, u32>, VecDeque<Uuid>)>,
-    len: AtomicUsize,
-}
-
-impl FailureMemory {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (HashMap<Uuid, u32>, VecDeque<Uuid>)> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Failed attempts recorded for `id`.
-    pub fn attempts(&self, id: Uuid) -> u32 {
-        if self.len.load(Ordering::Relaxed) == 0 {
-            return 0;
-        }
-        self.lock().0.get(&id).copied().unwrap_or(0)
-    }
-
-    /// Records that `id` has failed `attempts` times.
-    pub fn record(&self, id: Uuid, attempts: u32) {
-        let mut guard = self.lock();
-        let (map, order) = &mut *guard;
-        if map.insert(id, attempts).is_none() {
-            order.push_back(id);
-            if order.len() > FAILURE_MEMORY
-                && let Some(old) = order.pop_front()
-            {
-                map.remove(&old);
-            }
-        }
-        self.len.store(map.len(), Ordering::Relaxed);
-    }
-
-    /// Forgets `id` (it succeeded or left the queue).
-    pub fn forget(&self, id: Uuid) {
-        if self.len.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        let mut guard = self.lock();
-        let (map, order) = &mut *guard;
-        if map.remove(&id).is_some() {
-            order.retain(|x| *x != id);
-        }
-        self.len.store(map.len(), Ordering::Relaxed);
     }
 }
 
@@ -291,6 +239,7 @@ impl Dispatcher {
     }
 
     fn observe(&self, q: &QueueRuntime, id: Uuid, logical_id: Option<&str>, outcome: Outcome) {
+        q.depth.departed();
         if let Some(o) = &self.observer {
             o.completed(&q.name, id, logical_id, outcome);
         }
@@ -585,22 +534,6 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn failure_memory_is_bounded_and_forgets() {
-        let m = FailureMemory::default();
-        let first = Uuid::new_v4();
-        m.record(first, 2);
-        assert_eq!(m.attempts(first), 2);
-        for _ in 0..FAILURE_MEMORY {
-            m.record(Uuid::new_v4(), 1);
-        }
-        assert_eq!(m.attempts(first), 0, "oldest evicted");
-        let x = Uuid::new_v4();
-        m.record(x, 3);
-        m.forget(x);
-        assert_eq!(m.attempts(x), 0);
-    }
 
     #[test]
     fn error_chains_become_the_stack_trace() {

@@ -34,14 +34,20 @@
 
 pub mod admin;
 pub mod config;
+pub mod depth;
 pub mod dispatch;
 pub mod handlers;
 pub mod host;
+pub mod isolate;
 pub mod load;
 pub mod message;
 pub mod metrics;
+pub mod names;
 pub mod publish;
+pub mod queue;
 pub mod receive;
+pub mod states;
+pub mod status;
 pub mod throttling;
 pub mod transport;
 

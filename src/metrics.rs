@@ -16,7 +16,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-use crate::throttling::{Condition, Direction};
+use crate::states::{Condition, Direction};
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "throttlehost_";
@@ -94,6 +94,20 @@ pub const METRICS: &[MetricDef] = &[
         None,
         &["direction"],
         "User override: 0 none, 1 throttle, 2 never",
+    ),
+    def(
+        "throttling_recovering",
+        G,
+        None,
+        &["direction"],
+        "1 while the cause has cleared and the direction's actions (delay, pace, reduced limits) are relaxing",
+    ),
+    def(
+        "throttling_pace_messages_per_second",
+        G,
+        None,
+        &["direction"],
+        "Admissions per second allowed while pacing (0 = not pacing)",
     ),
     def(
         "throttling_condition_active",
@@ -302,6 +316,8 @@ static METADATA: Metadata<'static> = Metadata::new(module_path!(), metrics::Leve
 pub struct Metrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
+    reloads_succeeded: Counter,
+    reloads_failed: Counter,
 }
 
 impl Default for Metrics {
@@ -336,8 +352,19 @@ impl Metrics {
             }
         }
         let handle = recorder.handle();
+        let recorder = Arc::new(recorder);
+        // Host-wide counters are registered now, so they are exported at 0 before their first
+        // event (queue counters are registered with their queue).
+        let reload = |result: &'static str| {
+            recorder.register_counter(
+                &Self::key("config_reloads_total", &[("result", result)]),
+                &METADATA,
+            )
+        };
         Metrics {
-            recorder: Arc::new(recorder),
+            reloads_succeeded: reload("success"),
+            reloads_failed: reload("error"),
+            recorder,
             handle,
         }
     }
@@ -420,9 +447,11 @@ impl Metrics {
 
     /// Counts a configuration reload (`success` or `error`).
     pub fn config_reload(&self, success: bool) {
-        let result = if success { "success" } else { "error" };
-        self.counter("config_reloads_total", &[("result", result)])
-            .increment(1);
+        if success {
+            self.reloads_succeeded.increment(1)
+        } else {
+            self.reloads_failed.increment(1)
+        }
     }
 
     /// Handles for the host-wide gauges.
@@ -434,6 +463,8 @@ impl Metrics {
                 delay: self.gauge("throttling_delay_seconds", &dl),
                 state_duration: self.gauge("throttling_state_duration_seconds", &dl),
                 override_mode: self.gauge("throttling_override", &dl),
+                recovering: self.gauge("throttling_recovering", &dl),
+                pace_rate: self.gauge("throttling_pace_messages_per_second", &dl),
                 conditions: Condition::ALL
                     .iter()
                     .filter(|c| c.state_code(d).is_some())
@@ -552,6 +583,10 @@ pub struct DirectionMetrics {
     pub state_duration: Gauge,
     /// Override code.
     pub override_mode: Gauge,
+    /// 1 while relaxing after the cause cleared.
+    pub recovering: Gauge,
+    /// Paced admissions per second.
+    pub pace_rate: Gauge,
     /// One gauge per applicable condition.
     pub conditions: Vec<(Condition, Gauge)>,
     /// Incoming rate.

@@ -1,17 +1,18 @@
 //! The one send path: the library API, the forward handler, handler sends and HTTP ingest all
 //! come through here, so all of them wait the publishing throttle and are counted once.
 //!
-//! A send is two steps: [`Publisher::admit`] (waits the publishing delay or pacing, then counts
-//! the message as incoming: handed to the database) and an insert (counts it as outgoing:
-//! stored). As BizTalk's publishing rates, incoming is what is sent to the database and
-//! outgoing what it has taken; a request still waiting out a delay counts in neither, so a
-//! throttling episode does not leave a rate imbalance behind it. [`Publisher::send`] does both
-//! steps; handler sends admit when the handler asks and insert when it has succeeded.
+//! A send is two steps: [`Publisher::admit`] (counts the request as incoming, then waits the
+//! publishing delay or pacing) and an insert (counts it as outgoing: stored). Incoming is what
+//! publishers ask for, counted before any wait, so pacing cannot hide the imbalance it is
+//! pacing and cancel itself; outgoing is what the database has taken. [`Publisher::send`]
+//! does both steps; handler sends admit when the handler asks and insert when it has
+//! succeeded.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::depth::DepthCell;
 use crate::message::OutgoingMessage;
 use crate::metrics::Metrics;
 use crate::throttling::Throttle;
@@ -22,8 +23,17 @@ pub struct Publisher {
     transport: Arc<dyn Transport>,
     throttle: Arc<Throttle>,
     metrics: Metrics,
-    /// Every queue published to, with its published-messages counter: one lookup per insert.
-    targets: RwLock<HashMap<QueueName, metrics::Counter>>,
+    /// Every queue published to or tracked, with its published-messages counter and depth:
+    /// one lookup per insert.
+    targets: RwLock<HashMap<QueueName, Target>>,
+}
+
+#[derive(Clone)]
+struct Target {
+    published: metrics::Counter,
+    depth: Arc<DepthCell>,
+    /// Published to (not only tracked).
+    used: bool,
 }
 
 impl Publisher {
@@ -47,11 +57,10 @@ impl Publisher {
         self.insert(queue, message).await
     }
 
-    /// Waits until publishing admits one more message, and counts it; returns the wait.
+    /// Counts one request, then waits until publishing admits it; returns the wait.
     pub async fn admit(&self) -> Duration {
-        let waited = self.throttle.publishing.admit().await;
         self.throttle.publishing_rates.incoming();
-        waited
+        self.throttle.publishing.admit().await
     }
 
     /// Inserts an admitted message on its own connection.
@@ -84,16 +93,48 @@ impl Publisher {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(queue)
+            .filter(|t| t.used)
             .cloned();
-        let counter = known.unwrap_or_else(|| {
-            self.targets
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
+        let target = known.unwrap_or_else(|| {
+            let mut targets = self.targets.write().unwrap_or_else(|e| e.into_inner());
+            let target = targets
                 .entry(queue.clone())
-                .or_insert_with(|| self.metrics.published(queue.as_str()))
-                .clone()
+                .or_insert_with(|| self.target(queue, Arc::default()));
+            target.used = true;
+            target.clone()
         });
-        counter.increment(1);
+        target.published.increment(1);
+        target.depth.arrived();
+    }
+
+    fn target(&self, queue: &QueueName, depth: Arc<DepthCell>) -> Target {
+        Target {
+            published: self.metrics.published(queue.as_str()),
+            depth,
+            used: false,
+        }
+    }
+
+    /// Counts this host's sends into `depth` (a receiving queue's cell, shared with its
+    /// receiver and the throttling probe).
+    pub fn track_depth(&self, queue: &QueueName, depth: Arc<DepthCell>) {
+        let mut targets = self.targets.write().unwrap_or_else(|e| e.into_inner());
+        match targets.get_mut(queue) {
+            Some(t) => t.depth = depth,
+            None => {
+                let target = self.target(queue, depth);
+                targets.insert(queue.clone(), target);
+            }
+        }
+    }
+
+    /// The depth of a queue published to, with this host's sends counted in.
+    pub fn depth(&self, queue: &QueueName) -> Option<Arc<DepthCell>> {
+        self.targets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(queue)
+            .map(|t| t.depth.clone())
     }
 
     /// Every queue this host has published to (their depths count toward database size).
@@ -101,8 +142,9 @@ impl Publisher {
         self.targets
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .cloned()
+            .iter()
+            .filter(|(_, t)| t.used)
+            .map(|(name, _)| name.clone())
             .collect()
     }
 

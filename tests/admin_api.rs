@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use serde_json::Value;
-use throttlehost::config::{ByteSize, HandlerConfig, OverrideMode, Secret};
+use throttlehost::config::{ByteSize, HandlerConfig, MemoryThreshold, OverrideMode, Secret};
 use throttlehost::{Host, HostBuilder};
 
 use common::http;
@@ -40,7 +40,7 @@ async fn call(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_health_and_readiness() {
     let (host, base) = start("").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    first_sample(&host).await;
     let (status, body, _) = call("GET", format!("{base}/status"), vec![], vec![]).await;
     assert_eq!(status, 200);
     assert_eq!(body["queues"][0]["name"], "orders");
@@ -57,6 +57,18 @@ async fn status_health_and_readiness() {
             .iter()
             .any(|r| r["condition"] == "process_memory" && r["threshold"].as_f64().unwrap() > 0.0)
     );
+    let system = resources
+        .iter()
+        .find(|r| r["condition"] == "system_memory")
+        .unwrap();
+    assert!(system["threshold"].is_null(), "off is null: {system}");
+    assert!(
+        system["text"]
+            .as_str()
+            .unwrap()
+            .ends_with("(threshold off)")
+    );
+    assert!(body["throttling"]["delivery"]["explanation"].is_null());
     assert_eq!(
         call("GET", format!("{base}/healthz"), vec![], vec![])
             .await
@@ -244,6 +256,51 @@ async fn mutating_routes_need_the_bearer_token() {
     host.shutdown().await;
 }
 
+/// Waits for the controller's first sample (until then /status has no throttling section).
+async fn first_sample(host: &Host) {
+    common::wait_until(Duration::from_secs(5), "a first throttling sample", || {
+        host.status().throttling.is_some()
+    })
+    .await;
+}
+
+/// A process memory threshold far below what the process uses: the state, its cause in units,
+/// the action and the resume line all show in /status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_direction_is_explained_in_words_and_units() {
+    let mut config = common::memory_config("orders");
+    config.queues[0].handler = Some(HandlerConfig::Noop);
+    config.throttling.process_memory = MemoryThreshold::Bytes(1024 * 1024);
+    let host = HostBuilder::new(config).start().await.unwrap();
+    let base = format!("http://{}", host.admin_address().unwrap());
+    common::wait_until(Duration::from_secs(10), "state 4", || {
+        host.status()
+            .throttling
+            .is_some_and(|t| t.delivery.state == 4)
+    })
+    .await;
+    let (_, body, _) = call("GET", format!("{base}/status"), vec![], vec![]).await;
+    let e = &body["throttling"]["delivery"]["explanation"];
+    let cause = e["cause"].as_str().unwrap();
+    assert!(
+        cause.starts_with("process memory ")
+            && cause.contains("of its 1MiB threshold; resumes below 921.6KiB (90 %)"),
+        "{e}"
+    );
+    assert!(
+        e["actions"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("each receive waits "),
+        "{e}"
+    );
+    assert_eq!(
+        e["clears_when"],
+        "process memory falls below 921.6KiB, then the actions relax"
+    );
+    host.shutdown().await;
+}
+
 fn status_cli(url: &str) -> (i32, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_throttlehost"))
         .args(["status", "--url", url])
@@ -258,7 +315,7 @@ fn status_cli(url: &str) -> (i32, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_command_prints_a_table_and_says_by_exit_code_whether_throttling() {
     let (host, base) = start("").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    first_sample(&host).await;
     let b = base.clone();
     let (code, text) = tokio::task::spawn_blocking(move || status_cli(&b))
         .await
@@ -282,9 +339,90 @@ async fn the_status_command_prints_a_table_and_says_by_exit_code_whether_throttl
         .unwrap();
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("10 user override on delivery"), "{text}");
+    assert!(
+        text.contains("because  the throttling override is set to throttle")
+            && text.contains("ends     when the override is set back to none"),
+        "{text}"
+    );
     host.shutdown().await;
     let (code, _) = tokio::task::spawn_blocking(move || status_cli(&base))
         .await
         .unwrap();
     assert_eq!(code, 2, "unreachable");
+}
+
+/// Occupies the worker thread it runs on for a while: a handler doing blocking work.
+struct BlockingHandler(Duration);
+
+#[async_trait::async_trait]
+impl throttlehost::handlers::Handler for BlockingHandler {
+    async fn handle(
+        &self,
+        _ctx: &mut throttlehost::handlers::Context<'_>,
+    ) -> Result<(), throttlehost::handlers::HandlerError> {
+        // Blocking on purpose: this handler stands for CPU-bound or blocking user code.
+        #[allow(clippy::disallowed_methods)]
+        std::thread::sleep(self.0);
+        Ok(())
+    }
+}
+
+/// The admin endpoint has a thread of its own: with both worker threads blocked by handlers,
+/// /status still answers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_answers_while_handlers_block_every_worker() {
+    let mut config = common::memory_config("orders");
+    config.queues[0].concurrency.max = 2;
+    let host = HostBuilder::new(config)
+        .handler("orders", BlockingHandler(Duration::from_secs(4)))
+        .start()
+        .await
+        .unwrap();
+    first_sample(&host).await;
+    let base = format!("http://{}", host.admin_address().unwrap());
+    let queue = throttlehost::transport::QueueName::new("orders").unwrap();
+    for _ in 0..2 {
+        host.inner()
+            .publisher()
+            .send(
+                &queue,
+                &throttlehost::message::OutgoingMessage::new("block"),
+            )
+            .await
+            .unwrap();
+    }
+    // From a plain thread: with every worker blocked, the test's runtime cannot run timers.
+    let inner = host.inner().clone();
+    let answers = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while inner.in_process() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "both handlers running"
+            );
+            #[allow(clippy::disallowed_methods)]
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let (status, text, _) = common::http("GET", &format!("{base}/status"), &[], &[]);
+            let body: Value = serde_json::from_str(&text).unwrap();
+            answers.push((status, started.elapsed(), body["in_process"].as_u64()));
+            #[allow(clippy::disallowed_methods)]
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        answers
+    })
+    .join()
+    .unwrap();
+    for (status, took, in_process) in &answers {
+        assert_eq!(*status, 200);
+        assert!(
+            *took < Duration::from_secs(1),
+            "/status took {took:?} with every worker blocked: {answers:?}"
+        );
+        assert_eq!(*in_process, Some(2), "{answers:?}");
+    }
+    host.shutdown().await;
 }

@@ -1,6 +1,7 @@
-//! Every shipped load scenario, scaled down, through the real `throttlehost load` command: the
-//! expected throttling states appear, clear afterwards, and no message is lost (counted by
-//! id). Scenarios run one at a time: process memory, threads and CPU are shared resources.
+//! Every shipped load scenario, scaled down, through the real `throttlehost load` command. Each
+//! test states what it expects itself (which states appear and clear, control quality per
+//! episode, nothing lost by id) instead of trusting the run's own `passed`. Scenarios run one
+//! at a time: process memory, threads and CPU are shared resources.
 
 mod common;
 
@@ -54,6 +55,12 @@ fn run(name: &str, scale: f64, schema: Option<&str>) -> (Value, PathBuf) {
 
 fn assert_passed(name: &str, summary: &Value) {
     assert_eq!(summary["passed"], true, "{name}: {summary:#}");
+    assert_eq!(summary["expectations_met"], true, "{name}");
+    assert_eq!(
+        summary["control_violations"].as_array().map(Vec::len),
+        Some(0),
+        "{name}: {summary:#}"
+    );
     assert_eq!(summary["messages_lost"], 0, "{name}");
     assert_eq!(summary["cleared"], true, "{name}");
     assert!(summary["messages_sent"].as_u64().unwrap() > 0, "{name}");
@@ -61,6 +68,49 @@ fn assert_passed(name: &str, summary: &Value) {
         summary["messages_sent"], summary["messages_processed"],
         "{name}: every message processed"
     );
+}
+
+/// Seconds a direction spent in a state (0 when never).
+fn seconds_in(summary: &Value, direction: &str, state: u8) -> f64 {
+    summary["states_observed"][direction][state.to_string()]
+        .as_f64()
+        .unwrap_or(0.0)
+}
+
+/// The state appeared and the run ended back at 0 in both directions.
+fn assert_appeared_and_cleared(name: &str, summary: &Value, direction: &str, state: u8) {
+    assert!(
+        seconds_in(summary, direction, state) > 0.0,
+        "{name}: {direction} state {state} never appeared: {summary:#}"
+    );
+    assert_eq!(
+        summary["cleared"], true,
+        "{name}: did not return to state 0"
+    );
+}
+
+/// Every episode of `condition` engaged within 2 ticks, peaked at most at `peak`, flipped at
+/// most twice and recovered within 10 s; at least one episode happened.
+fn assert_controlled(name: &str, summary: &Value, condition: &str, peak: f64) {
+    let episodes: Vec<&Value> = summary["episodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["condition"] == condition)
+        .collect();
+    assert!(
+        !episodes.is_empty(),
+        "{name}: no {condition} episode: {summary:#}"
+    );
+    for e in episodes {
+        assert!(e["engage_samples"].as_u64().unwrap() <= 2, "{name}: {e}");
+        assert!(e["peak_ratio"].as_f64().unwrap() <= peak, "{name}: {e}");
+        assert!(e["flips"].as_u64().unwrap() <= 2, "{name}: {e}");
+        assert!(
+            e["recovery_seconds"].as_f64().unwrap() <= 10.0,
+            "{name}: {e}"
+        );
+    }
 }
 
 fn scenario(name: &str, scale: f64) -> Value {
@@ -82,12 +132,8 @@ fn pg_scenario(name: &str, scale: f64) -> Value {
 fn process_memory_writes_its_timeline_chart_and_summary() {
     let (summary, out) = run("process-memory", 0.6, None);
     assert_passed("process-memory", &summary);
-    assert!(
-        summary["states_observed"]["delivery"]["4"]
-            .as_f64()
-            .unwrap()
-            > 0.0
-    );
+    assert_appeared_and_cleared("process-memory", &summary, "delivery", 4);
+    assert_controlled("process-memory", &summary, "process_memory", 1.15);
     assert!(
         summary["min_concurrency_limit"]["orders"].as_u64().unwrap() < 32,
         "the limit shrank"
@@ -123,37 +169,47 @@ fn process_memory_writes_its_timeline_chart_and_summary() {
 #[test]
 fn system_memory() {
     let s = scenario("system-memory", 0.6);
-    assert!(s["states_observed"]["delivery"]["5"].as_f64().unwrap() > 0.0);
+    assert_appeared_and_cleared("system-memory", &s, "delivery", 5);
+    assert_appeared_and_cleared("system-memory", &s, "publishing", 5);
 }
 
 #[test]
 fn in_process_messages() {
-    scenario("in-process", 0.6);
+    let s = scenario("in-process", 0.6);
+    assert_appeared_and_cleared("in-process", &s, "delivery", 3);
+    assert_controlled("in-process", &s, "in_process", 1.15);
 }
 
 #[test]
 fn thread_count() {
-    scenario("threads", 0.6);
+    let s = scenario("threads", 0.6);
+    assert_appeared_and_cleared("threads", &s, "delivery", 9);
 }
 
 #[test]
 fn delivery_rate_imbalance() {
-    scenario("delivery-rate", 0.6);
+    let s = scenario("delivery-rate", 0.6);
+    assert_appeared_and_cleared("delivery-rate", &s, "delivery", 1);
 }
 
 #[test]
 fn publishing_rate_imbalance() {
-    scenario("publishing-rate", 0.6);
+    let s = scenario("publishing-rate", 0.6);
+    assert_appeared_and_cleared("publishing-rate", &s, "publishing", 2);
 }
 
 #[test]
 fn override_delivery() {
-    scenario("override-delivery", 0.5);
+    let s = scenario("override-delivery", 0.5);
+    assert_appeared_and_cleared("override-delivery", &s, "delivery", 10);
+    assert_eq!(seconds_in(&s, "publishing", 11), 0.0);
 }
 
 #[test]
 fn override_publishing() {
-    scenario("override-publishing", 0.5);
+    let s = scenario("override-publishing", 0.5);
+    assert_appeared_and_cleared("override-publishing", &s, "publishing", 11);
+    assert_eq!(seconds_in(&s, "delivery", 10), 0.0);
 }
 
 #[test]
@@ -168,7 +224,12 @@ fn override_never() {
 
 #[test]
 fn mixed() {
-    scenario("mixed", 0.6);
+    let s = scenario("mixed", 0.6);
+    // In-process (3) cannot show here: its exact ceiling keeps it at the threshold while
+    // memory leads.
+    for (direction, state) in [("delivery", 4), ("delivery", 10), ("publishing", 11)] {
+        assert_appeared_and_cleared("mixed", &s, direction, state);
+    }
 }
 
 #[test]
@@ -180,12 +241,50 @@ fn drain_memory() {
 
 #[test]
 fn database_size_on_postgres() {
-    pg_scenario("database-size", 0.6);
+    let s = pg_scenario("database-size", 0.6);
+    assert_appeared_and_cleared("database-size", &s, "publishing", 6);
+    assert_controlled("database-size", &s, "database_size", 1.10);
+}
+
+/// Memory per message doubling step by step: each step is held under 1.15 x the threshold
+/// (the memory ceiling stops new receives between ticks).
+#[test]
+fn memory_per_message_rising_in_steps_is_held_at_the_threshold() {
+    let s = scenario("memory-steps", 0.6);
+    assert_appeared_and_cleared("memory-steps", &s, "delivery", 4);
+    assert_controlled("memory-steps", &s, "process_memory", 1.15);
+}
+
+/// Handler latency creeping from 10 ms to 1 s at a constant rate: in-process is held.
+#[test]
+fn handler_latency_creeping_up_is_held_at_the_in_process_threshold() {
+    let s = scenario("latency-creep", 0.6);
+    assert_appeared_and_cleared("latency-creep", &s, "delivery", 3);
+    assert_controlled("latency-creep", &s, "in_process", 1.15);
+}
+
+/// Slow handlers switched on and off, four rounds: every episode is controlled on its own.
+#[test]
+fn a_cause_switched_on_and_off_is_controlled_every_time() {
+    let s = scenario("on-off", 1.0);
+    assert_appeared_and_cleared("on-off", &s, "delivery", 3);
+    assert_controlled("on-off", &s, "in_process", 1.15);
+    let episodes = s["episodes"].as_array().unwrap().len();
+    assert!(episodes >= 2, "on-off: {episodes} episodes in 4 rounds");
+}
+
+/// Closed-loop producers against a consumer cut to 1: the backlog is held at its threshold.
+#[test]
+fn closed_loop_producers_are_held_at_the_database_size() {
+    let s = scenario("closed-loop", 0.6);
+    assert_appeared_and_cleared("closed-loop", &s, "publishing", 6);
+    assert_controlled("closed-loop", &s, "database_size", 1.10);
 }
 
 #[test]
 fn database_sessions_on_postgres() {
-    pg_scenario("database-sessions", 0.6);
+    let s = pg_scenario("database-sessions", 0.6);
+    assert_appeared_and_cleared("database-sessions", &s, "publishing", 8);
 }
 
 #[test]
@@ -194,20 +293,64 @@ fn drain_on_postgres() {
     assert_eq!(s["messages_processed"], 20000);
 }
 
-#[test]
-fn a_bad_scenario_is_rejected_with_its_line() {
-    let path = std::env::temp_dir().join(format!("th-bad-{}.toml", uuid::Uuid::new_v4()));
-    std::fs::write(&path, "name = 'x'\n[[queues]]\nname = 'q'\n[[phases]]\nname = 'p'\nduration = '1s'\npublish_rate = -5\n").unwrap();
+/// Runs `throttlehost load` on a scenario text that must be rejected; returns its stderr.
+fn rejected(text: &str) -> String {
+    let path = std::env::temp_dir().join(format!("th-rejected-{}.toml", uuid::Uuid::new_v4()));
+    std::fs::write(&path, text).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
         .args(["load"])
         .arg(&path)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_file(path);
+    assert_eq!(out.status.code(), Some(2), "not rejected");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_bad_scenario_is_rejected_with_its_line() {
+    let stderr = rejected(
+        "name = 'x'\n[[queues]]\nname = 'q'\n[expect]\ndelivery_states = [3]\n[[phases]]\nname = 'p'\nduration = '1s'\npublish_rate = -5\n",
+    );
     assert!(
-        stderr.contains(":7:") && stderr.contains("phases[0].publish_rate"),
+        stderr.contains(":9:") && stderr.contains("phases[0].publish_rate"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_scenario_without_expectations_is_rejected() {
+    let text = std::fs::read_to_string("load/in-process.toml").unwrap();
+    let start = text.find("[expect]").unwrap();
+    let end = start + text[start..].find("[[phases]]").unwrap();
+    let stderr = rejected(&format!("{}{}", &text[..start], &text[end..]));
+    assert!(stderr.contains("the scenario expects nothing"), "{stderr}");
+}
+
+#[test]
+fn an_unmet_state_expectation_fails_the_run() {
+    // The in-process scenario expecting a state it cannot show (5, system memory) fails.
+    let text = std::fs::read_to_string("load/in-process.toml")
+        .unwrap()
+        .replace("delivery_states = [3]", "delivery_states = [5]");
+    let path = std::env::temp_dir().join(format!("th-wrong-{}.toml", uuid::Uuid::new_v4()));
+    std::fs::write(&path, text).unwrap();
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out_dir = std::env::temp_dir().join(format!("th-wrong-out-{}", uuid::Uuid::new_v4()));
+    let out = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args(["load"])
+        .arg(&path)
+        .args(["--duration-scale", "0.3", "--out"])
+        .arg(&out_dir)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["passed"], false);
+    assert_eq!(summary["missing_states"][0], "delivery:5");
     let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_dir_all(out_dir);
 }

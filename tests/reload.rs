@@ -130,3 +130,28 @@ async fn reload_reaches_each_queue_and_its_instance_queue_exactly() {
     assert_eq!((max("a"), max("a.n1"), max("a.b")), (3, 2, 5));
     host.shutdown().await;
 }
+
+/// SIGHUP keeps working when the file cannot be watched (here: its directory does not exist).
+#[tokio::test]
+async fn sighup_reloads_even_when_the_file_cannot_be_watched() {
+    use throttlehost::config::reload::{Trigger, watch};
+    let missing = std::env::temp_dir()
+        .join(format!("th-missing-{}", std::process::id()))
+        .join("host.toml");
+    let (mut triggers, guard) = watch(&missing);
+    assert!(!guard.watches_file());
+    assert!(
+        guard.problems()[0].contains(&missing.display().to_string()),
+        "{:?}",
+        guard.problems()
+    );
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &std::process::id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let trigger = tokio::time::timeout(Duration::from_secs(5), triggers.recv())
+        .await
+        .expect("a trigger within 5 s of SIGHUP");
+    assert_eq!(trigger, Some(Trigger::Signal));
+}

@@ -115,7 +115,11 @@ args = ["-c", "sleep 1; echo \"$THROTTLEHOST_MESSAGE_ID\" >> {done}"]
         .arg(&config_path)
         .spawn()
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Signal once the first message has been handled, so the signal lands mid-drain.
+    common::wait_until(Duration::from_secs(30), "a first handled message", || {
+        std::fs::read_to_string(&done).is_ok_and(|text| !text.is_empty())
+    })
+    .await;
     let status = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

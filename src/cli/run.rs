@@ -19,32 +19,16 @@ pub async fn run(path: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let watch = reload::watch(path);
-    let (mut triggers, _guard) = match watch {
-        Ok((rx, guard)) => (Some(rx), Some(guard)),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch the configuration file; reload with SIGHUP is off too");
-            (None, None)
-        }
-    };
+    // SIGHUP reloads even when the file cannot be watched (watch logs why).
+    let (mut triggers, _guard) = reload::watch(path);
     let shutdown = super::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            trigger = async {
-                match triggers.as_mut() {
-                    Some(rx) => rx.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                match trigger {
-                    Some(t) => {
-                        tracing::info!(trigger = ?t, "reloading configuration");
-                        let _ = host.inner().reload();
-                    }
-                    None => triggers = None,
-                }
+            Some(trigger) = triggers.recv() => {
+                tracing::info!(?trigger, "reloading configuration");
+                let _ = host.inner().reload();
             }
         }
     }

@@ -69,33 +69,23 @@ fn render(s: &Value) -> String {
         out.push_str("throttling: no sample yet\n");
     } else {
         out.push_str(&format!(
-            "{:<11} {:<36} {:>9} {:>10} {:>14}  active conditions\n",
+            "{:<11} {:<36} {:>9} {:>10} {:>14}\n",
             "direction", "state", "delay", "for", "in/out msg/s"
         ));
         for d in ["delivery", "publishing"] {
             let x = &t[d];
-            let conditions: Vec<String> = x["active_conditions"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|c| {
-                            format!(
-                                "{} {}/{}",
-                                c["condition"].as_str().unwrap_or("?"),
-                                short(c["value"].as_f64().unwrap_or(0.0)),
-                                short(c["threshold"].as_f64().unwrap_or(0.0))
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
             let wait = x["delay_seconds"].as_f64().unwrap_or(0.0)
                 + x["pacing_interval_seconds"].as_f64().unwrap_or(0.0);
+            let recovering = if x["recovering"].as_bool().unwrap_or(false) {
+                " (recovering)"
+            } else {
+                ""
+            };
             out.push_str(&format!(
-                "{:<11} {:<36} {:>8.3}s {:>9.0}s {:>14}  {}\n",
+                "{:<11} {:<36} {:>8.3}s {:>9.0}s {:>14}\n",
                 d,
                 format!(
-                    "{} {}",
+                    "{} {}{recovering}",
                     x["state"].as_u64().unwrap_or(0),
                     x["state_name"].as_str().unwrap_or("")
                 ),
@@ -106,11 +96,28 @@ fn render(s: &Value) -> String {
                     x["incoming_per_second"].as_f64().unwrap_or(0.0),
                     x["outgoing_per_second"].as_f64().unwrap_or(0.0)
                 ),
-                if conditions.is_empty() {
-                    "-".to_string()
-                } else {
-                    conditions.join(", ")
+            ));
+            let e = &x["explanation"];
+            if let Some(cause) = e["cause"].as_str() {
+                out.push_str(&format!("  because  {cause}\n"));
+                for action in e["actions"].as_array().into_iter().flatten() {
+                    out.push_str(&format!("  action   {}\n", action.as_str().unwrap_or("?")));
                 }
+                if let Some(clears) = e["clears_when"].as_str() {
+                    out.push_str(&format!("  ends     when {clears}\n"));
+                }
+            }
+        }
+        out.push_str("resources\n");
+        for r in t["resources"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "  {} {}\n",
+                if r["active"].as_bool().unwrap_or(false) {
+                    "*"
+                } else {
+                    " "
+                },
+                r["text"].as_str().unwrap_or("?")
             ));
         }
     }
@@ -132,13 +139,4 @@ fn render(s: &Value) -> String {
         ));
     }
     out
-}
-
-/// Big numbers (bytes) shortened.
-fn short(v: f64) -> String {
-    if v >= 1024.0 * 1024.0 {
-        throttlehost::config::units::format_byte_size(v as u64)
-    } else {
-        format!("{v:.0}")
-    }
 }

@@ -459,12 +459,15 @@ pub struct ThrottlingConfig {
     pub database_size_refresh: Duration,
     /// Database connections in use, per CPU (0 = off).
     pub database_sessions_per_cpu: u64,
-    /// Under memory, in-process or thread pressure each queue's limit is multiplied by this
-    /// every sample (floor 1).
+    /// Under memory, in-process or thread pressure a queue's limit is cut to the messages in
+    /// flight x min(this, target / value), the target being midway between resume line and
+    /// threshold: this is the gentlest cut (floor 1, never deeper than a quarter).
     pub concurrency_decrease_ratio: f64,
-    /// When the pressure is gone each queue's limit grows by this every sample (up to max).
+    /// Below the resume line a limit grows by its headroom share per sample (up to doubling
+    /// far below the line) and by at least this step.
     pub concurrency_increase_step: u32,
-    /// Severity (1-1000) of each resource condition: the delay doubles every 100/severity s.
+    /// Severity (1-1000) of each resource condition: scales its delay (severity / 100 x
+    /// (100 ms x overage + 100 ms x overage-seconds)).
     pub severity: SeverityConfig,
     /// Delivery: queue -> handler.
     pub delivery: DirectionConfig,
@@ -487,7 +490,7 @@ impl Default for ThrottlingConfig {
             database_size_includes_error_queue: false,
             database_size_refresh: Duration::from_secs(5),
             database_sessions_per_cpu: 0,
-            concurrency_decrease_ratio: 0.75,
+            concurrency_decrease_ratio: 0.9,
             concurrency_increase_step: 1,
             severity: SeverityConfig::default(),
             delivery: DirectionConfig::default(),

@@ -22,10 +22,52 @@ pub enum Trigger {
     FileChanged,
 }
 
-/// Starts watching `path` (and SIGHUP on Unix). The receiver yields one trigger per reload to
+/// Starts watching `path` and SIGHUP (on Unix). The receiver yields one trigger per reload to
 /// do; keep the returned guard alive as long as watching should go on.
-pub fn watch(path: &Path) -> Result<(mpsc::Receiver<Trigger>, WatchGuard), notify::Error> {
+///
+/// Each source stands alone: when the file cannot be watched (no inotify watches left, a
+/// directory that is not there yet), SIGHUP still reloads, and the reason is logged and kept
+/// in [`WatchGuard::problems`].
+pub fn watch(path: &Path) -> (mpsc::Receiver<Trigger>, WatchGuard) {
     let (tx, rx) = mpsc::channel(8);
+    let mut guard = WatchGuard {
+        watcher: None,
+        tasks: Vec::new(),
+        problems: Vec::new(),
+    };
+    match watch_file(path, tx.clone()) {
+        Ok((watcher, debouncer)) => {
+            guard.watcher = Some(watcher);
+            guard.tasks.push(debouncer);
+        }
+        Err(e) => {
+            let problem = format!(
+                "cannot watch {} for changes ({e}); reload with SIGHUP",
+                path.display()
+            );
+            tracing::warn!("{problem}");
+            guard.problems.push(problem);
+        }
+    }
+    match watch_hangup(tx) {
+        Ok(Some(task)) => guard.tasks.push(task),
+        Ok(None) => {}
+        Err(e) => {
+            let problem = format!("cannot listen for SIGHUP ({e}); reload by changing the file");
+            tracing::warn!("{problem}");
+            guard.problems.push(problem);
+        }
+    }
+    (rx, guard)
+}
+
+type Task = tokio::task::JoinHandle<()>;
+
+/// Watches the file's directory and sends one debounced trigger per burst of changes.
+fn watch_file(
+    path: &Path,
+    tx: mpsc::Sender<Trigger>,
+) -> Result<(Box<dyn Watcher + Send>, Task), notify::Error> {
     let file = path.to_path_buf();
     let name = file.file_name().map(|n| n.to_os_string());
     let dir = match file.parent() {
@@ -45,8 +87,6 @@ pub fn watch(path: &Path) -> Result<(mpsc::Receiver<Trigger>, WatchGuard), notif
         }
     })?;
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-
-    let file_tx = tx.clone();
     let debouncer = tokio::spawn(async move {
         while raw_rx.recv().await.is_some() {
             loop {
@@ -56,46 +96,55 @@ pub fn watch(path: &Path) -> Result<(mpsc::Receiver<Trigger>, WatchGuard), notif
                     Err(_) => break,
                 }
             }
-            if file_tx.send(Trigger::FileChanged).await.is_err() {
+            if tx.send(Trigger::FileChanged).await.is_err() {
                 return;
             }
         }
     });
+    Ok((Box::new(watcher), debouncer))
+}
 
-    #[cfg(unix)]
-    let signals = {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hangup =
-            signal(SignalKind::hangup()).map_err(|e| notify::Error::generic(&e.to_string()))?;
-        Some(tokio::spawn(async move {
-            while hangup.recv().await.is_some() {
-                if tx.send(Trigger::Signal).await.is_err() {
-                    return;
-                }
+/// Sends a trigger per SIGHUP; `None` where there are no signals (not Unix).
+#[cfg(unix)]
+fn watch_hangup(tx: mpsc::Sender<Trigger>) -> std::io::Result<Option<Task>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = signal(SignalKind::hangup())?;
+    Ok(Some(tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            if tx.send(Trigger::Signal).await.is_err() {
+                return;
             }
-        }))
-    };
-    #[cfg(not(unix))]
-    let signals = None;
+        }
+    })))
+}
 
-    Ok((
-        rx,
-        WatchGuard {
-            _watcher: Box::new(watcher),
-            tasks: [Some(debouncer), signals],
-        },
-    ))
+#[cfg(not(unix))]
+fn watch_hangup(_tx: mpsc::Sender<Trigger>) -> std::io::Result<Option<Task>> {
+    Ok(None)
 }
 
 /// Keeps the watcher alive; dropping it stops watching.
 pub struct WatchGuard {
-    _watcher: Box<dyn Watcher + Send>,
-    tasks: [Option<tokio::task::JoinHandle<()>>; 2],
+    watcher: Option<Box<dyn Watcher + Send>>,
+    tasks: Vec<Task>,
+    problems: Vec<String>,
+}
+
+impl WatchGuard {
+    /// Whether the file itself is watched (SIGHUP may still be the only trigger).
+    pub fn watches_file(&self) -> bool {
+        self.watcher.is_some()
+    }
+
+    /// Why a trigger source is missing, one line each (empty when both work).
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
 }
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
-        for task in self.tasks.iter().flatten() {
+        for task in &self.tasks {
             task.abort();
         }
     }
@@ -111,7 +160,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("host.toml");
         std::fs::write(&file, "a").unwrap();
-        let (mut rx, _guard) = watch(&file).unwrap();
+        let (mut rx, guard) = watch(&file);
+        assert!(guard.watches_file(), "{:?}", guard.problems());
         tokio::time::sleep(Duration::from_millis(100)).await;
         std::fs::write(&file, "b").unwrap();
         std::fs::write(&file, "c").unwrap();

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::{Config, HandlerConfig, QueueConfig, ThrottlingConfig, TransportKind};
-use crate::transport::names::{validate_queue_name, validate_schema_name};
+use crate::names::{validate_queue_name, validate_schema_name};
 
 type Problems = Vec<(String, String)>;
 

@@ -12,6 +12,8 @@
 //! # Ok(()) }
 //! ```
 
+mod admin_state;
+mod probe;
 mod status;
 
 use std::collections::{HashMap, HashSet};
@@ -26,7 +28,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use status::{DirectionStatus, HostStatus, QueueStatus, ResourceStatus, ThrottlingStatus};
+pub use crate::status::{
+    DirectionStatus, HostStatus, QueueStatus, ResourceStatus, ThrottlingStatus,
+};
 
 use crate::config::{Config, HandlerConfig, TransportKind};
 use crate::dispatch::{DispatchObserver, Dispatcher, HostIdentity};
@@ -49,6 +53,9 @@ pub enum HostError {
     /// The configuration cannot be run as it is.
     #[error("{0}")]
     Config(String),
+    /// A configured queue name is not a valid name.
+    #[error(transparent)]
+    QueueName(#[from] crate::names::InvalidName),
     /// The admin endpoint could not listen.
     #[error("cannot listen on admin address {address}: {source}")]
     Admin {
@@ -258,21 +265,31 @@ impl HostBuilder {
         ));
         let clock = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
         let service_stop = CancellationToken::new();
-        let service_task = tokio::spawn(service::run(
-            ServiceParts {
-                control: control.clone(),
-                sensor,
-                clock,
-                throttle: throttle.clone(),
-                dispatcher: dispatcher.clone(),
-                transport: transport.clone(),
-                queues: queues.clone(),
-                publisher: publisher.clone(),
-                error_queues,
-                metrics: metrics.clone(),
-            },
-            service_stop.clone(),
-        ));
+        let adapter = Arc::new(probe::HostAdapter {
+            queues: queues.clone(),
+            dispatcher: dispatcher.clone(),
+            transport: transport.clone(),
+            publisher: publisher.clone(),
+            error_queues,
+            include_error_queues: config.throttling.database_size_includes_error_queue,
+            runtime: tokio::runtime::Handle::current(),
+            refreshing: Arc::default(),
+        });
+        let service_task = crate::isolate::spawn_isolated(
+            "throttling",
+            service::run(
+                ServiceParts {
+                    control: control.clone(),
+                    sensor,
+                    clock,
+                    throttle: throttle.clone(),
+                    probe: adapter.clone(),
+                    limits: adapter,
+                    metrics: metrics.clone(),
+                },
+                service_stop.clone(),
+            ),
+        );
 
         let receive_ctx = Arc::new(ReceiveContext {
             transport: transport.clone(),
@@ -283,11 +300,18 @@ impl HostBuilder {
             tasks: TaskTracker::new(),
         });
         for q in &queues {
+            // The publisher counts this host's sends into the queue's depth between reads.
+            publisher.track_depth(&q.name, q.depth.clone());
             receive::start(q.clone(), receive_ctx.clone());
         }
 
         let mut known_queues: HashSet<QueueName> = to_create.into_iter().collect();
         known_queues.extend(receive_names);
+        // Every counter exists from the start (at 0), so a dashboard panel never says
+        // "No data" on a fresh host: published counts of every queue this host knows.
+        for queue in &known_queues {
+            let _registered = metrics.published(queue.as_str());
+        }
         let inner = Arc::new(HostInner {
             config: ArcSwap::from_pointee(config),
             config_path: self.config_path,
@@ -301,6 +325,7 @@ impl HostBuilder {
             control,
             metrics,
             receive_ctx,
+            runtime: tokio::runtime::Handle::current(),
             started: Instant::now(),
         });
 
@@ -310,8 +335,10 @@ impl HostBuilder {
                 let addr: SocketAddr = address.parse().map_err(|_| {
                     HostError::Config(format!("host.admin_address `{address}` is not an address"))
                 })?;
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
+                // Bound here (so a taken port fails the start), served on its own thread, so
+                // /status and /metrics answer while handlers saturate the workers.
+                let listener = std::net::TcpListener::bind(addr)
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
                     .map_err(|source| HostError::Admin {
                         address: address.clone(),
                         source,
@@ -320,7 +347,14 @@ impl HostBuilder {
                     .local_addr()
                     .map_err(|source| HostError::Admin { address, source })?;
                 let stop = CancellationToken::new();
-                let task = tokio::spawn(crate::admin::serve(listener, inner.clone(), stop.clone()));
+                let task = crate::isolate::spawn_isolated(
+                    "throttlehost-admin",
+                    crate::admin::serve(
+                        listener,
+                        inner.clone() as Arc<dyn crate::admin::AdminState>,
+                        stop.clone(),
+                    ),
+                );
                 tracing::info!(address = %local, "admin endpoint listening (/metrics /status /healthz /readyz)");
                 Some(AdminServer {
                     address: local,
@@ -368,6 +402,8 @@ pub struct HostInner {
     control: Arc<ThrottleControl>,
     metrics: Metrics,
     receive_ctx: Arc<ReceiveContext>,
+    /// The host's runtime: transport work from the admin thread runs here.
+    runtime: tokio::runtime::Handle,
     started: Instant,
 }
 
@@ -380,6 +416,11 @@ impl HostInner {
     /// The transport.
     pub fn transport(&self) -> &Arc<dyn Transport> {
         &self.transport
+    }
+
+    /// The runtime the host's receivers and transport connections run on.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
     }
 
     /// The throttled publisher.

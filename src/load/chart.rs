@@ -11,7 +11,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::runner::RunResult;
+use super::record::RunResult;
 use crate::throttling::{Condition, Direction};
 
 const WIDTH: u32 = 1200;
@@ -240,14 +240,14 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
             }
         }
     }
-    let percent = |s: &super::runner::Sample, condition: Condition, direction: Direction| {
+    let percent = |s: &super::record::Sample, condition: Condition, direction: Direction| {
         s.snapshot
             .decision
             .direction(direction)
             .conditions
             .iter()
             .find(|c| c.condition == condition && c.threshold > 0.0)
-            .map(|c| (c.value / c.threshold * 100.0).min(400.0))
+            .map(|c| c.value / c.threshold * 100.0)
     };
     let top_percent = run
         .samples
@@ -283,10 +283,15 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
             .iter()
             .filter_map(|s| percent(s, condition, direction).map(|p| (s.t, p)))
             .collect();
+        // The axis reaches the highest value (no cap), and each label says its peak.
+        let peak = points.iter().map(|p| p.1).fold(0.0f64, f64::max);
         let label = if condition == Condition::RateImbalance {
-            format!("{} rate in / (out x overdrive)", direction.name())
+            format!(
+                "{} rate in / (out x overdrive), peak {peak:.0} %",
+                direction.name()
+            )
         } else {
-            condition.name().replace('_', " ")
+            format!("{}, peak {peak:.0} %", condition.name().replace('_', " "))
         };
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))?

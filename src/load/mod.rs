@@ -3,10 +3,13 @@
 //! scenario `load/demo.toml` the same way, with a live table instead of files.
 
 pub mod chart;
+pub mod quality;
+pub mod record;
 pub mod report;
 pub mod runner;
 pub mod scenario;
 
+pub use record::RunResult;
 pub use report::{Summary, summarize, text_summary, write_outputs};
-pub use runner::{Display, LoadError, LoadOptions, RunResult, run};
+pub use runner::{Display, LoadError, LoadOptions, run};
 pub use scenario::Scenario;

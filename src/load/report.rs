@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::runner::{RunResult, Sample};
+use super::quality::{self, Episode};
+use super::record::{RunResult, Sample};
+use super::scenario::Expect;
 use crate::config::units::format_byte_size;
 use crate::host::HostInner;
 use crate::throttling::controller::{ConditionStatus, DirectionDecision};
@@ -66,7 +68,11 @@ pub struct Summary {
     pub min_concurrency_limit: BTreeMap<String, u32>,
     /// Phases with start and end, seconds.
     pub phases: Vec<PhaseRecord>,
-    /// expectations met, cleared, nothing lost.
+    /// Control quality per episode (a guarded resource crossing its threshold).
+    pub episodes: Vec<Episode>,
+    /// Control bounds of `[expect]` that an episode broke, in words.
+    pub control_violations: Vec<String>,
+    /// expectations met, control bounds held, cleared, nothing lost.
     pub passed: bool,
 }
 
@@ -149,6 +155,8 @@ pub fn summarize(run: &RunResult) -> Summary {
         0.0
     };
     let expectations_met = missing.is_empty() && unexpected.is_empty();
+    let episodes = quality::episodes(&quality::ticks(&run.samples), run.resume_ratio);
+    let control_violations = control_violations(&run.expect, &episodes);
     Summary {
         scenario: run.scenario.clone(),
         transport: run.transport.clone(),
@@ -185,8 +193,60 @@ pub fn summarize(run: &RunResult) -> Summary {
                 end: round1(p.end),
             })
             .collect(),
-        passed: expectations_met && run.cleared && a.lost == 0,
+        passed: expectations_met && control_violations.is_empty() && run.cleared && a.lost == 0,
+        episodes,
+        control_violations,
     }
+}
+
+/// The control bounds of `expect` that `episodes` break, in words.
+pub fn control_violations(expect: &Expect, episodes: &[Episode]) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(min) = expect.min_episodes
+        && (episodes.len() as u32) < min
+    {
+        out.push(format!(
+            "{} control episodes, expected at least {min}",
+            episodes.len()
+        ));
+    }
+    for e in episodes {
+        let name = format!("{} at {:.1}s", e.condition.name(), e.crossed_at);
+        match (expect.max_engage_samples, e.engage_samples) {
+            (Some(_), None) => out.push(format!("{name}: never engaged")),
+            (Some(max), Some(n)) if n > max => out.push(format!(
+                "{name}: engaged {n} ticks after the crossing (max {max})"
+            )),
+            _ => {}
+        }
+        let peak_bound = match e.condition {
+            crate::throttling::Condition::DatabaseSize => expect
+                .max_database_size_peak_ratio
+                .or(expect.max_peak_ratio),
+            _ => expect.max_peak_ratio,
+        };
+        if let Some(max) = peak_bound
+            && e.peak_ratio > max
+        {
+            out.push(format!(
+                "{name}: peaked at {:.2} x its threshold (max {max})",
+                e.peak_ratio
+            ));
+        }
+        if let Some(max) = expect.max_flips
+            && e.flips > max
+        {
+            out.push(format!("{name}: {} state flips (max {max})", e.flips));
+        }
+        match (expect.max_recovery_seconds, e.recovery_seconds) {
+            (Some(_), None) => out.push(format!("{name}: never returned to state 0")),
+            (Some(max), Some(s)) if s > max => out.push(format!(
+                "{name}: state 0 came {s:.1}s after the cause ended (max {max}s)"
+            )),
+            _ => {}
+        }
+    }
+    out
 }
 
 fn active_list(d: &DirectionDecision) -> String {
@@ -315,6 +375,22 @@ pub fn states_summary(s: &Summary) -> String {
 }
 
 fn text_details(s: &Summary, out: &mut String) {
+    for e in &s.episodes {
+        let or_never = |v: Option<String>| v.unwrap_or_else(|| "never".into());
+        let _ = writeln!(
+            out,
+            "  episode {} at {:.1}s: engaged after {} ticks, peak {:.2} x threshold, {} flips, state 0 {} after the cause ended",
+            e.condition.name(),
+            e.crossed_at,
+            or_never(e.engage_samples.map(|n| n.to_string())),
+            e.peak_ratio,
+            e.flips,
+            or_never(e.recovery_seconds.map(|r| format!("{r:.1}s"))),
+        );
+    }
+    for v in &s.control_violations {
+        let _ = writeln!(out, "  CONTROL: {v}");
+    }
     let _ = writeln!(
         out,
         "  max delay {:.3}s   peak RSS {}   throughput {:.0} msg/s",
@@ -481,4 +557,160 @@ pub fn table(
         threshold(th.database_sessions, false),
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::ThrottlingConfig;
+    use crate::load::record::Accounting;
+    use crate::throttling::controller::{
+        Controller, MachineFacts, QueueLoad, Readings, Thresholds,
+    };
+    use crate::throttling::service::Snapshot;
+
+    const MACHINE: MachineFacts = MachineFacts {
+        total_memory: 1 << 30,
+        cpus: 1,
+    };
+
+    /// A run whose in-process count follows `in_process` (one value per 0.25 s tick, threshold
+    /// 50), decided by the real controller.
+    fn run_of(in_process: &[u64], expect: Expect, lost: u64, cleared: bool) -> RunResult {
+        let config = ThrottlingConfig {
+            in_process_per_cpu: 50,
+            ..ThrottlingConfig::default()
+        };
+        let thresholds = Thresholds::resolve(&config, MACHINE);
+        let mut controller = Controller::new(config, thresholds);
+        let samples = in_process
+            .iter()
+            .enumerate()
+            .map(|(i, &value)| {
+                let t = i as f64 * 0.25;
+                let readings = Readings {
+                    in_process: value,
+                    threads: 1,
+                    ..Readings::default()
+                };
+                let loads = [QueueLoad {
+                    name: "orders".into(),
+                    max: 100,
+                    in_flight: value as u32,
+                }];
+                let decision = controller.tick(Duration::from_secs_f64(t), &readings, &loads);
+                Sample {
+                    t,
+                    phase: "p".into(),
+                    snapshot: Arc::new(Snapshot {
+                        enabled: true,
+                        decision,
+                        readings,
+                        thresholds,
+                        machine: MACHINE,
+                        queues: Vec::new(),
+                    }),
+                    queues: Vec::new(),
+                    sent: 0,
+                    done: 0,
+                }
+            })
+            .collect();
+        RunResult {
+            scenario: "hand-built".into(),
+            transport: "memory".into(),
+            samples,
+            phases: Vec::new(),
+            accounting: Accounting {
+                sent: 100,
+                processed: 100 - lost,
+                lost,
+                ..Accounting::default()
+            },
+            busy_seconds: 10.0,
+            cleared,
+            expect,
+            resume_ratio: 0.9,
+        }
+    }
+
+    fn expect_state_3() -> Expect {
+        Expect {
+            delivery_states: vec![3],
+            max_engage_samples: Some(2),
+            max_peak_ratio: Some(1.15),
+            max_flips: Some(2),
+            max_recovery_seconds: Some(10.0),
+            min_episodes: Some(1),
+            ..Expect::default()
+        }
+    }
+
+    /// Crosses 50, held at 52 for a second, then falls away (and the limit grows back).
+    const CONTROLLED: &[u64] = &[
+        10, 30, 49, 52, 52, 52, 52, 40, 20, 10, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
+    ];
+
+    #[test]
+    fn a_controlled_episode_passes() {
+        let s = summarize(&run_of(CONTROLLED, expect_state_3(), 0, true));
+        assert!(s.passed, "{s:#?}");
+        assert_eq!(s.missing_states, Vec::<String>::new());
+        assert_eq!(s.episodes.len(), 1);
+        assert!(
+            s.control_violations.is_empty(),
+            "{:?}",
+            s.control_violations
+        );
+        assert_eq!(s.throughput_per_second, 10.0);
+    }
+
+    #[test]
+    fn a_lost_message_fails_the_run() {
+        let s = summarize(&run_of(CONTROLLED, expect_state_3(), 1, true));
+        assert!(!s.passed);
+        assert_eq!(s.messages_lost, 1);
+    }
+
+    #[test]
+    fn a_missing_state_and_an_unwanted_one_fail_the_run() {
+        let mut expect = expect_state_3();
+        expect.delivery_states = vec![4];
+        expect.delivery_absent = vec![3];
+        let s = summarize(&run_of(CONTROLLED, expect, 0, true));
+        assert!(!s.passed);
+        assert_eq!(s.missing_states, vec!["delivery:4".to_string()]);
+        assert_eq!(s.unexpected_states, vec!["delivery:3".to_string()]);
+    }
+
+    #[test]
+    fn an_overshoot_fails_the_run_by_its_bound() {
+        let overshoot = &[10, 30, 49, 80, 60, 52, 40, 20, 10, 5, 5];
+        let s = summarize(&run_of(overshoot, expect_state_3(), 0, true));
+        assert!(!s.passed);
+        assert!(
+            s.control_violations
+                .iter()
+                .any(|v| v.contains("peaked at 1.60 x its threshold (max 1.15)")),
+            "{:?}",
+            s.control_violations
+        );
+    }
+
+    #[test]
+    fn not_clearing_and_too_few_episodes_fail_the_run() {
+        let s = summarize(&run_of(CONTROLLED, expect_state_3(), 0, false));
+        assert!(!s.passed, "did not return to state 0");
+        let mut expect = expect_state_3();
+        expect.min_episodes = Some(2);
+        let s = summarize(&run_of(CONTROLLED, expect, 0, true));
+        assert!(!s.passed);
+        assert!(
+            s.control_violations[0].contains("1 control episodes, expected at least 2"),
+            "{:?}",
+            s.control_violations
+        );
+    }
 }

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use super::record::{Accounting, PhaseSpan, RunResult, Sample};
 use super::scenario::{Phase, Scenario};
 use crate::config::{Config, HostConfig, OverrideMode, TransportKind};
 use crate::dispatch::{DispatchObserver, Outcome};
@@ -21,7 +22,6 @@ use crate::host::{HostBuilder, HostError, HostInner};
 use crate::message::OutgoingMessage;
 use crate::throttling::Direction;
 use crate::throttling::sensors::{ResourceSensor, SystemSensor};
-use crate::throttling::service::Snapshot;
 use crate::transport::{self, QueueName, Transport, TransportError};
 
 /// Most sends of a phase waiting at once; beyond this the generator stops offering more (it
@@ -90,80 +90,94 @@ pub enum LoadError {
     /// The transport failed outside the host.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// A scenario queue name is not a valid name.
+    #[error(transparent)]
+    QueueName(#[from] crate::names::InvalidName),
 }
 
-/// One sample of the run.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    /// Seconds since the run started.
-    pub t: f64,
-    /// Phase name (or "drain", "settle").
-    pub phase: String,
-    /// The controller's snapshot.
-    pub snapshot: Arc<Snapshot>,
-    /// Per receiving queue: (name, effective limit, in flight, depth).
-    pub queues: Vec<(String, u32, u32, u64)>,
-    /// Messages sent so far.
-    pub sent: u64,
-    /// Messages done so far (any outcome).
-    pub done: u64,
+/// Records every controller tick (subscribed to its decisions, not sampled on a timer of
+/// its own), labelled with the phase that was running.
+struct Recorder {
+    samples: Arc<Mutex<Vec<Sample>>>,
+    phase: Arc<Mutex<String>>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
 }
 
-/// Where a phase sits on the run's clock.
-#[derive(Debug, Clone)]
-pub struct PhaseSpan {
-    /// Name.
-    pub name: String,
-    /// Start, seconds.
-    pub start: f64,
-    /// End, seconds.
-    pub end: f64,
-}
+impl Recorder {
+    fn start(host: &HostInner, started: Instant, ledger: Arc<Ledger>) -> Self {
+        let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
+        let phase = Arc::new(Mutex::new(String::new()));
+        let stop = CancellationToken::new();
+        let mut decisions = host.control().subscribe();
+        let (samples2, phase2, stop2) = (samples.clone(), phase.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let snapshot = tokio::select! {
+                    _ = stop2.cancelled() => return,
+                    s = decisions.recv() => s,
+                };
+                let snapshot = match snapshot {
+                    Ok(s) => s,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "the load recorder fell behind the controller");
+                        continue;
+                    }
+                    Err(_) => return,
+                };
+                let queues = snapshot
+                    .queues
+                    .iter()
+                    .map(|q| {
+                        let limit = snapshot
+                            .decision
+                            .queue_limits
+                            .get(&q.load.name)
+                            .copied()
+                            .unwrap_or(q.load.max)
+                            .min(q.load.max);
+                        (q.load.name.clone(), limit, q.load.in_flight, q.depth)
+                    })
+                    .collect();
+                let sample = Sample {
+                    t: started.elapsed().as_secs_f64(),
+                    phase: phase2.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                    snapshot,
+                    queues,
+                    sent: ledger.sent.load(Ordering::Relaxed),
+                    done: ledger.done.load(Ordering::Relaxed),
+                };
+                samples2
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(sample);
+            }
+        });
+        Recorder {
+            samples,
+            phase,
+            stop,
+            task,
+        }
+    }
 
-/// Message accounting of a run.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Accounting {
-    /// Messages accepted by the publish path (prefill included).
-    pub sent: u64,
-    /// Handled successfully (distinct ids when tracking).
-    pub processed: u64,
-    /// Moved to the error queue.
-    pub in_error_queue: u64,
-    /// Dropped as expired.
-    pub expired: u64,
-    /// Dead-lettered as poison.
-    pub poison: u64,
-    /// Sent but not seen leaving a queue, minus those still in a queue.
-    pub lost: u64,
-    /// Still in a receiving queue at the end (drain timed out).
-    pub remaining: u64,
-    /// Handled successfully more than once (at-least-once redeliveries).
-    pub duplicated: u64,
-    /// Sends the publish path refused (never entered a queue; not lost).
-    pub send_failures: u64,
-}
+    fn set_phase(&self, name: &str) {
+        *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = name.to_string();
+    }
 
-/// Everything a run produced.
-#[derive(Debug, Clone)]
-pub struct RunResult {
-    /// Scenario name.
-    pub scenario: String,
-    /// Transport description.
-    pub transport: String,
-    /// Samples, one per sample interval.
-    pub samples: Vec<Sample>,
-    /// The phases as they ran.
-    pub phases: Vec<PhaseSpan>,
-    /// Message accounting.
-    pub accounting: Accounting,
-    /// Seconds from the first phase to the last message done.
-    pub busy_seconds: f64,
-    /// Both directions were back at state 0 at the end.
-    pub cleared: bool,
-    /// The scenario's expectations.
-    pub expect: super::scenario::Expect,
-    /// Hysteresis ratio in force (the chart draws the resume line from it).
-    pub resume_ratio: f64,
+    fn latest(&self) -> Option<Sample> {
+        self.samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last()
+            .cloned()
+    }
+
+    async fn finish(self) -> Vec<Sample> {
+        self.stop.cancel();
+        let _ = self.task.await;
+        std::mem::take(&mut *self.samples.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 /// Counts every message by id; the host reports outcomes through [`DispatchObserver`].
@@ -363,7 +377,8 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     }
 
     let started = Instant::now();
-    let mut samples: Vec<Sample> = Vec::new();
+    let recorder = Recorder::start(&inner, started, ledger.clone());
+    let mut shown_at = f64::NEG_INFINITY;
     let mut spans: Vec<PhaseSpan> = Vec::new();
     let sends = TaskTracker::new();
     let outstanding = Arc::new(Semaphore::new(MAX_OUTSTANDING_SENDS));
@@ -374,8 +389,8 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
             if options.stop.is_cancelled() || total.is_some_and(|t| started.elapsed() >= t) {
                 break 'rounds;
             }
-            apply_phase(&inner, phase);
             let queue = first_queue(scenario, phase);
+            apply_phase(&inner, phase, &queue);
             let phase_stop = options.stop.child_token();
             let length = phase.duration.mul_f64(options.duration_scale.max(0.0));
             let length = match total {
@@ -386,6 +401,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
                 inner.clone(),
                 queue,
                 phase.clone(),
+                length,
                 body.clone(),
                 ledger.clone(),
                 sends.clone(),
@@ -398,22 +414,22 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
             } else {
                 phase.name.clone()
             };
+            recorder.set_phase(&label);
             let phase_end = Instant::now() + length;
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(sample_interval) => {}
                     _ = options.stop.cancelled() => {}
                 }
-                sample(&inner, &mut samples, started, &label, &ledger);
                 show(
                     options.display,
                     &inner,
-                    &samples,
+                    &recorder,
                     &label,
-                    index,
-                    scenario.phases.len(),
+                    (index, scenario.phases.len()),
                     &ledger,
                     host.admin_address(),
+                    &mut shown_at,
                 );
                 if options.stop.is_cancelled() || Instant::now() >= phase_end {
                     break;
@@ -431,7 +447,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
             });
         }
         round += 1;
-        if !(options.repeat_forever || total.is_some()) {
+        if !(options.repeat_forever || total.is_some()) && round >= scenario.rounds {
             break;
         }
     }
@@ -458,6 +474,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         }
     }
     let drain_start = started.elapsed().as_secs_f64();
+    recorder.set_phase("drain");
     let drain_deadline = Instant::now() + scenario.drain_timeout;
     while options.drain
         && !drained(&inner).await
@@ -465,16 +482,15 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         && !options.stop.is_cancelled()
     {
         tokio::time::sleep(sample_interval).await;
-        sample(&inner, &mut samples, started, "drain", &ledger);
         show(
             options.display,
             &inner,
-            &samples,
+            &recorder,
             "drain",
-            0,
-            0,
+            (0, 0),
             &ledger,
             host.admin_address(),
+            &mut shown_at,
         );
     }
     spans.push(PhaseSpan {
@@ -488,12 +504,10 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         .unwrap_or(0.0);
 
     let settle_start = started.elapsed().as_secs_f64();
+    recorder.set_phase("settle");
     let cleared = if options.drain {
         settle(
-            &inner,
-            &mut samples,
-            started,
-            &ledger,
+            &recorder,
             sample_interval,
             scenario.settle_timeout,
             &options.stop,
@@ -516,6 +530,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         remaining += transport.peek_depth(q).await.unwrap_or(0);
     }
     let description = transport.describe();
+    let samples = recorder.finish().await;
     host.shutdown().await;
     let phase_start = spans.first().map(|s| s.start).unwrap_or(0.0);
     Ok(RunResult {
@@ -536,7 +551,14 @@ fn first_queue(scenario: &Scenario, phase: &Phase) -> QueueName {
     QueueName::new(name).expect("scenario queue names are validated")
 }
 
-fn apply_phase(host: &HostInner, phase: &Phase) {
+fn apply_phase(host: &HostInner, phase: &Phase, queue: &QueueName) {
+    if let Some(max) = phase.max_concurrency
+        && let Some(q) = host.queue(queue.as_str())
+    {
+        let mut settings = (*q.settings()).clone();
+        settings.max = max;
+        q.reconfigure(settings);
+    }
     if let Some(change) = &phase.handler {
         for q in host.queues() {
             if let Some(sim) = &q.simulate {
@@ -586,12 +608,14 @@ async fn prefill(
     Ok(())
 }
 
-/// Offers the phase's burst and rate to the publish path, open loop.
+/// Offers the phase's burst, then its rate (open loop, possibly ramped) or its closed-loop
+/// producers, to the publish path.
 #[allow(clippy::too_many_arguments)]
 async fn generate(
     host: Arc<HostInner>,
     queue: QueueName,
     phase: Phase,
+    length: Duration,
     body: Vec<u8>,
     ledger: Arc<Ledger>,
     sends: TaskTracker,
@@ -626,15 +650,29 @@ async fn generate(
         offer(&ledger);
         tokio::task::yield_now().await;
     }
-    if phase.publish_rate <= 0.0 {
+    if phase.producers > 0 {
+        let cap = (phase.publish_rate > 0.0).then_some(phase.publish_rate);
+        produce_closed_loop(host, queue, &phase, cap, body, ledger, stop).await;
+        return;
+    }
+    let peak = phase
+        .publish_rate
+        .max(phase.publish_rate_end.unwrap_or(0.0));
+    if peak <= 0.0 {
         return;
     }
     let start = Instant::now();
     let mut offered = 0u64;
-    let tick = Duration::from_secs_f64((1.0 / phase.publish_rate).clamp(0.001, 0.05));
+    // Due sends are the integral of the (possibly ramping) rate, summed per tick.
+    let mut due = 0.0f64;
+    let mut last = Duration::ZERO;
+    let tick = Duration::from_secs_f64((1.0 / peak).clamp(0.001, 0.05));
     loop {
-        let due = (start.elapsed().as_secs_f64() * phase.publish_rate) as u64;
-        while offered < due {
+        let now = start.elapsed();
+        let rate = (phase.rate_at(last, length) + phase.rate_at(now, length)) / 2.0;
+        due += rate * (now - last).as_secs_f64();
+        last = now;
+        while (offered as f64) < due.floor() {
             offer(&ledger);
             offered += 1;
         }
@@ -645,12 +683,61 @@ async fn generate(
     }
 }
 
-/// Samples until both directions are back at state 0 (true) or the timeout passes (false).
+/// `phase.producers` senders, each waiting for its send before the next; `cap` bounds their
+/// total rate.
+async fn produce_closed_loop(
+    host: Arc<HostInner>,
+    queue: QueueName,
+    phase: &Phase,
+    cap: Option<f64>,
+    body: Vec<u8>,
+    ledger: Arc<Ledger>,
+    stop: CancellationToken,
+) {
+    let spacing = cap.map(|rate| Duration::from_secs_f64(phase.producers as f64 / rate));
+    let mut producers = tokio::task::JoinSet::new();
+    for _ in 0..phase.producers {
+        let (host, queue, body, ledger, stop) = (
+            host.clone(),
+            queue.clone(),
+            body.clone(),
+            ledger.clone(),
+            stop.clone(),
+        );
+        let ttbr = phase.ttbr;
+        producers.spawn(async move {
+            while !stop.is_cancelled() {
+                let started = Instant::now();
+                let mut message = OutgoingMessage::new(body.clone());
+                if let Some(ttbr) = ttbr {
+                    message = message.with_time_to_be_received(ttbr);
+                }
+                // A send already waiting when the phase ends still completes (nothing offered
+                // is dropped); the next one is not started.
+                match host.publisher().send(&queue, &message).await {
+                    Ok(()) => ledger.sent(&message),
+                    Err(e) => {
+                        ledger.send_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(error = %e, "a load-test send failed");
+                    }
+                }
+                if let Some(spacing) = spacing {
+                    let rest = spacing.saturating_sub(started.elapsed());
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(rest) => {}
+                    }
+                }
+            }
+        });
+    }
+    while producers.join_next().await.is_some() {}
+}
+
+/// Waits until both directions are back at state 0 (true: no delay, no pace, full limits, as
+/// the controller reports only then) or the timeout passes (false).
 async fn settle(
-    host: &HostInner,
-    samples: &mut Vec<Sample>,
-    started: Instant,
-    ledger: &Ledger,
+    recorder: &Recorder,
     interval: Duration,
     timeout: Duration,
     stop: &CancellationToken,
@@ -658,8 +745,7 @@ async fn settle(
     let deadline = Instant::now() + timeout;
     loop {
         tokio::time::sleep(interval).await;
-        sample(host, samples, started, "settle", ledger);
-        if let Some(last) = samples.last() {
+        if let Some(last) = recorder.latest() {
             let d = &last.snapshot.decision;
             if d.delivery.state == 0 && d.publishing.state == 0 {
                 return true;
@@ -684,49 +770,21 @@ async fn drained(host: &HostInner) -> bool {
     true
 }
 
-fn sample(
-    host: &HostInner,
-    samples: &mut Vec<Sample>,
-    started: Instant,
-    phase: &str,
-    ledger: &Ledger,
-) {
-    let Some(snapshot) = host.control().snapshot() else {
-        return;
-    };
-    samples.push(Sample {
-        t: started.elapsed().as_secs_f64(),
-        phase: phase.to_string(),
-        snapshot,
-        queues: host
-            .queues()
-            .iter()
-            .map(|q| {
-                (
-                    q.name.to_string(),
-                    q.gate.effective(),
-                    q.gate.in_flight(),
-                    q.depth.get(),
-                )
-            })
-            .collect(),
-        sent: ledger.sent.load(Ordering::Relaxed),
-        done: ledger.done.load(Ordering::Relaxed),
-    });
-}
-
 #[allow(clippy::too_many_arguments)]
 fn show(
     display: Display,
     host: &HostInner,
-    samples: &[Sample],
+    recorder: &Recorder,
     phase: &str,
-    index: usize,
-    phases: usize,
+    (index, phases): (usize, usize),
     ledger: &Ledger,
     admin: Option<std::net::SocketAddr>,
+    shown_at: &mut f64,
 ) {
-    let Some(last) = samples.last() else { return };
+    let Some(last) = recorder.latest() else {
+        return;
+    };
+    let last = &last;
     match display {
         Display::Quiet => {}
         Display::Progress => {
@@ -747,15 +805,15 @@ fn show(
             );
             if std::io::stderr().is_terminal() {
                 eprint!("\r{line:<120}");
-            } else if samples.len() % 10 == 1 {
+            } else if last.t - *shown_at >= 5.0 {
+                *shown_at = last.t;
                 eprintln!("{line}");
             }
         }
         Display::Table => {
             // Once a second is enough for a person.
-            let per_second =
-                samples.len() < 2 || last.t.floor() != samples[samples.len() - 2].t.floor();
-            if per_second {
+            if last.t.floor() != shown_at.floor() {
+                *shown_at = last.t;
                 print!(
                     "{}",
                     super::report::table(host, last, phase, index, phases, admin)

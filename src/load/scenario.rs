@@ -20,7 +20,8 @@ pub struct Scenario {
     /// What it shows.
     #[serde(default)]
     pub description: String,
-    /// The states it must show and the losses it may have.
+    /// What the run must show: states, absent states and control-quality bounds. Required
+    /// (checked with the other problems): a scenario that expects nothing cannot fail.
     #[serde(default)]
     pub expect: Expect,
     /// Where the queues are, in the host configuration's form.
@@ -51,6 +52,13 @@ pub struct Scenario {
     pub settle_timeout: Duration,
     /// The phases, in order.
     pub phases: Vec<Phase>,
+    /// How many times the list of phases plays (a cause switched on and off repeatedly).
+    #[serde(default = "one_round")]
+    pub rounds: u32,
+}
+
+fn one_round() -> u32 {
+    1
 }
 
 fn admin_off() -> String {
@@ -82,6 +90,41 @@ pub struct Expect {
     /// Publishing state codes that must not appear.
     #[serde(default)]
     pub publishing_absent: Vec<u8>,
+    /// At least this many control episodes (a guarded resource crossing its threshold).
+    #[serde(default)]
+    pub min_episodes: Option<u32>,
+    /// Every episode engages within this many controller ticks of the crossing.
+    #[serde(default)]
+    pub max_engage_samples: Option<u32>,
+    /// Every episode's resource peaks at most at this multiple of its threshold.
+    #[serde(default)]
+    pub max_peak_ratio: Option<f64>,
+    /// Database size episodes peak at most at this multiple (tighter: it is paced).
+    #[serde(default)]
+    pub max_database_size_peak_ratio: Option<f64>,
+    /// Every episode changes its direction's state at most this many times.
+    #[serde(default)]
+    pub max_flips: Option<u32>,
+    /// Every episode is back at state 0 (no delay, no pace, full limits) within this many
+    /// seconds of its cause ending.
+    #[serde(default)]
+    pub max_recovery_seconds: Option<f64>,
+}
+
+impl Expect {
+    /// True when nothing is expected at all.
+    pub fn is_empty(&self) -> bool {
+        self.delivery_states.is_empty()
+            && self.publishing_states.is_empty()
+            && self.delivery_absent.is_empty()
+            && self.publishing_absent.is_empty()
+            && self.min_episodes.is_none()
+            && self.max_engage_samples.is_none()
+            && self.max_peak_ratio.is_none()
+            && self.max_database_size_peak_ratio.is_none()
+            && self.max_flips.is_none()
+            && self.max_recovery_seconds.is_none()
+    }
 }
 
 /// Thresholds resolved at start. Each replaces the matching `[throttling]` setting.
@@ -110,9 +153,21 @@ pub struct Phase {
     #[serde(with = "units::duration")]
     pub duration: Duration,
     /// Messages per second offered to the publish path (open loop: requests keep arriving
-    /// whether or not earlier sends have finished).
+    /// whether or not earlier sends have finished). With `producers`, a cap on their total.
     #[serde(default)]
     pub publish_rate: f64,
+    /// Ramps the open-loop rate linearly from `publish_rate` at the phase's start to this at
+    /// its end.
+    #[serde(default)]
+    pub publish_rate_end: Option<f64>,
+    /// Closed-loop senders: each sends one message, waits until it is stored (through any
+    /// throttling wait), then sends the next. 0: open loop at `publish_rate`.
+    #[serde(default)]
+    pub producers: u32,
+    /// Sets the MaximumConcurrencyLevel of the phase's queue from this phase on (as a config
+    /// reload would).
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
     /// Messages sent at the start of the phase, as fast as the publish path takes them.
     #[serde(default)]
     pub burst: u64,
@@ -134,6 +189,19 @@ pub struct Phase {
     /// End the phase early once every queue is empty.
     #[serde(default)]
     pub until_drained: bool,
+}
+
+impl Phase {
+    /// The open-loop rate `elapsed` into a phase lasting `length`.
+    pub fn rate_at(&self, elapsed: Duration, length: Duration) -> f64 {
+        match self.publish_rate_end {
+            Some(end) if !length.is_zero() => {
+                let share = (elapsed.as_secs_f64() / length.as_secs_f64()).clamp(0.0, 1.0);
+                self.publish_rate + (end - self.publish_rate) * share
+            }
+            _ => self.publish_rate,
+        }
+    }
 }
 
 /// Partial simulate knobs: what is set changes, the rest stays.
@@ -198,11 +266,37 @@ impl Scenario {
                 "a scenario needs at least one phase".to_string(),
             ));
         }
+        if scenario.expect.is_empty() {
+            problems.push((
+                "expect".to_string(),
+                "the scenario expects nothing: list states that must (or must not) appear, or control bounds such as max_peak_ratio".to_string(),
+            ));
+        }
+        if scenario.rounds == 0 {
+            problems.push((
+                "rounds".to_string(),
+                "0 rounds would play no phase; the least is 1".to_string(),
+            ));
+        }
         for (i, phase) in scenario.phases.iter().enumerate() {
             if !(phase.publish_rate >= 0.0 && phase.publish_rate.is_finite()) {
                 problems.push((
                     format!("phases[{i}].publish_rate"),
                     format!("{} is not a rate >= 0", phase.publish_rate),
+                ));
+            }
+            if let Some(end) = phase.publish_rate_end
+                && !(end >= 0.0 && end.is_finite())
+            {
+                problems.push((
+                    format!("phases[{i}].publish_rate_end"),
+                    format!("{end} is not a rate >= 0"),
+                ));
+            }
+            if phase.max_concurrency == Some(0) {
+                problems.push((
+                    format!("phases[{i}].max_concurrency"),
+                    "0 would stop the queue for good; the least is 1".to_string(),
                 ));
             }
             if let Some(q) = &phase.queue
@@ -253,5 +347,48 @@ impl Scenario {
             source,
         })?;
         Self::parse(&text, &path.display().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "name = 't'\n\n[expect]\nmin_episodes = 1\n[[queues]]\nname = 'q'\n";
+
+    #[test]
+    fn a_ramp_goes_from_the_start_rate_to_the_end_rate() {
+        let text = format!(
+            "{BASE}[[phases]]\nname = 'ramp'\nduration = '10s'\npublish_rate = 100\npublish_rate_end = 300\n"
+        );
+        let s = Scenario::parse(&text, "t.toml").unwrap();
+        let p = &s.phases[0];
+        let length = Duration::from_secs(10);
+        assert_eq!(p.rate_at(Duration::ZERO, length), 100.0);
+        assert_eq!(p.rate_at(Duration::from_secs(5), length), 200.0);
+        assert_eq!(p.rate_at(Duration::from_secs(20), length), 300.0);
+        assert_eq!(s.rounds, 1);
+    }
+
+    #[test]
+    fn rounds_producers_and_a_phase_max_parse_and_are_checked() {
+        let text = format!(
+            "rounds = 3\n{BASE}[[phases]]\nname = 'p'\nduration = '1s'\nproducers = 4\nmax_concurrency = 2\n"
+        );
+        let s = Scenario::parse(&text, "t.toml").unwrap();
+        assert_eq!((s.rounds, s.phases[0].producers), (3, 4));
+        assert_eq!(s.phases[0].max_concurrency, Some(2));
+
+        let text = format!(
+            "rounds = 0\n{BASE}[[phases]]\nname = 'p'\nduration = '1s'\nmax_concurrency = 0\npublish_rate_end = -1\n"
+        );
+        let err = Scenario::parse(&text, "t.toml").unwrap_err().to_string();
+        for key in [
+            "rounds",
+            "phases[0].max_concurrency",
+            "phases[0].publish_rate_end",
+        ] {
+            assert!(err.contains(key), "{key} not named in: {err}");
+        }
     }
 }

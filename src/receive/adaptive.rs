@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{
-    Backoff, IdlePolling, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_and_receive, pause,
-    process,
+    Backoff, IdlePolling, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_then_acquire, pause,
+    process, receive,
 };
 
 struct Adaptive {
@@ -20,16 +20,15 @@ struct Adaptive {
     idle: IdlePolling,
 }
 
-/// Starts the first loop.
-pub fn start(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+/// Runs the first loop (it adds and retires the others) until receiving stops.
+pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     let adaptive = Arc::new(Adaptive {
         q,
         ctx,
         idle: IdlePolling::new(),
     });
     adaptive.q.loops.store(1, Ordering::Relaxed);
-    let tasks = adaptive.ctx.tasks.clone();
-    tasks.spawn(receive_loop(adaptive));
+    receive_loop(adaptive).await;
 }
 
 impl Adaptive {
@@ -69,9 +68,8 @@ async fn receive_loop(a: Arc<Adaptive>) {
         if ctx.stop.is_cancelled() {
             break;
         }
-        let permit = tokio::select! {
-            p = q.gate.acquire() => p,
-            _ = ctx.stop.cancelled() => break,
+        let Some(permit) = admit_then_acquire(q, ctx).await else {
+            break;
         };
         let mut succeeded = || {
             successes += 1;
@@ -80,7 +78,7 @@ async fn receive_loop(a: Arc<Adaptive>) {
                 a.ramp_up();
             }
         };
-        let outcome = match admit_and_receive(q, ctx).await {
+        let outcome = match receive(q, ctx).await {
             ReceiveOutcome::Got(received) => {
                 empties = 0;
                 backoff.reset();
@@ -119,7 +117,6 @@ async fn receive_loop(a: Arc<Adaptive>) {
                     break;
                 }
             }
-            ReceiveOutcome::Stopped => break,
             ReceiveOutcome::Got(_) => unreachable!("process ends a chain only on a non-message"),
         }
     }

@@ -11,20 +11,16 @@ use std::sync::atomic::Ordering;
 use tokio::task::JoinHandle;
 
 use super::{
-    IdlePolling, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_and_receive, pause, process,
+    IdlePolling, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_then_acquire, pause, process,
+    receive,
 };
 
 /// Starts the loops and the supervisor that follows `max`.
-pub fn start(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
-    let tasks = ctx.tasks.clone();
-    tasks.spawn(supervise(q, ctx));
-}
-
-async fn supervise(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     let idle = Arc::new(IdlePolling::new());
     let mut loops: BTreeMap<u32, JoinHandle<()>> = BTreeMap::new();
     loop {
-        let changed = q.reconfigured.notified();
+        let changed = q.reconfigured();
         tokio::pin!(changed);
         changed.as_mut().enable();
         loops.retain(|_, h| !h.is_finished());
@@ -52,11 +48,10 @@ async fn receive_loop(
         if ctx.stop.is_cancelled() || index >= q.settings().max {
             break;
         }
-        let permit = tokio::select! {
-            p = q.gate.acquire() => p,
-            _ = ctx.stop.cancelled() => break,
+        let Some(permit) = admit_then_acquire(&q, &ctx).await else {
+            break;
         };
-        let outcome = match admit_and_receive(&q, &ctx).await {
+        let outcome = match receive(&q, &ctx).await {
             ReceiveOutcome::Got(received) => {
                 idle.work_found();
                 let end = process(&q, &ctx, received, || {}).await;
@@ -82,7 +77,6 @@ async fn receive_loop(
                     break;
                 }
             }
-            ReceiveOutcome::Stopped => break,
             ReceiveOutcome::Got(_) => unreachable!("process ends a chain only on a non-message"),
         }
     }

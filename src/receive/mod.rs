@@ -11,182 +11,23 @@
 //! empty.
 
 pub mod adaptive;
-pub mod breaker;
 pub mod fixed;
-pub mod gate;
 pub mod monitor;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use breaker::CircuitBreaker;
-pub use gate::{ConcurrencyGate, Permit};
-
-use crate::config::{ConcurrencyModel, QueueConfig};
-use crate::dispatch::{Dispatcher, FailureMemory};
-use crate::handlers::{Handler, SimulateHandler};
-use crate::metrics::QueueMetrics;
+use crate::config::ConcurrencyModel;
+use crate::dispatch::Dispatcher;
+use crate::queue::gate::Permit;
+pub use crate::queue::{QueueRuntime, QueueSettings};
 use crate::throttling::Throttle;
-use crate::transport::{QueueName, Received, Transport};
-
-/// The settings of a queue that may change while it runs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct QueueSettings {
-    /// MaximumConcurrencyLevel.
-    pub max: u32,
-    /// Peek interval / longest idle back-off.
-    pub peek_interval: Duration,
-    /// Adaptive ramp-up threshold.
-    pub ramp_up_after: u32,
-    /// Adaptive ramp-down threshold.
-    pub ramp_down_after: u32,
-    /// Immediate retries.
-    pub immediate_retries: u32,
-    /// Handler attempt time limit.
-    pub handler_timeout: Option<Duration>,
-}
-
-impl QueueSettings {
-    /// Settings of a configured queue; `max` overrides the concurrency (instance queues).
-    pub fn from_config(config: &QueueConfig, max: u32) -> Self {
-        QueueSettings {
-            max,
-            peek_interval: config.concurrency.peek_interval,
-            ramp_up_after: config.concurrency.ramp_up_after,
-            ramp_down_after: config.concurrency.ramp_down_after,
-            immediate_retries: config.immediate_retries,
-            handler_timeout: config.handler_timeout,
-        }
-    }
-}
-
-/// The last known depth of a queue and when it was learned.
-#[derive(Debug)]
-pub struct DepthCell {
-    origin: Instant,
-    value: AtomicU64,
-    at_ms: AtomicU64,
-}
-
-impl Default for DepthCell {
-    fn default() -> Self {
-        DepthCell {
-            origin: Instant::now(),
-            value: AtomicU64::new(0),
-            at_ms: AtomicU64::new(u64::MAX),
-        }
-    }
-}
-
-impl DepthCell {
-    /// Records a depth seen now.
-    pub fn set(&self, depth: u64) {
-        self.value.store(depth, Ordering::Relaxed);
-        self.at_ms
-            .store(self.origin.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-
-    /// The last depth.
-    pub fn get(&self) -> u64 {
-        self.value.load(Ordering::Relaxed)
-    }
-
-    /// How old the last depth is; None if never set.
-    pub fn age(&self) -> Option<Duration> {
-        match self.at_ms.load(Ordering::Relaxed) {
-            u64::MAX => None,
-            at => Some(
-                self.origin
-                    .elapsed()
-                    .saturating_sub(Duration::from_millis(at)),
-            ),
-        }
-    }
-}
-
-/// Everything about one receiving queue.
-pub struct QueueRuntime {
-    /// The queue.
-    pub name: QueueName,
-    /// Where failed and poison messages go.
-    pub error_queue: QueueName,
-    /// Its concurrency model (changing it needs a restart).
-    pub model: ConcurrencyModel,
-    settings: ArcSwap<QueueSettings>,
-    /// The concurrency gate (max and throttling limit).
-    pub gate: Arc<ConcurrencyGate>,
-    /// Receive loops (fixed, adaptive) or peekers (monitor) running.
-    pub loops: AtomicU32,
-    /// Last known depth.
-    pub depth: DepthCell,
-    /// Metric handles.
-    pub metrics: QueueMetrics,
-    /// The handler.
-    pub handler: Arc<dyn Handler>,
-    /// Set when the handler is the built-in simulate handler (load tests turn its knobs).
-    pub simulate: Option<Arc<SimulateHandler>>,
-    /// Transport-error circuit breaker.
-    pub breaker: CircuitBreaker,
-    /// Failure counts per message id.
-    pub failures: FailureMemory,
-    reconfigured: Notify,
-}
-
-impl QueueRuntime {
-    /// Builds a queue's runtime state.
-    pub fn new(
-        name: QueueName,
-        error_queue: QueueName,
-        model: ConcurrencyModel,
-        settings: QueueSettings,
-        handler: Arc<dyn Handler>,
-        simulate: Option<Arc<SimulateHandler>>,
-        metrics: QueueMetrics,
-    ) -> Self {
-        metrics.concurrency_max.set(settings.max as f64);
-        metrics.concurrency_limit.set(settings.max as f64);
-        QueueRuntime {
-            breaker: CircuitBreaker::new(name.as_str(), metrics.circuit_breaker_open.clone()),
-            gate: Arc::new(ConcurrencyGate::new(settings.max)),
-            name,
-            error_queue,
-            model,
-            settings: ArcSwap::from_pointee(settings),
-            loops: AtomicU32::new(0),
-            depth: DepthCell::default(),
-            metrics,
-            handler,
-            simulate,
-            failures: FailureMemory::default(),
-            reconfigured: Notify::new(),
-        }
-    }
-
-    /// The settings in force.
-    pub fn settings(&self) -> Arc<QueueSettings> {
-        self.settings.load_full()
-    }
-
-    /// Applies new settings (config reload): a new max reaches the gate at once.
-    pub fn reconfigure(&self, settings: QueueSettings) {
-        self.gate.set_max(settings.max);
-        self.metrics.concurrency_max.set(settings.max as f64);
-        self.settings.store(Arc::new(settings));
-        self.reconfigured.notify_waiters();
-    }
-
-    /// Loops or peekers running now.
-    pub fn loops(&self) -> u32 {
-        self.loops.load(Ordering::Relaxed)
-    }
-}
+use crate::transport::{Received, Transport};
 
 /// What receivers share: the transport, the dispatcher, the throttle and the lifecycle.
 pub struct ReceiveContext {
@@ -206,10 +47,27 @@ pub struct ReceiveContext {
 
 /// Starts the receiver of a queue according to its model.
 pub fn start(queue: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
-    match queue.model {
-        ConcurrencyModel::Fixed => fixed::start(queue, ctx),
-        ConcurrencyModel::Adaptive => adaptive::start(queue, ctx),
-        ConcurrencyModel::Monitor => monitor::start(queue, ctx),
+    let tasks = ctx.tasks.clone();
+    // Alive from now (readiness right after start is true); cleared when the receiver returns
+    // or panics, so readiness sees a dead receiver.
+    queue.receiver_alive_flag().store(true, Ordering::Release);
+    tasks.spawn(async move {
+        let _alive = Alive(queue.receiver_alive_flag());
+        let q = queue.clone();
+        match q.model {
+            ConcurrencyModel::Fixed => fixed::run(q, ctx).await,
+            ConcurrencyModel::Adaptive => adaptive::run(q, ctx).await,
+            ConcurrencyModel::Monitor => monitor::run(q, ctx).await,
+        }
+    });
+}
+
+/// Clears a flag when dropped, by a return or by a panic's unwinding.
+struct Alive<'a>(&'a AtomicBool);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -221,17 +79,33 @@ pub(crate) enum ReceiveOutcome {
     Empty,
     /// The transport failed; pause this long before trying again.
     Failed(Duration),
-    /// Shutdown began while waiting.
-    Stopped,
 }
 
-/// Waits the delivery throttle, then receives once. The caller holds a gate permit.
-pub(crate) async fn admit_and_receive(q: &QueueRuntime, ctx: &ReceiveContext) -> ReceiveOutcome {
-    tokio::select! {
-        biased;
-        _ = ctx.stop.cancelled() => return ReceiveOutcome::Stopped,
-        _ = ctx.throttle.delivery.admit() => {}
+/// Waits the delivery throttle, then takes a permit of the queue's gate: a receiver waiting
+/// out a delay holds no slot and does not count as in flight, and when a delay ends, only as
+/// many receivers as the (possibly reduced) limit allows go on. None when shutdown began.
+pub(crate) async fn admit_then_acquire(q: &QueueRuntime, ctx: &ReceiveContext) -> Option<Permit> {
+    loop {
+        tokio::select! {
+            biased;
+            _ = ctx.stop.cancelled() => return None,
+            _ = ctx.throttle.delivery.admit() => {}
+        }
+        let permit = tokio::select! {
+            biased;
+            _ = ctx.stop.cancelled() => return None,
+            p = q.gate.acquire() => p,
+        };
+        // The memory ceiling may have closed while this receiver waited for its permit:
+        // then it gives the permit back and waits again, so a closed ceiling starts nothing.
+        if !ctx.throttle.delivery.is_held() {
+            return Some(permit);
+        }
     }
+}
+
+/// Receives once. The caller has waited the throttle and holds a gate permit.
+pub(crate) async fn receive(q: &QueueRuntime, ctx: &ReceiveContext) -> ReceiveOutcome {
     account(q, ctx.transport.receive(&q.name).await)
 }
 
@@ -332,6 +206,13 @@ impl Backoff {
         }
     }
 
+    /// A back-off that starts at its longest wait (for a queue not yet seen busy).
+    pub(crate) fn idle() -> Self {
+        Backoff {
+            current_ms: AtomicU64::new(u64::MAX / 4),
+        }
+    }
+
     /// The next wait, capped by `max`.
     pub(crate) fn next(&self, max: Duration) -> Duration {
         let max_ms = max.as_millis().max(1) as u64;
@@ -411,10 +292,11 @@ impl IdlePolling {
             if !pause(ctx, wait).await {
                 return false;
             }
+            let start = q.depth.read_started();
             match ctx.transport.peek_depth(&q.name).await {
                 Ok(depth) => {
                     q.breaker.success();
-                    q.depth.set(depth);
+                    q.depth.set_read(depth, start);
                     if depth > 0 {
                         return true;
                     }
@@ -443,14 +325,5 @@ mod tests {
         assert_eq!(waits, vec![50, 100, 200, 400, 800, 1000, 1000]);
         b.reset();
         assert_eq!(b.next(max).as_millis(), 50);
-    }
-
-    #[tokio::test]
-    async fn depth_cell_ages() {
-        let d = DepthCell::default();
-        assert_eq!(d.age(), None);
-        d.set(7);
-        assert_eq!(d.get(), 7);
-        assert!(d.age().unwrap() < Duration::from_secs(1));
     }
 }

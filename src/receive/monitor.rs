@@ -6,22 +6,21 @@
 //! task has executed its receive, or one came back empty, before peeking again: re-peeking
 //! earlier would count rows those tasks are about to take and start receives that find nothing
 //! (the "empty receive flood" of NServiceBus.SqlServer #1614 / #1412). An empty queue is peeked
-//! once per `peek_interval`.
+//! once per `peek_interval`; right after messages were seen, sooner (50 ms doubling).
+//!
+//! Each receive task waits the delivery throttle *before* it takes a gate permit, so tasks
+//! waiting out a delay hold no slot and a delay that ends releases no more receives than the
+//! current limit.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::{
-    Permit, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_and_receive, pause, process,
+    Backoff, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_then_acquire, pause, process,
+    receive,
 };
-
-/// Starts the peeker.
-pub fn start(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
-    let tasks = ctx.tasks.clone();
-    tasks.spawn(peek_loop(q, ctx));
-}
 
 /// Counts receive tasks of one batch until each has run its receive, or one found nothing.
 #[derive(Default)]
@@ -67,13 +66,25 @@ impl Batch {
     }
 }
 
-async fn peek_loop(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+/// Runs the peeker until receiving stops.
+pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     q.loops.store(1, Ordering::Relaxed);
+    // Receive tasks outstanding (waiting out a delay, waiting for a gate permit, or running)
+    // are bounded by max; the gate bounds those that run by the effective limit.
+    let mut slot_count = q.settings().max;
+    let slots = Arc::new(Semaphore::new(slot_count as usize));
+    // Idle from the start: one peek per peek_interval. After messages were seen, the next
+    // empty peeks come sooner (50 ms doubling), so a trickle of messages, or a queue that
+    // looked empty because its rows were locked by receives just started, is followed closely
+    // instead of collecting for a whole interval and starting all at once.
+    let backoff = Backoff::idle();
     while !ctx.stop.is_cancelled() {
+        slot_count = resize(&slots, slot_count, q.settings().max);
+        let start = q.depth.read_started();
         let depth = match ctx.transport.peek_depth(&q.name).await {
             Ok(depth) => {
                 q.breaker.success();
-                q.depth.set(depth);
+                q.depth.set_read(depth, start);
                 depth
             }
             Err(e) => {
@@ -86,11 +97,12 @@ async fn peek_loop(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
             }
         };
         if depth == 0 {
-            if !pause(&ctx, q.settings().peek_interval).await {
+            if !pause(&ctx, backoff.next(q.settings().peek_interval)).await {
                 break;
             }
             continue;
         }
+        backoff.reset();
         // While the breaker is triggered, one receive per peek.
         let size = if q.breaker.is_triggered() { 1 } else { depth };
         let batch = Arc::new(Batch::default());
@@ -98,14 +110,23 @@ async fn peek_loop(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
             if batch.exhausted() {
                 break;
             }
-            let permit = tokio::select! {
-                p = q.gate.acquire() => p,
-                _ = batch.wait_exhausted() => break,
-                _ = ctx.stop.cancelled() => break,
+            let slot = loop {
+                // A reload that raises max while every slot is taken must add slots now, not
+                // after this batch ends (a deep queue's batch can last minutes).
+                let reconfigured = q.reconfigured();
+                tokio::select! {
+                    s = slots.clone().acquire_owned() => break s.ok(),
+                    _ = batch.wait_exhausted() => break None,
+                    _ = ctx.stop.cancelled() => break None,
+                    _ = reconfigured => {
+                        slot_count = resize(&slots, slot_count, q.settings().max);
+                    }
+                }
             };
+            let Some(slot) = slot else { break };
             batch.start_one();
             ctx.tasks
-                .spawn(receive_task(q.clone(), ctx.clone(), permit, batch.clone()));
+                .spawn(receive_task(q.clone(), ctx.clone(), slot, batch.clone()));
         }
         tokio::select! {
             _ = batch.wait() => {}
@@ -113,6 +134,19 @@ async fn peek_loop(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
         }
     }
     q.loops.store(0, Ordering::Relaxed);
+}
+
+/// Follows a changed max: more slots at once; fewer as free slots can be taken back.
+fn resize(slots: &Semaphore, current: u32, max: u32) -> u32 {
+    let max = max.max(1);
+    if max > current {
+        slots.add_permits((max - current) as usize);
+        max
+    } else if max < current {
+        current - slots.forget_permits((current - max) as usize) as u32
+    } else {
+        current
+    }
 }
 
 impl Batch {
@@ -132,14 +166,18 @@ impl Batch {
 async fn receive_task(
     q: Arc<QueueRuntime>,
     ctx: Arc<ReceiveContext>,
-    permit: Permit,
+    slot: OwnedSemaphorePermit,
     batch: Arc<Batch>,
 ) {
-    match admit_and_receive(&q, &ctx).await {
+    let Some(permit) = admit_then_acquire(&q, &ctx).await else {
+        batch.received(true);
+        return;
+    };
+    match receive(&q, &ctx).await {
         ReceiveOutcome::Got(received) => {
             batch.received(false);
             match process(&q, &ctx, received, || {}).await {
-                Some(ReceiveOutcome::Empty) | Some(ReceiveOutcome::Stopped) => batch.exhaust(),
+                Some(ReceiveOutcome::Empty) => batch.exhaust(),
                 Some(ReceiveOutcome::Failed(wait)) => {
                     batch.exhaust();
                     pause(&ctx, wait).await;
@@ -153,7 +191,7 @@ async fn receive_task(
             // Hold the permit through the pause: a failing transport gets fewer receives.
             pause(&ctx, wait).await;
         }
-        ReceiveOutcome::Stopped => batch.received(true),
     }
     drop(permit);
+    drop(slot);
 }

@@ -23,6 +23,11 @@ pub struct Admission {
     origin: Instant,
     delay_ns: AtomicU64,
     pace_ns: AtomicU64,
+    /// Admissions the memory ceiling still lets through before it reads memory again
+    /// ([`OPEN`] when it does not limit them); see `service::Ceiling`.
+    allowance: AtomicU64,
+    /// Callers inside the slow path (waiting out a delay, a hold or their pacing turn).
+    waiting: AtomicU64,
     next_slot_ns: AtomicU64,
     /// Paced callers take turns in FIFO order.
     pacing_turn: Mutex<()>,
@@ -36,6 +41,9 @@ impl Default for Admission {
     }
 }
 
+/// The allowance when the ceiling does not limit admissions.
+const OPEN: u64 = u64::MAX;
+
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -47,6 +55,8 @@ impl Admission {
             origin: Instant::now(),
             delay_ns: AtomicU64::new(0),
             pace_ns: AtomicU64::new(0),
+            allowance: AtomicU64::new(OPEN),
+            waiting: AtomicU64::new(0),
             next_slot_ns: AtomicU64::new(0),
             pacing_turn: Mutex::new(()),
             relaxed: Notify::new(),
@@ -97,7 +107,55 @@ impl Admission {
     /// True when an admission would pass without waiting.
     #[inline]
     pub fn is_open(&self) -> bool {
-        self.delay_ns.load(Ordering::Relaxed) == 0 && self.pace_ns.load(Ordering::Relaxed) == 0
+        self.delay_ns.load(Ordering::Relaxed) == 0
+            && self.pace_ns.load(Ordering::Relaxed) == 0
+            && self.allowance.load(Ordering::Relaxed) == OPEN
+    }
+
+    /// Holds every admission (`true`) until released (`false`), on top of the delay and pace:
+    /// the ceiling a fast sensor sets between controller ticks.
+    pub fn hold(&self, held: bool) {
+        self.allow(if held { Some(0) } else { None });
+    }
+
+    /// Lets at most `count` more admissions through until the next call (`None`: no limit),
+    /// on top of the delay and pace. A release of a hold this way cannot let every waiting
+    /// caller through at once: each takes one from the allowance.
+    pub fn allow(&self, count: Option<u64>) {
+        let count = count.map_or(OPEN, |c| c.min(OPEN - 1));
+        let was = self.allowance.swap(count, Ordering::AcqRel);
+        if count > 0 && count != was {
+            self.relaxed.notify_waiters();
+        }
+    }
+
+    /// Takes one admission from the allowance; false when none is left.
+    fn take_allowance(&self) -> bool {
+        self.allowance
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| match a {
+                OPEN => Some(OPEN),
+                0 => None,
+                a => Some(a - 1),
+            })
+            .is_ok()
+    }
+
+    /// Callers waiting to be admitted now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// What is left of the ceiling's allowance (`None`: no limit).
+    pub fn allowance(&self) -> Option<u64> {
+        match self.allowance.load(Ordering::Acquire) {
+            OPEN => None,
+            n => Some(n),
+        }
+    }
+
+    /// Whether the ceiling holds admissions now (no allowance left).
+    pub fn is_held(&self) -> bool {
+        self.allowance.load(Ordering::Acquire) == 0
     }
 
     /// Waits until this direction admits one more message; returns how long it waited.
@@ -115,6 +173,15 @@ impl Admission {
     }
 
     async fn admit_slow(&self) -> Duration {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        // Counted down however the wait ends, cancellation included.
+        struct Waiting<'a>(&'a AtomicU64);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let _waiting = Waiting(&self.waiting);
         let start = self.now_ns();
         // The delay: every caller waits it, concurrently.
         loop {
@@ -129,6 +196,15 @@ impl Admission {
                 _ = tokio::time::sleep_until(self.instant_at(delay_until)) => {}
                 _ = &mut relaxed => {}
             }
+        }
+        loop {
+            let relaxed = self.relaxed.notified();
+            tokio::pin!(relaxed);
+            relaxed.as_mut().enable();
+            if self.take_allowance() {
+                break;
+            }
+            relaxed.await;
         }
         if self.pace_ns.load(Ordering::Relaxed) == 0 {
             return Duration::from_nanos(self.now_ns() - start);
@@ -264,5 +340,46 @@ mod tests {
         a.set(Duration::ZERO, Some(Duration::from_millis(10)));
         let waited = waiter.await.unwrap();
         assert!(waited < Duration::from_secs(3), "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_stops_every_admission_until_released() {
+        let a = Arc::new(Admission::default());
+        a.hold(true);
+        assert!(!a.is_open());
+        let waiter = {
+            let a = a.clone();
+            tokio::spawn(async move { a.admit().await })
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!waiter.is_finished(), "held for as long as the hold lasts");
+        a.hold(false);
+        let waited = tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("released at once")
+            .unwrap();
+        assert_eq!(waited, Duration::from_secs(5));
+        assert!(a.is_open());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_allowance_lets_that_many_waiters_through_and_no_more() {
+        let a = Arc::new(Admission::default());
+        a.hold(true);
+        let waiters: Vec<_> = (0..5)
+            .map(|_| {
+                let a = a.clone();
+                tokio::spawn(async move { a.admit().await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        a.allow(Some(2));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let done = waiters.iter().filter(|w| w.is_finished()).count();
+        assert_eq!(done, 2, "two admitted from an allowance of two");
+        assert!(a.is_held(), "the allowance is used up");
+        a.allow(None);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(waiters.iter().all(|w| w.is_finished()), "released");
     }
 }

@@ -3,29 +3,32 @@
 //!
 //! Per tick it
 //!
-//! 1. evaluates every condition against its threshold with hysteresis: a condition becomes
+//! 1. **evaluates** every condition against its threshold with hysteresis: a condition becomes
 //!    active when its value rises above the threshold and clears only when it falls below
-//!    threshold x `resume_ratio`;
-//! 2. picks each direction's state: the active condition of highest [`Condition::rank`];
-//! 3. applies the delay law: while a resource condition (or a forced override) of severity
-//!    `s` holds, the delay starts at `initial_delay` and doubles every `100 / s` seconds, up to
-//!    `max_delay`; with none, it halves every sample and drops to zero below 1 ms;
-//! 4. paces a direction with an active rate imbalance: admissions spaced
-//!    `1 / (outgoing rate x overdrive)` seconds apart;
-//! 5. under memory, in-process or thread pressure, shrinks every queue's concurrency limit
-//!    multiplicatively (floor 1), and grows it back by a fixed step per sample when clear.
+//!    threshold x `resume_ratio` (the resume line);
+//! 2. **limits** every queue (delivery): under memory, in-process or thread pressure the limit
+//!    is cut from what is *in flight*, aiming the resource at midway between resume line and
+//!    threshold; it is held while the resource is above the resume line and grows back below
+//!    it, fast when far below and by steps near it ([`law::cut`], [`law::grow`]);
+//! 3. **delays** each direction by a law proportional to the overage and integral over its
+//!    persistence, scaled by severity and capped ([`law::delay`]); a cleared cause relaxes the
+//!    delay over a few samples instead of keeping it;
+//! 4. **paces** publishing under database size, sessions or memory against the backlog's
+//!    measured drain rate, so an open-loop publisher settles the backlog at the threshold
+//!    ([`law::paced_rate`]), and paces a rate imbalance at the recent outgoing rate x
+//!    overdrive; pacing needs a measured rate and relaxes gradually;
+//! 5. **reports the truth**: a direction shows the state of its cause while any action
+//!    (delay, pace, limit below max) is in effect, flagged `recovering` once the cause cleared.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::law;
 use super::rates::RateReading;
 use super::{Condition, Direction, state_name};
 use crate::config::{OverrideMode, ThrottlingConfig};
-
-/// Delays below this decay straight to zero.
-const DELAY_FLOOR: Duration = Duration::from_millis(1);
 
 /// What the machine looks like, for thresholds given per CPU or as a share of memory.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -95,6 +98,9 @@ pub struct Readings {
     pub database_size: u64,
     /// Database connections in use.
     pub database_sessions: u64,
+    /// How fast the stored backlog drains (messages/s over the last seconds), when known:
+    /// what publishing is paced against under publishing pressure.
+    pub database_drain_per_sec: Option<f64>,
     /// Delivery rates.
     pub delivery: RateReading,
     /// Publishing rates.
@@ -146,12 +152,19 @@ pub struct DirectionDecision {
     pub state: u8,
     /// BizTalk state name.
     pub state_name: &'static str,
+    /// The cause has cleared and its actions are relaxing (the state shows the cause until
+    /// no delay, no pace and no reduced limit is left).
+    pub recovering: bool,
+    /// The condition whose actions are in effect.
+    pub cause: Option<Condition>,
     /// Wait per admission.
     #[serde(serialize_with = "as_secs")]
     pub delay: Duration,
     /// Spacing between admissions when pacing a rate imbalance.
     #[serde(serialize_with = "as_secs_opt")]
     pub pace: Option<Duration>,
+    /// Admissions per second allowed while pacing.
+    pub pace_rate: Option<f64>,
     /// Time since the direction entered its current state (BizTalk "state duration").
     #[serde(serialize_with = "as_secs")]
     pub state_duration: Duration,
@@ -196,7 +209,7 @@ pub struct Decision {
     pub publishing: DirectionDecision,
     /// Effective concurrency limit per queue (<= its max).
     pub queue_limits: BTreeMap<String, u32>,
-    /// True while delivery pressure is shrinking the limits.
+    /// True while a memory, in-process or thread condition holds the limits down.
     pub shrinking: bool,
 }
 
@@ -213,9 +226,41 @@ impl Decision {
 #[derive(Debug, Clone, Default)]
 struct DirectionState {
     rate_active: bool,
-    delay_secs: f64,
+    /// No rate imbalance engages before this: its sampling window still holds time another
+    /// cause throttled the direction (requests waiting out that throttling are not an
+    /// imbalance of their own).
+    rate_quiet_until: Duration,
+    /// Overage-seconds accumulated by the delay law's integral term.
+    integral: f64,
+    delay: Duration,
+    /// Messages per second admitted while pacing; None = not pacing.
+    pace_rate: Option<f64>,
+    /// The condition whose actions are in effect (kept while they relax).
+    cause: Option<Condition>,
     state: u8,
     since: Duration,
+}
+
+/// One receiving queue as the controller sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueueLoad {
+    /// Queue name.
+    pub name: String,
+    /// Configured MaximumConcurrencyLevel.
+    pub max: u32,
+    /// Messages being received or processed now (not receivers waiting out a delay).
+    pub in_flight: u32,
+}
+
+impl QueueLoad {
+    /// A queue with nothing in flight.
+    pub fn idle(name: &str, max: u32) -> Self {
+        QueueLoad {
+            name: name.to_string(),
+            max,
+            in_flight: 0,
+        }
+    }
 }
 
 /// The controller. Feed it [`Readings`] every sample interval.
@@ -227,7 +272,15 @@ pub struct Controller {
     directions: [DirectionState; 2],
     limits: BTreeMap<String, u32>,
     last_tick: Option<Duration>,
+    /// When a shrinking condition last held the limits (over or above its resume line).
+    last_pressure: Option<Duration>,
 }
+
+/// For this long after a shrinking condition last held the limits, a limit grows from what is
+/// in flight (at most twice it plus a step), not from itself: right after an episode the
+/// resource can dip far below its line while little is in flight, and a limit grown from
+/// itself would let a burst start at once that the next sample sees too late.
+const AFTER_PRESSURE: Duration = Duration::from_secs(2);
 
 const RESOURCE_CONDITIONS: [Condition; 6] = [
     Condition::ProcessMemory,
@@ -237,6 +290,19 @@ const RESOURCE_CONDITIONS: [Condition; 6] = [
     Condition::DatabaseSize,
     Condition::DatabaseSessions,
 ];
+
+/// Where the delivery limits stand this tick.
+struct LimitPressure {
+    /// Worst value / threshold among shrinking conditions above their threshold.
+    over: Option<f64>,
+    /// A shrinking condition is active (above its resume line).
+    holding: bool,
+    /// 1 - value / resume line of the tightest shrinking condition (1 when none is on).
+    headroom: f64,
+    /// Above [`law::APPROACH_SHARE`] of a threshold: the share the messages in flight may grow
+    /// by before a resource that scales with them reaches its resume line.
+    approach: Option<f64>,
+}
 
 impl Controller {
     /// A controller with these settings and resolved thresholds.
@@ -248,6 +314,7 @@ impl Controller {
             directions: Default::default(),
             limits: BTreeMap::new(),
             last_tick: None,
+            last_pressure: None,
         }
     }
 
@@ -296,20 +363,41 @@ impl Controller {
         }
     }
 
-    /// One sample: `now` is the clock time, `queues` every receiving queue with its max.
-    pub fn tick(
-        &mut self,
-        now: Duration,
-        readings: &Readings,
-        queues: &[(String, u32)],
-    ) -> Decision {
+    fn applies(&self, direction: Direction) -> bool {
+        self.config.enabled && self.direction_config(direction).override_mode != OverrideMode::Never
+    }
+
+    /// One sample: `now` is the clock time, `queues` every receiving queue with its max and
+    /// what it has in flight.
+    pub fn tick(&mut self, now: Duration, readings: &Readings, queues: &[QueueLoad]) -> Decision {
         let dt = self
             .last_tick
             .map(|t| now.saturating_sub(t).as_secs_f64())
             .unwrap_or(0.0);
         self.last_tick = Some(now);
-        let resume = self.config.resume_ratio;
+        self.evaluate(readings);
+        let pressure = self.limit_pressure(readings);
+        if pressure.over.is_some() || pressure.holding {
+            self.last_pressure = Some(now);
+        }
+        let after_pressure = self
+            .last_pressure
+            .is_some_and(|at| now.saturating_sub(at) <= AFTER_PRESSURE);
+        let (queue_limits, limits_reduced) = self.limit_queues(&pressure, queues, after_pressure);
+        let delivery = self.decide(Direction::Delivery, now, dt, readings, limits_reduced);
+        let publishing = self.decide(Direction::Publishing, now, dt, readings, false);
+        Decision {
+            at: now,
+            delivery,
+            publishing,
+            queue_limits,
+            shrinking: pressure.holding && self.applies(Direction::Delivery),
+        }
+    }
 
+    /// Hysteresis of every resource condition.
+    fn evaluate(&mut self, readings: &Readings) {
+        let resume = self.config.resume_ratio;
         for condition in RESOURCE_CONDITIONS {
             let threshold = self.thresholds.of(condition);
             let value = readings.value(condition);
@@ -319,38 +407,107 @@ impl Controller {
                 Some(t) => hysteresis(*active, value, t as f64, resume),
             };
         }
+    }
 
-        let delivery = self.decide(Direction::Delivery, now, dt, readings);
-        let publishing = self.decide(Direction::Publishing, now, dt, readings);
-
-        let shrinking = self.config.enabled
-            && self.config.delivery.override_mode != OverrideMode::Never
-            && delivery
-                .conditions
-                .iter()
-                .any(|c| c.active && c.condition.shrinks_concurrency());
-        let mut limits = BTreeMap::new();
-        for (name, max) in queues {
-            let max = (*max).max(1);
-            let current = self.limits.get(name).copied().unwrap_or(max).min(max);
-            let next = if shrinking {
-                ((current as f64 * self.config.concurrency_decrease_ratio).floor() as u32).max(1)
-            } else {
-                current
-                    .saturating_add(self.config.concurrency_increase_step)
-                    .min(max)
+    fn limit_pressure(&self, readings: &Readings) -> LimitPressure {
+        let resume = self.config.resume_ratio;
+        let mut pressure = LimitPressure {
+            over: None,
+            holding: false,
+            headroom: 1.0,
+            approach: None,
+        };
+        for condition in RESOURCE_CONDITIONS {
+            let Some(threshold) = self.thresholds.of(condition) else {
+                continue;
             };
-            limits.insert(name.clone(), next);
+            if !condition.shrinks_concurrency() || threshold == 0 {
+                continue;
+            }
+            let ratio = readings.value(condition) / threshold as f64;
+            let active = self
+                .resource_active
+                .get(&condition)
+                .copied()
+                .unwrap_or(false);
+            if active {
+                pressure.holding = true;
+                if ratio > 1.0 {
+                    pressure.over = Some(pressure.over.map_or(ratio, |o: f64| o.max(ratio)));
+                }
+            }
+            pressure.headroom = pressure.headroom.min(1.0 - ratio / resume);
+            if ratio >= law::APPROACH_SHARE {
+                let room = resume / ratio;
+                pressure.approach = Some(pressure.approach.map_or(room, |r: f64| r.min(room)));
+            }
+        }
+        pressure
+    }
+
+    /// Each queue's limit: cut from in flight while over, held while above the resume line,
+    /// grown back below it; max at once when delivery is not throttled. Also says whether any
+    /// limit is below its ceiling (an action in effect).
+    ///
+    /// The in-process count *is* the messages in flight, so it gets an exact ceiling: the
+    /// queues together never allow more than one message above the in-process threshold
+    /// (shared in proportion to their max). The condition still shows when it is reached.
+    fn limit_queues(
+        &mut self,
+        pressure: &LimitPressure,
+        queues: &[QueueLoad],
+        after_pressure: bool,
+    ) -> (BTreeMap<String, u32>, bool) {
+        let applies = self.applies(Direction::Delivery);
+        let resume = self.config.resume_ratio;
+        let total_max: u64 = queues.iter().map(|q| q.max.max(1) as u64).sum();
+        let in_process_share = |max: u32| match self.thresholds.in_process {
+            Some(t) if applies && total_max > 0 => {
+                let share = (t + 1) as f64 * max as f64 / total_max as f64;
+                (share.ceil() as u32).max(1)
+            }
+            _ => u32::MAX,
+        };
+        let mut limits = BTreeMap::new();
+        let mut reduced = false;
+        for q in queues {
+            let max = q.max.max(1).min(in_process_share(q.max.max(1)));
+            let current = self.limits.get(&q.name).copied().unwrap_or(max).min(max);
+            let next = match pressure.over {
+                _ if !applies => max,
+                // A cut already made is still draining: wait for it before cutting again.
+                Some(_) if q.in_flight > current => current,
+                Some(ratio) => law::cut(
+                    q.in_flight,
+                    current,
+                    ratio,
+                    resume,
+                    self.config.concurrency_decrease_ratio,
+                ),
+                None if pressure.holding => current,
+                None => {
+                    let step = self.config.concurrency_increase_step;
+                    let mut grown = law::grow(current, max, pressure.headroom, step);
+                    if after_pressure && q.in_flight > 0 {
+                        grown = grown.min(current.max(q.in_flight.saturating_mul(2) + step));
+                    }
+                    // An idle queue has nothing in flight whose growth the cap could bound:
+                    // capping it would pin its limit at one for good (a resource above half
+                    // its threshold for reasons of its own, such as system memory).
+                    match pressure.approach {
+                        Some(room) if q.in_flight > 0 => {
+                            grown.min(law::approach_cap(q.in_flight, room, step))
+                        }
+                        _ => grown,
+                    }
+                }
+            };
+            let next = next.min(max);
+            reduced |= next < max;
+            limits.insert(q.name.clone(), next);
         }
         self.limits = limits.clone();
-
-        Decision {
-            at: now,
-            delivery,
-            publishing,
-            queue_limits: limits,
-            shrinking,
-        }
+        (limits, reduced)
     }
 
     fn decide(
@@ -359,22 +516,142 @@ impl Controller {
         now: Duration,
         dt: f64,
         readings: &Readings,
+        limits_reduced: bool,
     ) -> DirectionDecision {
         let dir_config = self.direction_config(direction).clone();
-        let resume = self.config.resume_ratio;
+        let rates = readings.rates(direction);
+        let conditions = self.conditions(direction, now, readings, &dir_config);
+        let applies = self.applies(direction);
+        let top = conditions
+            .iter()
+            .filter(|c| applies && c.active)
+            .max_by_key(|c| c.condition.rank())
+            .copied();
+        let drain = readings.database_drain_per_sec.filter(|d| *d > 0.0);
+        let paced_by_drain = |c: &ConditionStatus| {
+            direction == Direction::Publishing && c.condition.paces_publishing() && drain.is_some()
+        };
+
+        // Delay: the top condition, unless it paces instead.
+        let delay_cause =
+            top.filter(|c| c.condition != Condition::RateImbalance && !paced_by_drain(c));
+        let severity = delay_cause.map_or(0, |c| self.severity(c.condition, direction));
+        let initial = self.config.initial_delay;
+        let idx = direction.index();
+        let st = &mut self.directions[idx];
+        match delay_cause {
+            Some(c) => {
+                let e = condition_overage(&c);
+                let cap = dir_config.max_delay.as_secs_f64();
+                st.integral = law::integrate(st.integral, e, dt, cap, severity);
+                st.delay = law::delay(initial, severity, e, st.integral, dir_config.max_delay);
+            }
+            _ => {
+                st.integral = 0.0;
+                st.delay = if applies {
+                    law::relax_delay(st.delay)
+                } else {
+                    Duration::ZERO
+                };
+            }
+        }
+
+        // Pace: the strictest of drain pacing and rate pacing, relaxing when neither holds.
+        let mut target: Option<f64> = None;
+        for c in conditions.iter().filter(|c| applies && c.active) {
+            let rate = if paced_by_drain(c) {
+                drain.map(|d| law::paced_rate(d, condition_overage(c)))
+            } else if c.condition == Condition::RateImbalance {
+                Some(rates.recent_outgoing_per_sec * dir_config.overdrive_percent as f64 / 100.0)
+                    .filter(|r| *r > 0.0)
+            } else {
+                None
+            };
+            if let Some(r) = rate {
+                target = Some(target.map_or(r, |t: f64| t.min(r)));
+            }
+        }
+        st.pace_rate = match (applies, target, st.pace_rate) {
+            (false, _, _) => None,
+            (true, Some(t), _) => Some(t),
+            (true, None, Some(p)) => {
+                let mut next = p * law::PACE_RELAX_GROWTH;
+                // After a cause that paces against the drain, the requests that waited it out
+                // are let in no faster than the backlog drains, with room to spare only as far
+                // as its resource is below the threshold (the drain law, not a free release).
+                let relaxing_from = st.cause.and_then(|cause| {
+                    conditions
+                        .iter()
+                        .find(|c| c.condition == cause && paced_by_drain(c))
+                });
+                if let (Some(c), Some(d)) = (relaxing_from, drain) {
+                    next = next.min(law::paced_rate(d, condition_overage(c)));
+                }
+                // Done when new requests pass with room to spare and those still waiting
+                // would pass within one sample at this pace anyway (no burst at the end).
+                let offered = rates.recent_incoming_per_sec.max(1.0);
+                let backlog_passes = rates.waiting as f64 <= next * dt.max(0.05);
+                (next < 2.0 * offered || !backlog_passes).then_some(next)
+            }
+            (true, None, None) => None,
+        };
+        let pace = st
+            .pace_rate
+            .and_then(|r| law::pace_interval(r, dir_config.max_delay));
+
+        // State: the top cause, or the last cause while its actions relax.
+        let acting = !st.delay.is_zero() || pace.is_some() || limits_reduced;
+        let (cause, recovering) = match top {
+            Some(c) => (Some(c.condition), false),
+            None if applies && acting && st.cause.is_some() => (st.cause, true),
+            None => (None, false),
+        };
+        st.cause = cause;
+        if cause.is_some_and(|c| c != Condition::RateImbalance) {
+            st.rate_quiet_until = now + dir_config.sampling_window;
+            st.rate_active = false;
+        }
+        let state = cause.and_then(|c| c.state_code(direction)).unwrap_or(0);
+        if state != st.state || st.since > now {
+            st.state = state;
+            st.since = now;
+        }
+        DirectionDecision {
+            direction,
+            state,
+            state_name: state_name(direction, state),
+            recovering,
+            cause,
+            delay: st.delay,
+            pace,
+            pace_rate: pace.and(st.pace_rate),
+            state_duration: now.saturating_sub(st.since),
+            override_mode: dir_config.override_mode,
+            conditions,
+        }
+    }
+
+    /// Every condition that applies to `direction`, with its value, threshold and activity.
+    fn conditions(
+        &mut self,
+        direction: Direction,
+        now: Duration,
+        readings: &Readings,
+        dir_config: &crate::config::DirectionConfig,
+    ) -> Vec<ConditionStatus> {
         let rates = readings.rates(direction);
         let rate_limit = rates.outgoing_per_sec * dir_config.overdrive_percent as f64 / 100.0;
-
         let idx = direction.index();
-        let rate_active = rates.samples >= dir_config.min_samples
+        let rate_active = now >= self.directions[idx].rate_quiet_until
+            && rates.samples >= dir_config.min_samples
+            && rates.outgoing_per_sec > 0.0
             && hysteresis(
                 self.directions[idx].rate_active,
                 rates.incoming_per_sec,
                 rate_limit,
-                resume,
+                self.config.resume_ratio,
             );
         self.directions[idx].rate_active = rate_active;
-
         let mut conditions = Vec::new();
         for condition in Condition::ALL {
             let Some(state) = condition.state_code(direction) else {
@@ -400,67 +677,15 @@ impl Controller {
                 threshold,
             });
         }
+        conditions
+    }
+}
 
-        let applies = self.config.enabled && dir_config.override_mode != OverrideMode::Never;
-        let top = if applies {
-            conditions
-                .iter()
-                .filter(|c| c.active)
-                .max_by_key(|c| c.condition.rank())
-                .map(|c| c.condition)
-        } else {
-            None
-        };
-        let severity = top.map(|c| self.severity(c, direction)).unwrap_or(0);
-        let initial = self.config.initial_delay.as_secs_f64();
-        let max_delay = dir_config.max_delay.as_secs_f64();
-
-        let st = &mut self.directions[idx];
-        let state = top.and_then(|c| c.state_code(direction)).unwrap_or(0);
-        if state != st.state || st.since > now {
-            st.state = state;
-            st.since = now;
-        }
-        st.delay_secs = match top {
-            _ if !applies => 0.0,
-            Some(c) if c != Condition::RateImbalance => {
-                if st.delay_secs <= 0.0 {
-                    initial.min(max_delay)
-                } else {
-                    (st.delay_secs * 2f64.powf(dt * severity as f64 / 100.0)).min(max_delay)
-                }
-            }
-            _ => {
-                let halved = if dt > 0.0 {
-                    st.delay_secs / 2.0
-                } else {
-                    st.delay_secs
-                };
-                if halved < DELAY_FLOOR.as_secs_f64() {
-                    0.0
-                } else {
-                    halved
-                }
-            }
-        };
-        let pace = (applies && rate_active).then(|| {
-            if rate_limit > 0.0 {
-                Duration::from_secs_f64((1.0 / rate_limit).min(max_delay))
-            } else {
-                dir_config.max_delay
-            }
-        });
-
-        DirectionDecision {
-            direction,
-            state,
-            state_name: state_name(direction, state),
-            delay: Duration::from_secs_f64(st.delay_secs),
-            pace,
-            state_duration: now.saturating_sub(st.since),
-            override_mode: dir_config.override_mode,
-            conditions,
-        }
+/// The overage a condition feeds the delay law: a forced override counts as 100 % over.
+fn condition_overage(c: &ConditionStatus) -> f64 {
+    match c.condition {
+        Condition::Override => 1.0,
+        _ => law::overage(c.value, c.threshold),
     }
 }
 

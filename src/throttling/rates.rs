@@ -7,7 +7,15 @@
 //! | direction  | incoming                 | outgoing                  |
 //! |------------|--------------------------|---------------------------|
 //! | delivery   | messages received        | messages done (any outcome) |
-//! | publishing | sends admitted (handed to the database) | inserts completed |
+//! | publishing | sends requested (offered, before any throttling wait) | inserts completed |
+//!
+//! Publishing counts a request when it is made, not when it clears the throttle: a paced
+//! publisher keeps showing the rate it offers, so pacing cannot hide the imbalance that caused
+//! it and cancel itself.
+//!
+//! Besides the sampling-window rates (BizTalk's, for the rate condition), each reading carries
+//! the rates over the last [`RECENT`] seconds: pacing is set from those, so a pace follows
+//! what the consumers do now, not a 15-second average.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,7 +62,16 @@ pub struct RateReading {
     /// Incoming messages inside the window: BizTalk's "samples". Below the minimum, rate
     /// throttling does not apply.
     pub samples: u64,
+    /// Incoming messages per second over the last [`RECENT`].
+    pub recent_incoming_per_sec: f64,
+    /// Outgoing messages per second over the last [`RECENT`].
+    pub recent_outgoing_per_sec: f64,
+    /// Requests waiting in the admission now (set by the service, not by the window).
+    pub waiting: u64,
 }
+
+/// The short window pacing is computed over.
+pub const RECENT: Duration = Duration::from_secs(2);
 
 /// Snapshots of counter totals covering the sampling window.
 #[derive(Debug, Default)]
@@ -66,23 +83,49 @@ impl RateWindow {
     /// Adds a snapshot taken at `now` and returns the rates over the last `window`.
     pub fn record(&mut self, now: Duration, totals: (u64, u64), window: Duration) -> RateReading {
         self.snapshots.push_back((now, totals.0, totals.1));
-        let start = now.saturating_sub(window);
+        let start = now.saturating_sub(window.max(RECENT));
         // Keep exactly one snapshot at or before the window start as the baseline.
         while self.snapshots.len() > 1 && self.snapshots[1].0 <= start {
             self.snapshots.pop_front();
         }
-        let (t0, in0, out0) = self.snapshots[0];
+        let (incoming_per_sec, outgoing_per_sec, samples) = self.rates_since(now, totals, window);
+        let (recent_incoming_per_sec, recent_outgoing_per_sec, _) =
+            self.rates_since(now, totals, RECENT);
+        RateReading {
+            incoming_per_sec,
+            outgoing_per_sec,
+            samples,
+            recent_incoming_per_sec,
+            recent_outgoing_per_sec,
+            waiting: 0,
+        }
+    }
+
+    /// (incoming/s, outgoing/s, incoming count) from the newest snapshot at or before
+    /// `now - span` (or the oldest kept) to `totals`.
+    fn rates_since(&self, now: Duration, totals: (u64, u64), span: Duration) -> (f64, f64, u64) {
+        let start = now.saturating_sub(span);
+        let base = self
+            .snapshots
+            .iter()
+            .rev()
+            .find(|s| s.0 <= start)
+            .or(self.snapshots.front())
+            .copied();
+        let Some((t0, in0, out0)) = base else {
+            return (0.0, 0.0, 0);
+        };
         let elapsed = now.saturating_sub(t0).as_secs_f64();
         if elapsed <= 0.0 {
-            return RateReading::default();
+            return (0.0, 0.0, 0);
         }
         let incoming = totals.0.saturating_sub(in0);
         let outgoing = totals.1.saturating_sub(out0);
-        RateReading {
-            incoming_per_sec: incoming as f64 / elapsed,
-            outgoing_per_sec: outgoing as f64 / elapsed,
-            samples: incoming,
-        }
+        (
+            incoming as f64 / elapsed,
+            outgoing as f64 / elapsed,
+            incoming,
+        )
     }
 }
 
@@ -123,6 +166,28 @@ mod tests {
         assert_eq!(r.incoming_per_sec, 20.0);
         assert_eq!(r.outgoing_per_sec, 10.0);
         assert_eq!(r.samples, 40);
+    }
+
+    #[test]
+    fn recent_rates_follow_a_change_within_two_seconds() {
+        let mut w = RateWindow::default();
+        let window = s(15.0);
+        let mut last = RateReading::default();
+        // 50 out per second for 20 s, then 200 per second for 3 s.
+        let mut out = 0u64;
+        for i in 0..=46 {
+            let t = i as f64 * 0.5;
+            out += if t <= 20.0 { 25 } else { 100 };
+            last = w.record(s(t), (out, out), window);
+        }
+        assert!(
+            (last.recent_outgoing_per_sec - 200.0).abs() < 1e-9,
+            "{last:?}"
+        );
+        assert!(
+            last.outgoing_per_sec < 100.0,
+            "the 15 s window lags: {last:?}"
+        );
     }
 
     #[test]

@@ -26,6 +26,11 @@ pub struct ResourceReadings {
 pub trait ResourceSensor: Send + 'static {
     /// Reads the current values.
     fn read(&mut self) -> ResourceReadings;
+    /// Process RSS alone, as cheaply as the platform allows: the memory ceiling reads it many
+    /// times between ticks.
+    fn process_memory(&mut self) -> u64 {
+        self.read().process_memory
+    }
     /// Memory and CPUs, for thresholds given as a share or per CPU.
     fn machine(&self) -> MachineFacts;
 }
@@ -132,6 +137,14 @@ impl ResourceSensor for SystemSensor {
             system_memory_used,
             threads,
         }
+    }
+
+    fn process_memory(&mut self) -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| parse_proc_status(&s))
+            .map(|(rss, _)| rss)
+            .unwrap_or_else(|| self.process_from_sysinfo().0)
     }
 
     fn machine(&self) -> MachineFacts {

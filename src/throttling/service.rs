@@ -1,31 +1,61 @@
-//! The throttling loop of a running host: every sample interval it reads the sensors and the
-//! host's counters, runs the [`Controller`], applies the decision (admission delays and
-//! pacing, queue limits) and publishes it (metrics, the status snapshot).
+//! The throttling loop of a running host. Every sample interval it
 //!
-//! Database size comes from the queues' last known depths. Receivers refresh those as they
-//! work (every peek, every empty receive); a depth older than `database_size_refresh` is peeked
-//! again in the background, so a tick never waits on the database and an idle monitor queue
-//! costs no extra statement.
+//! 1. **senses**: the resource sensor, the host's counters through a [`HostProbe`], the rate
+//!    windows, and the backlog's drain rate;
+//! 2. **decides**: runs the [`Controller`];
+//! 3. **applies**: sets both admissions and hands the queue limits to a [`LimitSink`];
+//! 4. **exports**: metrics, the status snapshot, and every decision to subscribers (the load
+//!    tool records each tick this way, not on a timer of its own).
+//!
+//! The service is policy: it knows nothing of receivers, dispatchers or transports. The host
+//! implements the two narrow traits. It runs on a thread of its own (see
+//! [`crate::isolate::spawn_isolated`]), so handlers that saturate the worker threads cannot delay a tick.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use serde::Serialize;
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::controller::{Controller, Decision, MachineFacts, Readings, Thresholds};
+use super::controller::{Controller, Decision, MachineFacts, QueueLoad, Readings, Thresholds};
 use super::rates::RateWindow;
 use super::sensors::ResourceSensor;
 use super::{Clock, Direction, Throttle};
 use crate::config::{OverrideMode, ThrottlingConfig};
-use crate::dispatch::Dispatcher;
 use crate::metrics::{HostMetrics, Metrics};
-use crate::publish::Publisher;
-use crate::receive::{DepthCell, QueueRuntime};
-use crate::transport::{QueueName, Transport};
+use crate::states::Condition;
+
+/// A receiving queue at one tick.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueueReading {
+    /// Max and in flight, as the controller sees them.
+    #[serde(flatten)]
+    pub load: QueueLoad,
+    /// Last known depth.
+    pub depth: u64,
+}
+
+/// What the host tells the controller each tick (its counters, read without I/O).
+pub trait HostProbe: Send + Sync + 'static {
+    /// Messages handed to handlers and not done.
+    fn in_process(&self) -> u64;
+    /// Database connections in use.
+    fn database_sessions(&self) -> u64;
+    /// Every receiving queue.
+    fn queues(&self) -> Vec<QueueReading>;
+    /// Messages in the queues counted as database size, from the last known depths; depths
+    /// older than `max_age` are refreshed in the background for a later tick.
+    fn database_size(&self, max_age: Duration) -> u64;
+}
+
+/// Where the controller's queue limits go.
+pub trait LimitSink: Send + Sync + 'static {
+    /// Sets one queue's throttling limit.
+    fn set_limit(&self, queue: &str, limit: u32);
+}
 
 /// One tick's full picture, for `/status`, the demo table and load-test timelines.
 #[derive(Debug, Clone, Serialize)]
@@ -40,7 +70,12 @@ pub struct Snapshot {
     pub thresholds: Thresholds,
     /// The machine.
     pub machine: MachineFacts,
+    /// Every receiving queue at the tick (limit as decided).
+    pub queues: Vec<QueueReading>,
 }
+
+/// Decisions kept for late subscribers.
+const DECISION_BUFFER: usize = 4096;
 
 /// The host's handle on its throttling: settings, overrides, the latest snapshot.
 pub struct ThrottleControl {
@@ -48,6 +83,7 @@ pub struct ThrottleControl {
     machine: MachineFacts,
     snapshot: ArcSwapOption<Snapshot>,
     reconfigured: tokio::sync::Notify,
+    decisions: broadcast::Sender<Arc<Snapshot>>,
 }
 
 impl ThrottleControl {
@@ -59,6 +95,7 @@ impl ThrottleControl {
             machine,
             snapshot: ArcSwapOption::empty(),
             reconfigured: tokio::sync::Notify::new(),
+            decisions: broadcast::channel(DECISION_BUFFER).0,
         }
     }
 
@@ -76,6 +113,7 @@ impl ThrottleControl {
     /// Sets a direction's override until the next reload.
     pub fn set_override(&self, direction: Direction, mode: OverrideMode) {
         self.controller().set_override(direction, mode);
+        self.reconfigured.notify_waiters();
     }
 
     /// The settings in force (overrides included).
@@ -86,6 +124,11 @@ impl ThrottleControl {
     /// The latest snapshot (None before the first tick).
     pub fn snapshot(&self) -> Option<Arc<Snapshot>> {
         self.snapshot.load_full()
+    }
+
+    /// Every snapshot from now on, one per tick.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Snapshot>> {
+        self.decisions.subscribe()
     }
 
     /// The machine the thresholds were resolved for.
@@ -104,69 +147,286 @@ pub struct ServiceParts {
     pub clock: Arc<dyn Clock>,
     /// Admissions and rate counters.
     pub throttle: Arc<Throttle>,
-    /// In-process count.
-    pub dispatcher: Arc<Dispatcher>,
-    /// Sessions and depth refreshes.
-    pub transport: Arc<dyn Transport>,
-    /// Receiving queues.
-    pub queues: Vec<Arc<QueueRuntime>>,
-    /// Publish targets.
-    pub publisher: Arc<Publisher>,
-    /// Error queues (left out of database size unless configured).
-    pub error_queues: HashSet<QueueName>,
+    /// The host's counters.
+    pub probe: Arc<dyn HostProbe>,
+    /// Where queue limits go.
+    pub limits: Arc<dyn LimitSink>,
     /// Metric registry.
     pub metrics: Metrics,
+}
+
+/// How far back the backlog's drain rate is measured.
+const DRAIN_WINDOW: Duration = Duration::from_secs(3);
+/// Database size is read fresh every tick once it is within this share of its threshold.
+const FRESH_DEPTH_SHARE: f64 = 0.8;
+
+/// Estimates how fast the stored backlog drains: messages published minus growth of the
+/// backlog, over the last few seconds. It covers consumers in other hosts too.
+#[derive(Debug, Default)]
+struct DrainMeter {
+    history: VecDeque<(Duration, u64, u64)>,
+}
+
+impl DrainMeter {
+    /// `published`: publishing's outgoing total; `size`: the database size now.
+    fn record(&mut self, now: Duration, published: u64, size: u64) -> Option<f64> {
+        self.history.push_back((now, published, size));
+        while self.history.len() > 2 && self.history[1].0 + DRAIN_WINDOW <= now {
+            self.history.pop_front();
+        }
+        let (t0, p0, s0) = *self.history.front()?;
+        let elapsed = now.saturating_sub(t0).as_secs_f64();
+        if elapsed < 0.5 {
+            return None;
+        }
+        let inflow = published.saturating_sub(p0) as f64;
+        let growth = size as f64 - s0 as f64;
+        Some(((inflow - growth) / elapsed).max(0.0))
+    }
 }
 
 /// Runs the loop until `stop` is cancelled.
 pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
     let host_metrics = parts.metrics.host();
-    let mut windows = [RateWindow::default(), RateWindow::default()];
-    let refreshing = Arc::new(AtomicBool::new(false));
-    let target_depths: Arc<Mutex<HashMap<QueueName, Arc<DepthCell>>>> = Arc::default();
+    let mut loop_state = LoopState::default();
+    let mut ceiling = Ceiling::default();
     let mut last_upkeep = parts.clock.now();
+    let control = parts.control.clone();
     loop {
-        let config = parts.control.config();
-        tick(
-            &mut parts,
-            &config,
-            &host_metrics,
-            &mut windows,
-            &refreshing,
-            &target_depths,
-        );
+        let config = control.config();
+        let reconfigured = control.reconfigured.notified();
+        let snapshot = tick(&mut parts, &config, &mut loop_state);
+        ceiling.after_tick(&config, &snapshot);
+        export(&host_metrics, &snapshot);
+        parts.control.snapshot.store(Some(snapshot.clone()));
+        let _ = parts.control.decisions.send(snapshot);
         let now = parts.clock.now();
         if now.saturating_sub(last_upkeep) >= Duration::from_secs(5) {
             parts.metrics.upkeep();
             last_upkeep = now;
         }
-        let reconfigured = parts.control.reconfigured.notified();
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(config.sample_interval) => {}
-            _ = reconfigured => {}
+        // Until the next tick, the memory ceiling (when memory is high enough to need it).
+        let next_tick = tokio::time::Instant::now() + config.sample_interval;
+        tokio::pin!(reconfigured);
+        loop {
+            ceiling.enforce(&mut parts);
+            let step = if ceiling.is_armed() {
+                CEILING_INTERVAL
+            } else {
+                config.sample_interval
+            };
+            let wake = next_tick.min(tokio::time::Instant::now() + step);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = &mut reconfigured => break,
+            }
+            if tokio::time::Instant::now() >= next_tick {
+                break;
+            }
         }
     }
 }
 
-fn tick(
+/// How often the memory ceiling reads RSS between ticks.
+const CEILING_INTERVAL: Duration = Duration::from_millis(5);
+/// The ceiling runs while RSS is above this share of its threshold at the last tick. Low,
+/// because what each message costs can jump at once (a new payload): from a third of the
+/// threshold, 17 receives of 4 MiB started within one 100 ms tick reached 1.34 x.
+const CEILING_SHARE: f64 = 0.25;
+/// Above this share of the threshold (or while the condition is engaged), the ceiling meters
+/// admissions by the memory they will need instead of only stopping at the threshold.
+const CEILING_METERED_SHARE: f64 = 0.9;
+/// How long a message admitted by the ceiling counts as not yet resident: its memory shows in
+/// RSS only once it has been received and its handler has allocated.
+const CEILING_SETTLE: Duration = Duration::from_millis(25);
+
+/// A hard stop for delivery at the process memory threshold, checked between ticks.
+///
+/// The controller acts once per tick; when each message starts to cost more (a bigger
+/// payload, a handler that holds more), the receives started within one tick can carry RSS
+/// far past its threshold before the next tick cuts. The ceiling reads RSS every few
+/// milliseconds and holds new receives while it is at or above the threshold and something
+/// is in process (whose end will free memory), so it never stops the last message.
+///
+/// Close to the threshold, a stop alone still overshoots: memory freed by one completion lets
+/// every waiting receive through, and their memory shows in RSS only milliseconds later. There
+/// the ceiling lets through only what fits: the headroom left divided by what a message in
+/// process holds on average (RSS above the idle process, over the messages in process), less
+/// what it admitted in the last [`CEILING_SETTLE`].
+#[derive(Debug, Default)]
+struct Ceiling {
+    armed: Option<Armed>,
+    /// RSS at the last tick with nothing in process.
+    idle_rss: Option<u64>,
+    /// The allowance last given, to count what was taken from it.
+    granted: Option<u64>,
+    /// Admissions taken from allowances, by when.
+    admitted: VecDeque<(tokio::time::Instant, u64)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Armed {
+    threshold: u64,
+    /// The process memory condition is engaged in delivery.
+    engaged: bool,
+}
+
+impl Ceiling {
+    /// Arms (or disarms) the ceiling for the time until the next tick.
+    fn after_tick(&mut self, config: &ThrottlingConfig, snapshot: &Snapshot) {
+        if snapshot.readings.in_process == 0 {
+            self.idle_rss = Some(snapshot.readings.process_memory);
+        }
+        let applies = config.enabled && config.delivery.override_mode != OverrideMode::Never;
+        self.armed = snapshot.thresholds.process_memory.and_then(|threshold| {
+            let near = snapshot.readings.process_memory as f64 >= threshold as f64 * CEILING_SHARE;
+            let engaged = snapshot
+                .decision
+                .delivery
+                .active()
+                .any(|c| c.condition == Condition::ProcessMemory);
+            (applies && near).then_some(Armed { threshold, engaged })
+        });
+    }
+
+    fn is_armed(&self) -> bool {
+        self.armed.is_some()
+    }
+
+    /// Reads RSS and sets delivery's allowance until the next read.
+    fn enforce(&mut self, parts: &mut ServiceParts) {
+        let admission = &parts.throttle.delivery;
+        let Some(armed) = self.armed else {
+            self.open(admission);
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        if let Some(granted) = self.granted {
+            let taken = granted.saturating_sub(admission.allowance().unwrap_or(granted));
+            if taken > 0 {
+                self.admitted.push_back((now, taken));
+            }
+        }
+        while self
+            .admitted
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > CEILING_SETTLE)
+        {
+            self.admitted.pop_front();
+        }
+        let rss = parts.sensor.process_memory();
+        let in_process = parts.probe.in_process();
+        let allowance = allowance(armed, rss, in_process, self.idle_rss, self.recent());
+        match allowance {
+            None => self.open(admission),
+            Some(count) => {
+                admission.allow(Some(count));
+                self.granted = Some(count);
+            }
+        }
+    }
+
+    fn recent(&self) -> u64 {
+        self.admitted.iter().map(|(_, n)| n).sum()
+    }
+
+    fn open(&mut self, admission: &crate::throttling::Admission) {
+        admission.allow(None);
+        self.granted = None;
+        self.admitted.clear();
+    }
+}
+
+/// How many more receives the ceiling lets through now (`None`: no limit).
+fn allowance(
+    armed: Armed,
+    rss: u64,
+    in_process: u64,
+    idle_rss: Option<u64>,
+    recently_admitted: u64,
+) -> Option<u64> {
+    if in_process == 0 {
+        // Never stop the last message: nothing in process would free memory.
+        return None;
+    }
+    if rss >= armed.threshold {
+        return Some(0);
+    }
+    let metered = armed.engaged || rss as f64 >= armed.threshold as f64 * CEILING_METERED_SHARE;
+    if !metered {
+        return None;
+    }
+    let threshold = armed.threshold as f64;
+    let per_message = match idle_rss {
+        Some(idle) if rss > idle => (rss - idle) as f64 / in_process as f64,
+        _ => threshold / 20.0,
+    }
+    .clamp(threshold / 1000.0, threshold / 10.0);
+    let fits = ((threshold - rss as f64) / per_message).floor() as u64;
+    Some(fits.saturating_sub(recently_admitted))
+}
+
+#[derive(Default)]
+struct LoopState {
+    windows: [RateWindow; 2],
+    drain: DrainMeter,
+    last_size: u64,
+}
+
+/// Sense, decide, apply.
+fn tick(parts: &mut ServiceParts, config: &ThrottlingConfig, st: &mut LoopState) -> Arc<Snapshot> {
+    let now = parts.clock.now();
+    let readings = sense(parts, config, st, now);
+    let queues = parts.probe.queues();
+    let loads: Vec<QueueLoad> = queues.iter().map(|q| q.load.clone()).collect();
+    let (decision, thresholds) = {
+        let mut controller = parts.control.controller();
+        let decision = controller.tick(now, &readings, &loads);
+        (decision, *controller.thresholds())
+    };
+    for direction in Direction::ALL {
+        let d = decision.direction(direction);
+        parts.throttle.admission(direction).set(d.delay, d.pace);
+    }
+    for q in &queues {
+        if let Some(limit) = decision.queue_limits.get(&q.load.name) {
+            parts.limits.set_limit(&q.load.name, *limit);
+        }
+    }
+    Arc::new(Snapshot {
+        enabled: config.enabled,
+        decision,
+        readings,
+        thresholds,
+        machine: parts.control.machine,
+        queues,
+    })
+}
+
+fn sense(
     parts: &mut ServiceParts,
     config: &ThrottlingConfig,
-    metrics: &HostMetrics,
-    windows: &mut [RateWindow; 2],
-    refreshing: &Arc<AtomicBool>,
-    target_depths: &Arc<Mutex<HashMap<QueueName, Arc<DepthCell>>>>,
-) {
-    let now = parts.clock.now();
+    st: &mut LoopState,
+    now: Duration,
+) -> Readings {
     let resources = parts.sensor.read();
-    let database_size = database_size(parts, config, refreshing, target_depths);
+    let threshold = config.database_size as f64;
+    let near = threshold > 0.0 && st.last_size as f64 >= threshold * FRESH_DEPTH_SHARE;
+    let max_age = if near {
+        Duration::ZERO
+    } else {
+        config.database_size_refresh
+    };
+    let database_size = parts.probe.database_size(max_age);
+    st.last_size = database_size;
     let mut readings = Readings {
         process_memory: resources.process_memory,
         system_memory_used: resources.system_memory_used,
-        in_process: parts.dispatcher.in_process(),
+        in_process: parts.probe.in_process(),
         threads: resources.threads,
         database_size,
-        database_sessions: parts.transport.connections_in_use(),
+        database_sessions: parts.probe.database_sessions(),
         ..Readings::default()
     };
     for direction in Direction::ALL {
@@ -174,40 +434,33 @@ fn tick(
             Direction::Delivery => config.delivery.sampling_window,
             Direction::Publishing => config.publishing.sampling_window,
         };
-        let reading = windows[direction.index()].record(
-            now,
-            parts.throttle.rates(direction).totals(),
-            window,
-        );
+        let totals = parts.throttle.rates(direction).totals();
+        let mut reading = st.windows[direction.index()].record(now, totals, window);
+        reading.waiting = parts.throttle.admission(direction).waiting();
         match direction {
             Direction::Delivery => readings.delivery = reading,
             Direction::Publishing => readings.publishing = reading,
         }
     }
-    let maxes: Vec<(String, u32)> = parts
-        .queues
-        .iter()
-        .map(|q| (q.name.to_string(), q.settings().max))
-        .collect();
-    let (decision, thresholds) = {
-        let mut controller = parts.control.controller();
-        let decision = controller.tick(now, &readings, &maxes);
-        (decision, *controller.thresholds())
-    };
+    let published = parts.throttle.rates(Direction::Publishing).totals().1;
+    readings.database_drain_per_sec = st.drain.record(now, published, database_size);
+    readings
+}
 
+fn export(metrics: &HostMetrics, snapshot: &Snapshot) {
+    let (decision, readings, thresholds) =
+        (&snapshot.decision, &snapshot.readings, &snapshot.thresholds);
     for direction in Direction::ALL {
         let d = decision.direction(direction);
-        parts.throttle.admission(direction).set(d.delay, d.pace);
         let m = metrics.direction(direction);
         m.state.set(d.state as f64);
         m.delay.set(d.effective_wait().as_secs_f64());
         m.state_duration.set(d.state_duration.as_secs_f64());
         m.override_mode.set(d.override_mode.code() as f64);
+        m.recovering.set(if d.recovering { 1.0 } else { 0.0 });
+        m.pace_rate.set(d.pace_rate.unwrap_or(0.0));
         for (condition, gauge) in &m.conditions {
-            let active = d
-                .conditions
-                .iter()
-                .any(|c| c.condition == *condition && c.active);
+            let active = d.active().any(|c| c.condition == *condition);
             gauge.set(if active { 1.0 } else { 0.0 });
         }
         let rates = match direction {
@@ -217,105 +470,109 @@ fn tick(
         m.incoming.set(rates.incoming_per_sec);
         m.outgoing.set(rates.outgoing_per_sec);
     }
-    for q in &parts.queues {
-        if let Some(limit) = decision.queue_limits.get(q.name.as_str()) {
-            q.gate.set_limit(*limit);
-            q.metrics.concurrency_limit.set(q.gate.effective() as f64);
-        }
-        q.metrics.in_flight.set(q.gate.in_flight() as f64);
-        q.metrics.receive_loops.set(q.loops() as f64);
-        q.metrics.queue_depth.set(q.depth.get() as f64);
-    }
     let off = |t: Option<u64>| t.unwrap_or(0) as f64;
-    metrics.process_memory.set(readings.process_memory as f64);
-    metrics
-        .process_memory_threshold
-        .set(off(thresholds.process_memory));
-    metrics
-        .system_memory
-        .set(readings.system_memory_used as f64);
-    metrics
-        .system_memory_threshold
-        .set(off(thresholds.system_memory));
-    metrics.in_process.set(readings.in_process as f64);
-    metrics.in_process_threshold.set(off(thresholds.in_process));
-    metrics.threads.set(readings.threads as f64);
-    metrics.threads_threshold.set(off(thresholds.threads));
-    metrics.database_size.set(readings.database_size as f64);
-    metrics
-        .database_size_threshold
-        .set(off(thresholds.database_size));
-    metrics
-        .database_sessions
-        .set(readings.database_sessions as f64);
-    metrics
-        .database_sessions_threshold
-        .set(off(thresholds.database_sessions));
-
-    parts.control.snapshot.store(Some(Arc::new(Snapshot {
-        enabled: config.enabled,
-        decision,
-        readings,
-        thresholds,
-        machine: parts.control.machine,
-    })));
+    let pairs = [
+        (
+            &metrics.process_memory,
+            readings.process_memory,
+            &metrics.process_memory_threshold,
+            thresholds.process_memory,
+        ),
+        (
+            &metrics.system_memory,
+            readings.system_memory_used,
+            &metrics.system_memory_threshold,
+            thresholds.system_memory,
+        ),
+        (
+            &metrics.in_process,
+            readings.in_process,
+            &metrics.in_process_threshold,
+            thresholds.in_process,
+        ),
+        (
+            &metrics.threads,
+            readings.threads,
+            &metrics.threads_threshold,
+            thresholds.threads,
+        ),
+        (
+            &metrics.database_size,
+            readings.database_size,
+            &metrics.database_size_threshold,
+            thresholds.database_size,
+        ),
+        (
+            &metrics.database_sessions,
+            readings.database_sessions,
+            &metrics.database_sessions_threshold,
+            thresholds.database_sessions,
+        ),
+    ];
+    for (value, v, threshold, t) in pairs {
+        value.set(v as f64);
+        threshold.set(off(t));
+    }
 }
 
-/// Sums the last known depths and starts a background refresh of stale ones.
-fn database_size(
-    parts: &ServiceParts,
-    config: &ThrottlingConfig,
-    refreshing: &Arc<AtomicBool>,
-    target_depths: &Arc<Mutex<HashMap<QueueName, Arc<DepthCell>>>>,
-) -> u64 {
-    let counts = |name: &QueueName| {
-        config.database_size_includes_error_queue || !parts.error_queues.contains(name)
-    };
-    let receiving: HashSet<&QueueName> = parts.queues.iter().map(|q| &q.name).collect();
-    let mut stale: Vec<(QueueName, Arc<DepthCell>)> = Vec::new();
-    let mut total = 0u64;
-    let is_stale = |cell: &DepthCell| cell.age().is_none_or(|a| a >= config.database_size_refresh);
-    for q in &parts.queues {
-        if counts(&q.name) {
-            total += q.depth.get();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn the_ceiling_stops_at_the_threshold_but_never_the_last_message() {
+        let armed = Armed {
+            threshold: 100 * MIB,
+            engaged: false,
+        };
+        assert_eq!(allowance(armed, 100 * MIB, 3, Some(20 * MIB), 0), Some(0));
+        assert_eq!(allowance(armed, 120 * MIB, 0, Some(20 * MIB), 0), None);
+        assert_eq!(
+            allowance(armed, 50 * MIB, 3, Some(20 * MIB), 0),
+            None,
+            "far below the threshold and not engaged: no limit"
+        );
+    }
+
+    #[test]
+    fn close_to_the_threshold_the_ceiling_admits_what_fits() {
+        let engaged = Armed {
+            threshold: 100 * MIB,
+            engaged: true,
+        };
+        // 10 in process hold 80 MiB above an idle 10 MiB: 8 MiB each; 10 MiB left fits one.
+        assert_eq!(allowance(engaged, 90 * MIB, 10, Some(10 * MIB), 0), Some(1));
+        // ... and none once one was admitted and is not resident yet.
+        assert_eq!(allowance(engaged, 90 * MIB, 10, Some(10 * MIB), 1), Some(0));
+        // Not engaged yet but above 90 %: metered the same way.
+        let near = Armed {
+            engaged: false,
+            ..engaged
+        };
+        assert_eq!(allowance(near, 92 * MIB, 41, Some(10 * MIB), 0), Some(4));
+        // With no idle reading the estimate is a twentieth of the threshold (5 MiB).
+        assert_eq!(allowance(engaged, 80 * MIB, 4, None, 0), Some(4));
+    }
+
+    #[test]
+    fn drain_is_inflow_minus_growth() {
+        let mut m = DrainMeter::default();
+        let s = Duration::from_secs_f64;
+        assert_eq!(m.record(s(0.0), 0, 1000), None);
+        // 600 published per second, backlog grows 300 per second: drain 300/s.
+        let mut last = None;
+        for i in 1..=8 {
+            let t = i as f64 * 0.5;
+            last = m.record(s(t), (t * 600.0) as u64, 1000 + (t * 300.0) as u64);
         }
-    }
-    {
-        let mut targets = target_depths.lock().unwrap_or_else(|e| e.into_inner());
-        for name in parts.publisher.targets() {
-            if receiving.contains(&name) || !counts(&name) {
-                continue;
-            }
-            let cell = targets.entry(name.clone()).or_default().clone();
-            total += cell.get();
-            if is_stale(&cell) {
-                stale.push((name, cell));
-            }
+        assert_eq!(last, Some(300.0));
+        // Nothing published, backlog shrinking 100/s: drain 100/s.
+        for i in 9..=16 {
+            let t = i as f64 * 0.5;
+            last = m.record(s(t), 2400, 2200 - ((t - 4.0) * 100.0) as u64);
         }
+        assert_eq!(last, Some(100.0));
     }
-    // Receiving queues refresh their own depth while they work; a fixed or adaptive queue
-    // busy with a backlog does not peek, so refresh it here when its depth goes stale.
-    for q in &parts.queues {
-        if counts(&q.name) && is_stale(&q.depth) {
-            stale.push((q.name.clone(), Arc::new(DepthCell::default())));
-        }
-    }
-    if !stale.is_empty() && !refreshing.swap(true, Ordering::AcqRel) {
-        let transport = parts.transport.clone();
-        let queues = parts.queues.clone();
-        let refreshing = refreshing.clone();
-        tokio::spawn(async move {
-            for (name, cell) in stale {
-                match transport.peek_depth(&name).await {
-                    Ok(depth) => match queues.iter().find(|q| q.name == name) {
-                        Some(q) => q.depth.set(depth),
-                        None => cell.set(depth),
-                    },
-                    Err(e) => tracing::debug!(queue = %name, error = %e, "depth refresh failed"),
-                }
-            }
-            refreshing.store(false, Ordering::Release);
-        });
-    }
-    total
 }

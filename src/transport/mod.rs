@@ -12,7 +12,7 @@
 
 pub mod headers;
 pub mod memory;
-pub mod names;
+pub use crate::names;
 pub mod postgres;
 pub mod sqlserver;
 
@@ -277,4 +277,10 @@ pub async fn connect(config: &TransportConfig) -> Result<Arc<dyn Transport>, Tra
         TransportKind::Postgres => Arc::new(postgres::PostgresTransport::connect(config).await?),
         TransportKind::Sqlserver => Arc::new(sqlserver::SqlServerTransport::connect(config).await?),
     })
+}
+
+impl From<crate::names::InvalidName> for TransportError {
+    fn from(e: crate::names::InvalidName) -> Self {
+        TransportError::InvalidName(e.0)
+    }
 }

@@ -157,7 +157,8 @@ mod tests {
         assert!(g.try_acquire().is_some(), "1 in flight < 2");
     }
 
-    #[tokio::test]
+    // Paused time: the sleeps below only let the waiter run and park, in no wall time.
+    #[tokio::test(start_paused = true)]
     async fn raising_the_max_wakes_waiters() {
         let g = Arc::new(ConcurrencyGate::new(1));
         let _held = g.try_acquire().unwrap();
@@ -174,7 +175,7 @@ mod tests {
             .unwrap();
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn release_wakes_one_waiter() {
         let g = Arc::new(ConcurrencyGate::new(1));
         let held = g.try_acquire().unwrap();

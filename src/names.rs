@@ -65,14 +65,19 @@ pub fn validate_schema_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Why a queue name was refused, in words that name the name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidName(pub String);
+
 /// A validated queue name; cheap to clone.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueueName(Arc<str>);
 
 impl QueueName {
     /// Validates and wraps a queue name.
-    pub fn new(name: &str) -> Result<Self, crate::transport::TransportError> {
-        validate_queue_name(name).map_err(crate::transport::TransportError::InvalidName)?;
+    pub fn new(name: &str) -> Result<Self, InvalidName> {
+        validate_queue_name(name).map_err(InvalidName)?;
         Ok(QueueName(Arc::from(name)))
     }
 

@@ -1,0 +1,59 @@
+//! The host seen by its admin endpoint: [`AdminState`] over [`HostInner`].
+
+use std::sync::Arc;
+
+use super::HostInner;
+use crate::admin::AdminState;
+use crate::config::{AdminConfig, OverrideMode};
+use crate::publish::Publisher;
+use crate::status::HostStatus;
+use crate::throttling::Direction;
+use crate::transport::{QueueName, Transport};
+
+impl AdminState for HostInner {
+    fn status(&self) -> HostStatus {
+        HostInner::status(self)
+    }
+
+    fn metrics_text(&self) -> String {
+        self.metrics().render()
+    }
+
+    fn not_ready(&self) -> Option<String> {
+        if !self.is_receiving() {
+            return Some("shutting down: receivers stopped".to_string());
+        }
+        let stopped: Vec<&str> = self
+            .queues()
+            .iter()
+            .filter(|q| !q.receiver_alive())
+            .map(|q| q.name.as_str())
+            .collect();
+        (!stopped.is_empty())
+            .then(|| format!("receiver not running for queue {}", stopped.join(", ")))
+    }
+
+    fn transport(&self) -> Arc<dyn Transport> {
+        HostInner::transport(self).clone()
+    }
+
+    fn runtime(&self) -> tokio::runtime::Handle {
+        HostInner::runtime(self).clone()
+    }
+
+    fn settings(&self) -> AdminConfig {
+        self.config().admin.clone()
+    }
+
+    fn accepts(&self, queue: &QueueName) -> bool {
+        self.is_known_queue(queue)
+    }
+
+    fn publisher(&self) -> Arc<Publisher> {
+        HostInner::publisher(self).clone()
+    }
+
+    fn set_override(&self, direction: Direction, mode: OverrideMode) {
+        HostInner::set_override(self, direction, mode)
+    }
+}

@@ -1,0 +1,123 @@
+//! The host's side of the throttling service: what the controller reads ([`HostProbe`]) and
+//! where its limits go ([`LimitSink`]). The service never sees a receiver, dispatcher or
+//! transport; this adapter does.
+//!
+//! Database size comes from the queues' last known depths. Receivers refresh those as they
+//! work (every peek, every empty receive); a depth older than the age the service asks for is
+//! peeked again in the background, on the host's runtime, so a tick never waits on the
+//! database and an idle monitor queue costs no extra statement.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::dispatch::Dispatcher;
+use crate::publish::Publisher;
+use crate::queue::{DepthCell, QueueRuntime};
+use crate::throttling::controller::QueueLoad;
+use crate::throttling::service::{HostProbe, LimitSink, QueueReading};
+use crate::transport::{QueueName, Transport};
+
+/// Reads the host's counters for the controller and applies its limits.
+pub struct HostAdapter {
+    pub(super) queues: Vec<Arc<QueueRuntime>>,
+    pub(super) dispatcher: Arc<Dispatcher>,
+    pub(super) transport: Arc<dyn Transport>,
+    pub(super) publisher: Arc<Publisher>,
+    /// Error queues (left out of database size unless configured).
+    pub(super) error_queues: HashSet<QueueName>,
+    pub(super) include_error_queues: bool,
+    /// The host's runtime: depth refreshes run there, beside the transport's connections.
+    pub(super) runtime: tokio::runtime::Handle,
+    pub(super) refreshing: Arc<AtomicBool>,
+}
+
+impl HostAdapter {
+    fn counts(&self, name: &QueueName) -> bool {
+        self.include_error_queues || !self.error_queues.contains(name)
+    }
+
+    fn refresh(&self, stale: Vec<(QueueName, Arc<DepthCell>)>) {
+        if stale.is_empty() || self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let transport = self.transport.clone();
+        let refreshing = self.refreshing.clone();
+        self.runtime.spawn(async move {
+            for (name, cell) in stale {
+                let start = cell.read_started();
+                match transport.peek_depth(&name).await {
+                    Ok(depth) => cell.set_read(depth, start),
+                    Err(e) => tracing::debug!(queue = %name, error = %e, "depth refresh failed"),
+                }
+            }
+            refreshing.store(false, Ordering::Release);
+        });
+    }
+}
+
+impl HostProbe for HostAdapter {
+    fn in_process(&self) -> u64 {
+        self.dispatcher.in_process()
+    }
+
+    fn database_sessions(&self) -> u64 {
+        self.transport.connections_in_use()
+    }
+
+    fn queues(&self) -> Vec<QueueReading> {
+        self.queues
+            .iter()
+            .map(|q| QueueReading {
+                load: QueueLoad {
+                    name: q.name.to_string(),
+                    max: q.settings().max,
+                    in_flight: q.gate.in_flight(),
+                },
+                depth: q.depth.get(),
+            })
+            .collect()
+    }
+
+    fn database_size(&self, max_age: Duration) -> u64 {
+        let is_stale = |cell: &DepthCell| cell.age().is_none_or(|a| a >= max_age);
+        let mut stale = Vec::new();
+        let mut total = 0u64;
+        let receiving: HashSet<&QueueName> = self.queues.iter().map(|q| &q.name).collect();
+        for q in self.queues.iter().filter(|q| self.counts(&q.name)) {
+            total += q.depth.get();
+            if is_stale(&q.depth) {
+                stale.push((q.name.clone(), q.depth.clone()));
+            }
+        }
+        {
+            for name in self.publisher.targets() {
+                if receiving.contains(&name) || !self.counts(&name) {
+                    continue;
+                }
+                let Some(cell) = self.publisher.depth(&name) else {
+                    continue;
+                };
+                total += cell.get();
+                if is_stale(&cell) {
+                    stale.push((name, cell));
+                }
+            }
+        }
+        self.refresh(stale);
+        total
+    }
+}
+
+impl LimitSink for HostAdapter {
+    fn set_limit(&self, queue: &str, limit: u32) {
+        if let Some(q) = self.queues.iter().find(|q| q.name.as_str() == queue) {
+            q.gate.set_limit(limit);
+            q.metrics.concurrency_limit.set(q.gate.effective() as f64);
+            q.metrics.in_flight.set(q.gate.in_flight() as f64);
+            q.metrics.receive_loops.set(q.loops() as f64);
+            q.metrics.queue_depth.set(q.depth.get() as f64);
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Control quality of a run, per episode: how fast the controller engaged after a resource
+//! crossed its threshold, how far the resource overshot, how often the state flipped, and how
+//! long the host took to return to "not throttling" once the cause ended.
+//!
+//! It works on a plain [`Tick`] timeline (one per controller tick), so it can be tested with
+//! hand-built timelines; [`ticks`] makes one from a run's samples.
+
+use serde::Serialize;
+
+use super::record::Sample;
+use crate::throttling::{Condition, Direction};
+
+/// One condition at one tick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    /// Which condition.
+    pub condition: Condition,
+    /// Its value.
+    pub value: f64,
+    /// Its threshold (0 = off).
+    pub threshold: f64,
+    /// Active after hysteresis.
+    pub active: bool,
+}
+
+/// One controller tick, reduced to what quality needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tick {
+    /// Seconds since the run started.
+    pub t: f64,
+    /// State code per direction (delivery, publishing).
+    pub states: [u8; 2],
+    /// Resource conditions of the direction each one is judged in.
+    pub readings: Vec<Reading>,
+}
+
+/// The resource conditions quality is measured for, and the direction each is judged in.
+pub const GUARDED: [(Condition, Direction); 6] = [
+    (Condition::ProcessMemory, Direction::Delivery),
+    (Condition::SystemMemory, Direction::Delivery),
+    (Condition::InProcess, Direction::Delivery),
+    (Condition::Threads, Direction::Delivery),
+    (Condition::DatabaseSize, Direction::Publishing),
+    (Condition::DatabaseSessions, Direction::Publishing),
+];
+
+/// One episode of one condition.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Episode {
+    /// The condition.
+    pub condition: Condition,
+    /// The direction it was judged in.
+    pub direction: Direction,
+    /// When the value first crossed the threshold, seconds.
+    pub crossed_at: f64,
+    /// Ticks from the crossing to the condition being active (0 = the same tick); None if it
+    /// never engaged.
+    pub engage_samples: Option<u32>,
+    /// Highest value / threshold during the episode.
+    pub peak_ratio: f64,
+    /// State changes of the direction from just before the crossing to the end.
+    pub flips: u32,
+    /// Seconds from the cause ending (the last tick at or above the resume line) to state 0;
+    /// None if the direction never returned to 0.
+    pub recovery_seconds: Option<f64>,
+}
+
+/// Builds the tick timeline of a run.
+pub fn ticks(samples: &[Sample]) -> Vec<Tick> {
+    samples
+        .iter()
+        .map(|s| {
+            let d = &s.snapshot.decision;
+            let readings = GUARDED
+                .iter()
+                .filter_map(|(condition, direction)| {
+                    d.direction(*direction)
+                        .conditions
+                        .iter()
+                        .find(|c| c.condition == *condition)
+                        .map(|c| Reading {
+                            condition: *condition,
+                            value: c.value,
+                            threshold: c.threshold,
+                            active: c.active,
+                        })
+                })
+                .collect();
+            Tick {
+                t: s.t,
+                states: [d.delivery.state, d.publishing.state],
+                readings,
+            }
+        })
+        .collect()
+}
+
+/// Every episode of every guarded condition in a timeline, in order of crossing.
+pub fn episodes(ticks: &[Tick], resume_ratio: f64) -> Vec<Episode> {
+    let mut all = Vec::new();
+    for (condition, direction) in GUARDED {
+        let mut i = 0;
+        while let Some(e) = next_episode(ticks, (condition, direction), resume_ratio, &mut i) {
+            all.push(e);
+        }
+    }
+    all.sort_by(|a, b| a.crossed_at.total_cmp(&b.crossed_at));
+    all
+}
+
+fn reading(tick: &Tick, condition: Condition) -> Option<&Reading> {
+    tick.readings
+        .iter()
+        .find(|r| r.condition == condition && r.threshold > 0.0)
+}
+
+/// Finds the episode starting at or after `*from`; leaves `*from` after its end.
+fn next_episode(
+    ticks: &[Tick],
+    (condition, direction): (Condition, Direction),
+    resume_ratio: f64,
+    from: &mut usize,
+) -> Option<Episode> {
+    let over = |i: usize| reading(&ticks[i], condition).is_some_and(|r| r.value > r.threshold);
+    let start = (*from..ticks.len()).find(|&i| over(i))?;
+    let state = |i: usize| ticks[i].states[direction.index()];
+    let engaged = (start..ticks.len())
+        .find(|&i| reading(&ticks[i], condition).is_some_and(|r| r.active) && state(i) != 0);
+    // The episode ends at the first tick back at state 0 after engaging.
+    let end = engaged.and_then(|e| (e..ticks.len()).find(|&i| state(i) == 0));
+    let last = end.unwrap_or(ticks.len() - 1);
+    let mut peak: f64 = 0.0;
+    let mut cause_end = start;
+    for (i, tick) in ticks.iter().enumerate().take(last + 1).skip(start) {
+        if let Some(r) = reading(tick, condition) {
+            peak = peak.max(r.value / r.threshold);
+            if r.value >= r.threshold * resume_ratio {
+                cause_end = i;
+            }
+        }
+    }
+    let first = start.saturating_sub(1);
+    let flips = (first + 1..=last)
+        .filter(|&i| state(i) != state(i - 1))
+        .count() as u32;
+    *from = last + 1;
+    Some(Episode {
+        condition,
+        direction,
+        crossed_at: ticks[start].t,
+        engage_samples: engaged.map(|e| (e - start) as u32),
+        peak_ratio: (peak * 1000.0).round() / 1000.0,
+        flips,
+        recovery_seconds: end.map(|e| ((ticks[e].t - ticks[cause_end].t) * 10.0).round() / 10.0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A timeline of in-process values (threshold 100) and delivery states, 0.5 s apart.
+    fn timeline(values: &[f64], states: &[u8]) -> Vec<Tick> {
+        let mut active = false;
+        values
+            .iter()
+            .zip(states)
+            .enumerate()
+            .map(|(i, (&value, &state))| {
+                active = if active { value >= 90.0 } else { value > 100.0 };
+                Tick {
+                    t: i as f64 * 0.5,
+                    states: [state, 0],
+                    readings: vec![Reading {
+                        condition: Condition::InProcess,
+                        value,
+                        threshold: 100.0,
+                        active,
+                    }],
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_clean_episode() {
+        let t = timeline(
+            &[50.0, 90.0, 105.0, 110.0, 98.0, 95.0, 80.0, 40.0, 30.0, 30.0],
+            &[0, 0, 3, 3, 3, 3, 3, 3, 0, 0],
+        );
+        let e = episodes(&t, 0.9);
+        assert_eq!(e.len(), 1);
+        let e = &e[0];
+        assert_eq!(e.condition, Condition::InProcess);
+        assert_eq!(e.crossed_at, 1.0);
+        assert_eq!(e.engage_samples, Some(0));
+        assert_eq!(e.peak_ratio, 1.1);
+        assert_eq!(e.flips, 2);
+        // Cause ended at t=2.5 (95 >= 90); state 0 at t=4.0.
+        assert_eq!(e.recovery_seconds, Some(1.5));
+    }
+
+    #[test]
+    fn a_late_engagement_an_overshoot_and_flapping_are_measured() {
+        // Crosses at t=0.5, but the state only shows at t=2.0 (3 samples late); peaks at 2x;
+        // flips 0 -> 3 -> 0 -> 3 -> 0.
+        let t = timeline(
+            &[
+                50.0, 120.0, 150.0, 160.0, 200.0, 95.0, 92.0, 91.0, 30.0, 30.0,
+            ],
+            &[0, 0, 0, 3, 3, 0, 3, 3, 0, 0],
+        );
+        let e = &episodes(&t, 0.9)[0];
+        assert_eq!(e.engage_samples, Some(2));
+        assert_eq!(e.peak_ratio, 2.0);
+        // The episode ends at the first state 0 after engaging: t=2.5. The re-entry starts a
+        // second episode only if the value crosses again; here it does not.
+        assert_eq!(e.flips, 2);
+        let t = timeline(
+            &[50.0, 120.0, 101.0, 50.0, 101.0, 105.0, 50.0, 50.0],
+            &[0, 3, 3, 0, 3, 3, 0, 0],
+        );
+        let all = episodes(&t, 0.9);
+        assert_eq!(all.len(), 2, "two crossings, two episodes: {all:?}");
+    }
+
+    #[test]
+    fn an_episode_that_never_engages_or_never_recovers_says_so() {
+        let t = timeline(&[50.0, 120.0, 130.0, 40.0], &[0, 0, 0, 0]);
+        let e = &episodes(&t, 0.9)[0];
+        assert_eq!(e.engage_samples, None);
+        assert_eq!(e.recovery_seconds, None);
+        let t = timeline(&[50.0, 120.0, 130.0, 40.0], &[0, 3, 3, 3]);
+        let e = &episodes(&t, 0.9)[0];
+        assert_eq!(e.engage_samples, Some(0));
+        assert_eq!(e.recovery_seconds, None, "still throttled at the end");
+    }
+
+    #[test]
+    fn no_crossing_no_episode() {
+        let t = timeline(&[50.0, 99.0, 100.0, 60.0], &[0, 0, 0, 0]);
+        assert!(episodes(&t, 0.9).is_empty());
+    }
+}

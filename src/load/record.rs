@@ -1,0 +1,81 @@
+//! What a load run recorded: its samples (one per controller tick), phases and message
+//! accounting. The runner fills these in; the report, the chart and the quality measures read
+//! them, so none of those depends on the runner.
+
+use std::sync::Arc;
+
+use crate::throttling::service::Snapshot;
+
+/// One sample of the run.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Seconds since the run started.
+    pub t: f64,
+    /// Phase name (or "drain", "settle").
+    pub phase: String,
+    /// The controller's snapshot.
+    pub snapshot: Arc<Snapshot>,
+    /// Per receiving queue: (name, effective limit, in flight, depth).
+    pub queues: Vec<(String, u32, u32, u64)>,
+    /// Messages sent so far.
+    pub sent: u64,
+    /// Messages done so far (any outcome).
+    pub done: u64,
+}
+
+/// Where a phase sits on the run's clock.
+#[derive(Debug, Clone)]
+pub struct PhaseSpan {
+    /// Name.
+    pub name: String,
+    /// Start, seconds.
+    pub start: f64,
+    /// End, seconds.
+    pub end: f64,
+}
+
+/// Message accounting of a run.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Accounting {
+    /// Messages accepted by the publish path (prefill included).
+    pub sent: u64,
+    /// Handled successfully (distinct ids when tracking).
+    pub processed: u64,
+    /// Moved to the error queue.
+    pub in_error_queue: u64,
+    /// Dropped as expired.
+    pub expired: u64,
+    /// Dead-lettered as poison.
+    pub poison: u64,
+    /// Sent but not seen leaving a queue, minus those still in a queue.
+    pub lost: u64,
+    /// Still in a receiving queue at the end (drain timed out).
+    pub remaining: u64,
+    /// Handled successfully more than once (at-least-once redeliveries).
+    pub duplicated: u64,
+    /// Sends the publish path refused (never entered a queue; not lost).
+    pub send_failures: u64,
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Scenario name.
+    pub scenario: String,
+    /// Transport description.
+    pub transport: String,
+    /// Samples, one per sample interval.
+    pub samples: Vec<Sample>,
+    /// The phases as they ran.
+    pub phases: Vec<PhaseSpan>,
+    /// Message accounting.
+    pub accounting: Accounting,
+    /// Seconds from the first phase to the last message done.
+    pub busy_seconds: f64,
+    /// Both directions were back at state 0 at the end.
+    pub cleared: bool,
+    /// The scenario's expectations.
+    pub expect: super::scenario::Expect,
+    /// Hysteresis ratio in force (the chart draws the resume line from it).
+    pub resume_ratio: f64,
+}

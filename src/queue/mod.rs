@@ -1,0 +1,223 @@
+//! One receiving queue's state, shared by its receiver (which takes messages off it), the
+//! dispatcher (which handles them and counts their failures) and the throttling probe (which
+//! reads its load and sets its limit): settings that reload, the concurrency gate, the circuit
+//! breaker, the depth and the failure memory. It depends on none of them.
+
+pub mod breaker;
+pub mod gate;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+pub use self::breaker::CircuitBreaker;
+pub use self::gate::{ConcurrencyGate, Permit};
+use crate::config::{ConcurrencyModel, QueueConfig};
+pub use crate::depth::DepthCell;
+use crate::handlers::{Handler, SimulateHandler};
+use crate::metrics::QueueMetrics;
+use crate::names::QueueName;
+
+/// Message ids whose failure counts are remembered (NServiceBus `FailureInfoStorage`).
+const FAILURE_MEMORY: usize = 10_000;
+
+/// The settings of a queue that may change while it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueSettings {
+    /// MaximumConcurrencyLevel.
+    pub max: u32,
+    /// Peek interval / longest idle back-off.
+    pub peek_interval: Duration,
+    /// Adaptive ramp-up threshold.
+    pub ramp_up_after: u32,
+    /// Adaptive ramp-down threshold.
+    pub ramp_down_after: u32,
+    /// Immediate retries.
+    pub immediate_retries: u32,
+    /// Handler attempt time limit.
+    pub handler_timeout: Option<Duration>,
+}
+
+impl QueueSettings {
+    /// Settings of a configured queue; `max` overrides the concurrency (instance queues).
+    pub fn from_config(config: &QueueConfig, max: u32) -> Self {
+        QueueSettings {
+            max,
+            peek_interval: config.concurrency.peek_interval,
+            ramp_up_after: config.concurrency.ramp_up_after,
+            ramp_down_after: config.concurrency.ramp_down_after,
+            immediate_retries: config.immediate_retries,
+            handler_timeout: config.handler_timeout,
+        }
+    }
+}
+
+/// Everything about one receiving queue.
+pub struct QueueRuntime {
+    /// The queue.
+    pub name: QueueName,
+    /// Where failed and poison messages go.
+    pub error_queue: QueueName,
+    /// Its concurrency model (changing it needs a restart).
+    pub model: ConcurrencyModel,
+    settings: ArcSwap<QueueSettings>,
+    /// The concurrency gate (max and throttling limit).
+    pub gate: Arc<ConcurrencyGate>,
+    /// Receive loops (fixed, adaptive) or peekers (monitor) running.
+    pub loops: AtomicU32,
+    /// Last known depth (shared with the throttling probe, which refreshes it when stale).
+    pub depth: Arc<DepthCell>,
+    /// Metric handles.
+    pub metrics: QueueMetrics,
+    /// The handler.
+    pub handler: Arc<dyn Handler>,
+    /// Set when the handler is the built-in simulate handler (load tests turn its knobs).
+    pub simulate: Option<Arc<SimulateHandler>>,
+    /// Transport-error circuit breaker.
+    pub breaker: CircuitBreaker,
+    /// Failure counts per message id.
+    pub failures: FailureMemory,
+    reconfigured: Notify,
+    receiver_alive: AtomicBool,
+}
+
+impl QueueRuntime {
+    /// Builds a queue's runtime state.
+    pub fn new(
+        name: QueueName,
+        error_queue: QueueName,
+        model: ConcurrencyModel,
+        settings: QueueSettings,
+        handler: Arc<dyn Handler>,
+        simulate: Option<Arc<SimulateHandler>>,
+        metrics: QueueMetrics,
+    ) -> Self {
+        metrics.concurrency_max.set(settings.max as f64);
+        metrics.concurrency_limit.set(settings.max as f64);
+        QueueRuntime {
+            breaker: CircuitBreaker::new(name.as_str(), metrics.circuit_breaker_open.clone()),
+            gate: Arc::new(ConcurrencyGate::new(settings.max)),
+            name,
+            error_queue,
+            model,
+            settings: ArcSwap::from_pointee(settings),
+            loops: AtomicU32::new(0),
+            depth: Arc::default(),
+            metrics,
+            handler,
+            simulate,
+            failures: FailureMemory::default(),
+            reconfigured: Notify::new(),
+            receiver_alive: AtomicBool::new(false),
+        }
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> Arc<QueueSettings> {
+        self.settings.load_full()
+    }
+
+    /// Applies new settings (config reload): a new max reaches the gate at once.
+    pub fn reconfigure(&self, settings: QueueSettings) {
+        self.gate.set_max(settings.max);
+        self.metrics.concurrency_max.set(settings.max as f64);
+        self.settings.store(Arc::new(settings));
+        self.reconfigured.notify_waiters();
+    }
+
+    /// Resolves at the next [`QueueRuntime::reconfigure`] (create it before checking).
+    pub fn reconfigured(&self) -> tokio::sync::futures::Notified<'_> {
+        self.reconfigured.notified()
+    }
+
+    /// The flag the receiver keeps set while it runs.
+    pub(crate) fn receiver_alive_flag(&self) -> &AtomicBool {
+        &self.receiver_alive
+    }
+
+    /// Whether the queue's receiver (peeker, loop supervisor or first loop) is running: false
+    /// before it starts, after receiving stopped, and after it panicked.
+    pub fn receiver_alive(&self) -> bool {
+        self.receiver_alive.load(Ordering::Acquire)
+    }
+
+    /// Loops or peekers running now.
+    pub fn loops(&self) -> u32 {
+        self.loops.load(Ordering::Relaxed)
+    }
+}
+
+/// Failure counts per message id, bounded; oldest forgotten first.
+#[derive(Debug, Default)]
+pub struct FailureMemory {
+    entries: Mutex<(HashMap<Uuid, u32>, VecDeque<Uuid>)>,
+    len: AtomicUsize,
+}
+
+impl FailureMemory {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (HashMap<Uuid, u32>, VecDeque<Uuid>)> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Failed attempts recorded for `id`.
+    pub fn attempts(&self, id: Uuid) -> u32 {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.lock().0.get(&id).copied().unwrap_or(0)
+    }
+
+    /// Records that `id` has failed `attempts` times.
+    pub fn record(&self, id: Uuid, attempts: u32) {
+        let mut guard = self.lock();
+        let (map, order) = &mut *guard;
+        if map.insert(id, attempts).is_none() {
+            order.push_back(id);
+            if order.len() > FAILURE_MEMORY
+                && let Some(old) = order.pop_front()
+            {
+                map.remove(&old);
+            }
+        }
+        self.len.store(map.len(), Ordering::Relaxed);
+    }
+
+    /// Forgets `id` (it succeeded or left the queue).
+    pub fn forget(&self, id: Uuid) {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut guard = self.lock();
+        let (map, order) = &mut *guard;
+        if map.remove(&id).is_some() {
+            order.retain(|x| *x != id);
+        }
+        self.len.store(map.len(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_memory_is_bounded_and_forgets() {
+        let m = FailureMemory::default();
+        let first = Uuid::new_v4();
+        m.record(first, 2);
+        assert_eq!(m.attempts(first), 2);
+        for _ in 0..FAILURE_MEMORY {
+            m.record(Uuid::new_v4(), 1);
+        }
+        assert_eq!(m.attempts(first), 0, "oldest evicted");
+        let x = Uuid::new_v4();
+        m.record(x, 3);
+        m.forget(x);
+        assert_eq!(m.attempts(x), 0);
+    }
+}

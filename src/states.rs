@@ -1,0 +1,221 @@
+//! The vocabulary of throttling that every layer shares: the two directions, the conditions,
+//! their BizTalk state codes and names. It sits below throttling, metrics, status and the load
+//! tool, so each of them can name a state without importing another.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// One of the two directions BizTalk throttles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Queue -> handler (BizTalk "message delivery", outbound).
+    Delivery,
+    /// Sends -> queue (BizTalk "message publishing", inbound).
+    Publishing,
+}
+
+impl Direction {
+    /// Both directions, delivery first.
+    pub const ALL: [Direction; 2] = [Direction::Delivery, Direction::Publishing];
+
+    /// Label value used in metrics and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Delivery => "delivery",
+            Direction::Publishing => "publishing",
+        }
+    }
+
+    /// Position in per-direction arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Parses `delivery` / `publishing`.
+    pub fn parse(s: &str) -> Option<Direction> {
+        match s {
+            "delivery" => Some(Direction::Delivery),
+            "publishing" => Some(Direction::Publishing),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A throttling condition. Each maps to a BizTalk state code in the directions it applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Condition {
+    /// Incoming rate above outgoing rate x overdrive (states 1 / 2).
+    RateImbalance,
+    /// Process resident memory above its threshold (state 4).
+    ProcessMemory,
+    /// System used physical memory above its threshold (state 5).
+    SystemMemory,
+    /// Messages handed to handlers and not done above threshold (delivery state 3).
+    InProcess,
+    /// Process thread count above threshold (state 9).
+    Threads,
+    /// Messages in this host's queues above threshold (publishing state 6).
+    DatabaseSize,
+    /// Database connections in use above threshold (publishing state 8).
+    DatabaseSessions,
+    /// User override = throttle (delivery state 10, publishing state 11).
+    Override,
+}
+
+impl Condition {
+    /// Every condition, in a fixed order (used for metrics and reports).
+    pub const ALL: [Condition; 8] = [
+        Condition::RateImbalance,
+        Condition::ProcessMemory,
+        Condition::SystemMemory,
+        Condition::InProcess,
+        Condition::Threads,
+        Condition::DatabaseSize,
+        Condition::DatabaseSessions,
+        Condition::Override,
+    ];
+
+    /// Label value used in metrics and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Condition::RateImbalance => "rate_imbalance",
+            Condition::ProcessMemory => "process_memory",
+            Condition::SystemMemory => "system_memory",
+            Condition::InProcess => "in_process",
+            Condition::Threads => "threads",
+            Condition::DatabaseSize => "database_size",
+            Condition::DatabaseSessions => "database_sessions",
+            Condition::Override => "override",
+        }
+    }
+
+    /// The BizTalk state code this condition shows in `direction`, or None where it does not
+    /// apply (in-process is delivery only; database size and sessions are publishing only).
+    pub fn state_code(self, direction: Direction) -> Option<u8> {
+        use Direction::*;
+        match (self, direction) {
+            (Condition::RateImbalance, Delivery) => Some(1),
+            (Condition::RateImbalance, Publishing) => Some(2),
+            (Condition::InProcess, Delivery) => Some(3),
+            (Condition::InProcess, Publishing) => None,
+            (Condition::ProcessMemory, _) => Some(4),
+            (Condition::SystemMemory, _) => Some(5),
+            (Condition::DatabaseSize, Publishing) => Some(6),
+            (Condition::DatabaseSize, Delivery) => None,
+            (Condition::DatabaseSessions, Publishing) => Some(8),
+            (Condition::DatabaseSessions, Delivery) => None,
+            (Condition::Threads, _) => Some(9),
+            (Condition::Override, Delivery) => Some(10),
+            (Condition::Override, Publishing) => Some(11),
+        }
+    }
+
+    /// Rank among active conditions; the highest decides a direction's state. BizTalk's
+    /// documented order: process memory > in-process > threads > database size > all others.
+    /// Among the others: system memory > database sessions > override > rate imbalance.
+    pub fn rank(self) -> u8 {
+        match self {
+            Condition::ProcessMemory => 7,
+            Condition::InProcess => 6,
+            Condition::Threads => 5,
+            Condition::DatabaseSize => 4,
+            Condition::SystemMemory => 3,
+            Condition::DatabaseSessions => 2,
+            Condition::Override => 1,
+            Condition::RateImbalance => 0,
+        }
+    }
+
+    /// Conditions that pace publishing against the backlog's drain rate (when it is measured)
+    /// instead of delaying each send: what they guard grows with what is stored.
+    pub fn paces_publishing(self) -> bool {
+        matches!(
+            self,
+            Condition::ProcessMemory
+                | Condition::SystemMemory
+                | Condition::DatabaseSize
+                | Condition::DatabaseSessions
+        )
+    }
+
+    /// Conditions under which delivery also shrinks every queue's concurrency limit (BizTalk
+    /// shrinks its thread pools for these).
+    pub fn shrinks_concurrency(self) -> bool {
+        matches!(
+            self,
+            Condition::ProcessMemory
+                | Condition::SystemMemory
+                | Condition::InProcess
+                | Condition::Threads
+        )
+    }
+}
+
+/// BizTalk's name for a state code in a direction.
+pub fn state_name(direction: Direction, code: u8) -> &'static str {
+    match (direction, code) {
+        (_, 0) => "not throttling",
+        (Direction::Delivery, 1) => "imbalanced delivery rate",
+        (Direction::Publishing, 2) => "imbalanced publishing rate",
+        (Direction::Delivery, 3) => "high in-process message count",
+        (_, 4) => "process memory pressure",
+        (_, 5) => "system memory pressure",
+        (Direction::Publishing, 6) => "database growth",
+        (Direction::Publishing, 8) => "high database session count",
+        (_, 9) => "high thread count",
+        (Direction::Delivery, 10) => "user override on delivery",
+        (Direction::Publishing, 11) => "user override on publishing",
+        _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_condition_has_biztalk_codes_where_it_applies() {
+        let codes: Vec<(Option<u8>, Option<u8>)> = Condition::ALL
+            .iter()
+            .map(|c| {
+                (
+                    c.state_code(Direction::Delivery),
+                    c.state_code(Direction::Publishing),
+                )
+            })
+            .collect();
+        assert_eq!(
+            codes,
+            vec![
+                (Some(1), Some(2)),
+                (Some(4), Some(4)),
+                (Some(5), Some(5)),
+                (Some(3), None),
+                (Some(9), Some(9)),
+                (None, Some(6)),
+                (None, Some(8)),
+                (Some(10), Some(11)),
+            ]
+        );
+    }
+
+    #[test]
+    fn documented_ranking_holds() {
+        use Condition::*;
+        assert!(ProcessMemory.rank() > InProcess.rank());
+        assert!(InProcess.rank() > Threads.rank());
+        assert!(Threads.rank() > DatabaseSize.rank());
+        for other in [SystemMemory, DatabaseSessions, Override, RateImbalance] {
+            assert!(DatabaseSize.rank() > other.rank(), "{other:?}");
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The data flow goes one way: no two top-level modules of `src/` import each other, directly
+//! or around a circle. Read from the code itself: every `crate::<module>` path outside comments
+//! and unit-test modules is an edge.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn rust_files(path: &Path) -> Vec<PathBuf> {
+    if path.is_file() {
+        return vec![path.to_path_buf()];
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).unwrap() {
+        files.extend(rust_files(&entry.unwrap().path()));
+    }
+    files.retain(|f| f.extension().is_some_and(|e| e == "rs"));
+    files
+}
+
+/// The modules a file's code (not its comments, not its unit tests) names as `crate::x`.
+fn imports(text: &str) -> BTreeSet<String> {
+    let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    let mut found = BTreeSet::new();
+    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            if rest.starts_with('{') {
+                // `use crate::{a, b::c}`: every first segment inside the braces.
+                let inner = &rest[1..rest.find('}').unwrap_or(rest.len())];
+                for part in inner.split(',') {
+                    let name: String = part
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    found.insert(name);
+                }
+            } else {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut graph = BTreeMap::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if name == "lib" || name == "main" {
+            continue;
+        }
+        let mut deps = BTreeSet::new();
+        for file in rust_files(&path) {
+            deps.extend(imports(&std::fs::read_to_string(file).unwrap()));
+        }
+        graph.insert(name, deps);
+    }
+    let names: BTreeSet<String> = graph.keys().cloned().collect();
+    for (name, deps) in graph.iter_mut() {
+        deps.retain(|d| names.contains(d) && d != name);
+    }
+    graph
+}
+
+/// A path from `from` back to itself, if there is one.
+fn circle_through(graph: &BTreeMap<String, BTreeSet<String>>, from: &str) -> Option<Vec<String>> {
+    let mut stack = vec![(from.to_string(), vec![from.to_string()])];
+    let mut seen = BTreeSet::new();
+    while let Some((node, path)) = stack.pop() {
+        for next in &graph[&node] {
+            if next == from {
+                let mut circle = path.clone();
+                circle.push(from.to_string());
+                return Some(circle);
+            }
+            if seen.insert(next.clone()) {
+                let mut longer = path.clone();
+                longer.push(next.clone());
+                stack.push((next.clone(), longer));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn no_top_level_module_imports_back_up_the_flow() {
+    let graph = module_graph();
+    assert!(graph.len() > 10, "read the modules: {graph:?}");
+    let circles: Vec<String> = graph
+        .keys()
+        .filter_map(|m| circle_through(&graph, m))
+        .map(|c| c.join(" -> "))
+        .collect();
+    assert!(
+        circles.is_empty(),
+        "import circles:\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn the_scan_sees_an_import_and_ignores_comments_and_tests() {
+    let text = "use crate::{config::X, states};\n// crate::admin in a comment\nfn f() { crate::publish::send(); }\n#[cfg(test)]\nmod tests {\n    use crate::host;\n}\n";
+    let found: Vec<String> = imports(text).into_iter().collect();
+    assert_eq!(found, vec!["config", "publish", "states"]);
+}

@@ -64,6 +64,13 @@ pub trait AdminState: Send + Sync + 'static {
     fn set_override(&self, direction: Direction, mode: OverrideMode);
 }
 
+/// The most admin connections open at once. A new connection beyond it closes the oldest, so
+/// a flood of idle or slow connections can neither exhaust the process's file descriptors
+/// (which the database pool needs too) nor lock out a health check.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long a client may take to send a request's headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Serves the admin routes on `listener` until `stop` is cancelled.
 ///
 /// Takes a std listener so it can be served on another runtime than the one that bound it
@@ -77,11 +84,74 @@ pub async fn serve(listener: std::net::TcpListener, host: Shared, stop: Cancella
         }
     };
     let app = router(host);
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "admin endpoint stopped");
+    let open = Arc::new(OpenConnections::default());
+    let connections = tokio_util::task::TaskTracker::new();
+    loop {
+        let stream = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, typically: wait instead of spinning on accept.
+                    tracing::warn!(error = %e, "admin endpoint cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let (id, evicted) = open.admit();
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let open = open.clone();
+        let stop = stop.clone();
+        connections.spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                // The oldest of too many: closed at once, its descriptor freed.
+                _ = evicted.cancelled() => {}
+                _ = stop.cancelled() => {
+                    // Shutdown: finish a request under way, then close.
+                    connection.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(HEADER_READ_TIMEOUT, connection).await;
+                }
+            }
+            open.remove(id);
+        });
+    }
+    connections.close();
+    connections.wait().await;
+}
+
+/// The admin connections open now, oldest first, each with the token that closes it.
+#[derive(Default)]
+struct OpenConnections {
+    inner: std::sync::Mutex<(u64, std::collections::VecDeque<(u64, CancellationToken)>)>,
+}
+
+impl OpenConnections {
+    /// Registers a new connection, evicting the oldest when [`MAX_CONNECTIONS`] are open;
+    /// returns its id and the token that evicts it.
+    fn admit(&self) -> (u64, CancellationToken) {
+        let close = CancellationToken::new();
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (next, open) = &mut *guard;
+        while open.len() >= MAX_CONNECTIONS {
+            if let Some((_, oldest)) = open.pop_front() {
+                oldest.cancel();
+            }
+        }
+        *next += 1;
+        open.push_back((*next, close.clone()));
+        (*next, close)
+    }
+
+    fn remove(&self, id: u64) {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard.1.retain(|(i, _)| *i != id);
     }
 }
 
@@ -253,7 +323,10 @@ async fn ingest(
     };
     let mut message = OutgoingMessage::new(body.to_vec());
     if let Some(ttbr) = query.ttbr {
-        match crate::config::units::duration::parse(&ttbr) {
+        let parsed = humantime::parse_duration(ttbr.trim())
+            .map_err(|e| format!("`{ttbr}` is not a duration ({e}); write for example 30s or 5m"))
+            .and_then(crate::message::check_time_to_be_received);
+        match parsed {
             Ok(d) => message = message.with_time_to_be_received(d),
             Err(e) => return error(StatusCode::BAD_REQUEST, format!("ttbr: {e}")),
         }

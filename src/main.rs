@@ -101,7 +101,7 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         count: u64,
         /// Time to be received (seconds, or e.g. 30s, 5m); the message expires after it.
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = parse_ttbr)]
         ttbr: Option<Duration>,
     },
     /// Show a running host's throttling and queues. Exit code 0: not throttling,
@@ -187,20 +187,31 @@ enum QueuesAction {
 struct RuntimeArgs {
     /// Async worker threads (default: `[host] worker_threads` for `run`, else one per CPU).
     /// Fewer workers cost less CPU per message when the host shares its cores with the database.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_worker_threads)]
     worker_threads: Option<usize>,
+}
+
+fn parse_worker_threads(s: &str) -> Result<usize, String> {
+    let max = throttlehost::config::MAX_WORKER_THREADS as usize;
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("`{s}` is not a number of threads from 1 to {max}")),
+    }
 }
 
 /// A duration: a plain number of seconds or a humantime duration such as `500ms` or `5m`.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     if let Ok(secs) = s.trim().parse::<f64>() {
-        if secs >= 0.0 && secs.is_finite() {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-        return Err(format!("`{s}` is not a duration >= 0"));
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("`{s}` is not a duration >= 0 that fits in 64-bit seconds"));
     }
     humantime::parse_duration(s.trim())
         .map_err(|e| format!("`{s}` is not a duration ({e}); write for example 20, 20s or 5m"))
+}
+
+/// A time to be received: a duration no longer than the transports can store.
+fn parse_ttbr(s: &str) -> Result<Duration, String> {
+    parse_duration(s).and_then(throttlehost::message::check_time_to_be_received)
 }
 
 impl Cli {
@@ -215,7 +226,9 @@ impl Cli {
         };
         flag.or_else(|| {
             let config = throttlehost::config::load_file(config?).ok()?;
-            (config.host.worker_threads > 0).then_some(config.host.worker_threads as usize)
+            // Out of range is reported by the configuration check once the runtime runs.
+            let n = config.host.worker_threads;
+            (n > 0 && n <= throttlehost::config::MAX_WORKER_THREADS).then_some(n as usize)
         })
         .filter(|n| *n > 0)
     }
@@ -236,7 +249,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         match cli.command {
             Command::Run { config, .. } => cli::run::run(&config).await,
             Command::Demo {
@@ -294,5 +307,9 @@ fn main() -> ExitCode {
                 ..
             } => cli::load::load(&file, duration_scale, &out, schema, connection_string).await,
         }
-    })
+    });
+    // Work the host already gave up on (a blocking handler past the shutdown timeout) must not
+    // keep the process alive: dropping the runtime would wait for blocking threads forever.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    code
 }

@@ -48,6 +48,22 @@ impl Message {
     }
 }
 
+/// The longest time to be received a message may carry: 50 years. SQL Server adds it to the
+/// send time with `DATEADD(s, ...)`, whose argument is an int (68 years); PostgreSQL would take
+/// more, and then write an expiry the host could not read back.
+pub const MAX_TIME_TO_BE_RECEIVED: Duration = Duration::from_secs(50 * 365 * 24 * 3600);
+
+/// Checks a time to be received against [`MAX_TIME_TO_BE_RECEIVED`], naming the value.
+pub fn check_time_to_be_received(ttbr: Duration) -> Result<Duration, String> {
+    if ttbr > MAX_TIME_TO_BE_RECEIVED {
+        return Err(format!(
+            "time to be received {} is longer than the longest supported (50 years); leave it out for a message that never expires",
+            humantime::format_duration(ttbr)
+        ));
+    }
+    Ok(ttbr)
+}
+
 /// A message to send.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutgoingMessage {

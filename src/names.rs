@@ -8,6 +8,21 @@ use std::sync::Arc;
 /// Longest queue name accepted anywhere (SQL Server's `sysname` is 128 characters).
 pub const MAX_QUEUE_NAME_CHARS: usize = 128;
 
+/// Longest PostgreSQL queue (table) name in bytes: NServiceBus's limit, 63 bytes minus room
+/// for the `_Seq_seq` sequence suffix.
+pub const MAX_POSTGRES_TABLE_NAME_BYTES: usize = 55;
+
+/// Checks a queue name against the PostgreSQL transport's length limit.
+pub fn validate_postgres_table_name(name: &str) -> Result<(), String> {
+    if name.len() > MAX_POSTGRES_TABLE_NAME_BYTES {
+        return Err(format!(
+            "queue name `{name}` is {} bytes, longer than {MAX_POSTGRES_TABLE_NAME_BYTES}, the PostgreSQL transport's limit",
+            name.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a queue (table) name: letters, digits, `_`, `-` and `.`, not starting with `.` or
 /// `-`, at most 128 characters.
 pub fn validate_queue_name(name: &str) -> Result<(), String> {

@@ -142,6 +142,20 @@ async fn ingest_accepts_rejects_and_explains() {
     assert_eq!(status, 400);
     assert!(body["error"].as_str().unwrap().contains("soon"));
 
+    // An expiry no queue table can hold: refused, not written (it used to stall the queue).
+    let (status, body, _) = call(
+        "POST",
+        format!("{base}/queues/orders/messages?ttbr=270000y"),
+        b"x".to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("50 years"),
+        "{body}"
+    );
+
     // Publishing throttled beyond ingest_reject_after: 503 with Retry-After.
     host.inner().set_override(
         throttlehost::throttling::Direction::Publishing,
@@ -424,5 +438,71 @@ async fn status_answers_while_handlers_block_every_worker() {
         );
         assert_eq!(*in_process, Some(2), "{answers:?}");
     }
+    host.shutdown().await;
+}
+
+/// Server-side connections the admin endpoint holds open: established sockets whose local
+/// port is the endpoint's (a connection the server closed no longer counts, whatever its
+/// client does). Read from the kernel's table, so other tests in this binary do not count.
+fn established_on(port: u16) -> usize {
+    let port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|t| t.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.len() > 3 && fields[1].ends_with(&port) && fields[3] == "01"
+        })
+        .count()
+}
+
+/// Slow clients that never finish their headers are closed after the header-read timeout, and
+/// a flood of them holds at most `MAX_CONNECTIONS` server-side descriptors (before: every one
+/// was held for 60 s, and under a 200-descriptor limit the endpoint and new database
+/// connections failed) while /healthz still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_flooding_clients_cannot_exhaust_the_admin_endpoint() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (host, base) = start("").await;
+    let address = host.admin_address().unwrap();
+    let flood = 2 * throttlehost::admin::MAX_CONNECTIONS;
+    let mut slow = Vec::new();
+    for _ in 0..flood {
+        let mut s = tokio::net::TcpStream::connect(address).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    // The kernel finishes handshakes before the endpoint accepts them: give it a moment.
+    common::wait_until(
+        Duration::from_secs(3),
+        "the endpoint to hold at most MAX_CONNECTIONS",
+        || established_on(address.port()) <= throttlehost::admin::MAX_CONNECTIONS,
+    )
+    .await;
+    let (status, _, _) = call("GET", format!("{base}/healthz"), vec![], vec![]).await;
+    assert_eq!(status, 200, "health answers during the flood");
+    // The newest slow client is closed once the header-read timeout passes.
+    let mut last = slow.pop().unwrap();
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(
+        throttlehost::admin::HEADER_READ_TIMEOUT + Duration::from_secs(3),
+        async {
+            loop {
+                match last.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        },
+    )
+    .await;
+    assert!(
+        closed.is_ok(),
+        "a client that never finishes its headers is closed"
+    );
+    drop(slow);
     host.shutdown().await;
 }

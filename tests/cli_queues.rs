@@ -29,7 +29,7 @@ fn config_file(schema: &PgSchema, connection_string: &str) -> std::path::PathBuf
     std::fs::write(
         &path,
         format!(
-            "[host]\ninstance_id = \"node1\"\n[transport]\nkind = \"postgres\"\nconnection_string = \"{connection_string}\"\nschema = \"{}\"\n\
+            "[host]\ninstance_id = \"node1\"\nwait_for_database = false\n[transport]\nkind = \"postgres\"\nconnection_string = \"{connection_string}\"\nschema = \"{}\"\n\
              [[queues]]\nname = \"orders\"\n[queues.instance_queue]\nenabled = true\n[queues.handler]\nkind = \"forward\"\nto = \"shipping\"\n",
             schema.name
         ),

@@ -144,7 +144,7 @@ fn host_toml_lists_every_setting_with_the_default_the_code_uses() {
 fn a_sqlserver_configuration_is_accepted_and_an_unreachable_server_is_a_clear_error() {
     let path = write_temp(
         "mssql.toml",
-        "[transport]\nkind = \"sqlserver\"\nconnection_string = \"Server=tcp:127.0.0.1,1;Database=q;User Id=sa;Password=Sup3rS3cret;Encrypt=false\"\nconnect_timeout = \"2s\"\n[[queues]]\nname = \"Sales\"\n[queues.handler]\nkind = \"noop\"\n",
+        "[host]\nwait_for_database = false\n[transport]\nkind = \"sqlserver\"\nconnection_string = \"Server=tcp:127.0.0.1,1;Database=q;User Id=sa;Password=Sup3rS3cret;Encrypt=false\"\nconnect_timeout = \"2s\"\n[[queues]]\nname = \"Sales\"\n[queues.handler]\nkind = \"noop\"\n",
     );
     let p = path.to_str().unwrap();
     let check = throttlehost(&["config", "check", "--config", p]);
@@ -169,4 +169,158 @@ fn a_sqlserver_configuration_is_accepted_and_an_unreachable_server_is_a_clear_er
             "the password never appears: {all}"
         );
     }
+}
+
+/// Writes `text` to a file and runs `config check` on it; returns (exit code, stderr).
+fn check(text: &str) -> (Option<i32>, String) {
+    let path = write_temp("host.toml", text);
+    let out = throttlehost(&["config", "check", "--config", path.to_str().unwrap()]);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn values_the_host_cannot_use_are_refused_by_config_check_naming_the_key() {
+    let long_name = "q".repeat(60);
+    let cases = [
+        (
+            "[host]\nworker_threads = 1000000000\n",
+            "host.worker_threads",
+        ),
+        (
+            "[throttling.delivery]\nmax_delay = \"18446744073709551615s\"\noverride = \"throttle\"\n",
+            "max_delay",
+        ),
+        (
+            "[transport]\ncommand_timeout = \"30days\"\n",
+            "transport.command_timeout",
+        ),
+        (
+            "[[queues]]\nname = \"orders\"\n[queues.handler]\nkind = \"simulate\"\nlatency = \"18446744073709551615s\"\n",
+            "queues[0].handler",
+        ),
+        ("[host]\nadmin_address = \"0.0.0.0:9464\"\n", "admin.token"),
+        (
+            "[host]\nadmin_address = \"127.0.0.1:9464\"\n[admin]\ntoken = \"change-me\"\n",
+            "admin.token",
+        ),
+    ];
+    for (text, key) in cases {
+        let (code, stderr) = check(text);
+        assert_eq!(code, Some(2), "{text}: {stderr}");
+        assert!(stderr.contains(key), "{text}: names {key}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let postgres = format!(
+        "[transport]\nkind = \"postgres\"\nconnection_string = \"host=127.0.0.1\"\n[[queues]]\nname = \"{long_name}\"\n"
+    );
+    let (code, stderr) = check(&postgres);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("queues[0].name") && stderr.contains("55"),
+        "names the PostgreSQL limit: {stderr}"
+    );
+    // One connection, held by the receive, while the forward handler waits for a second.
+    let (code, stderr) = check(
+        "[transport]\nkind = \"postgres\"\nconnection_string = \"host=127.0.0.1\"\npool_size = 1\n[[queues]]\nname = \"a\"\n[queues.handler]\nkind = \"forward\"\nto = \"b\"\n",
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("transport.pool_size"), "{stderr}");
+    // The same name is fine on SQL Server (128 characters).
+    let (code, stderr) = check(&postgres.replace("postgres", "sqlserver").replace(
+        "host=127.0.0.1",
+        "Server=tcp:127.0.0.1,1;User Id=x;Password=y",
+    ));
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn out_of_range_command_line_values_are_refused_before_anything_runs() {
+    let out = throttlehost(&["demo", "--worker-threads", "1000000000"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("1024"), "{stderr}");
+    let out = throttlehost(&[
+        "send",
+        "--config",
+        "config/host.toml",
+        "--queue",
+        "x",
+        "--ttbr",
+        "270000y",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("50 years"), "{stderr}");
+    let out = throttlehost(&["send", "--queue", "x", "--ttbr", "1e30"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// By default `run` waits for a database that is down at start (supervisors start hosts and
+/// databases in any order), says so naming the database without its password, and stops on
+/// SIGTERM. Before: it exited at once with "error connecting to server" and no address.
+#[test]
+fn run_waits_for_a_database_that_is_down_and_names_it() {
+    use std::io::BufRead;
+    let path = write_temp(
+        "host.toml",
+        "[host]\nadmin_address = \"off\"\n[transport]\nkind = \"postgres\"\nconnection_string = \"postgres://app:Sekr1t@127.0.0.1:1/test?connect_timeout=1\"\n[[queues]]\nname = \"orders\"\n[queues.handler]\nkind = \"noop\"\n",
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args(["run", "--config", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Every line the host writes, from either stream.
+    let (lines, seen) = std::sync::mpsc::channel::<String>();
+    let readers: Vec<_> = [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ]
+    .into_iter()
+    .map(|stream| {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = lines.send(line);
+            }
+        })
+    })
+    .collect();
+    drop(lines);
+    let mut log = String::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let mut retries = 0;
+    while retries < 2 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = seen
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no second retry within 15 s: {log}"));
+        retries += usize::from(line.contains("database not reachable"));
+        log.push_str(&line);
+        log.push('\n');
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "still running after two tries: {log}"
+    );
+    // SIGTERM, as a supervisor sends it.
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let status = child.wait().unwrap();
+    for r in readers {
+        r.join().unwrap();
+    }
+    log.extend(seen.try_iter().map(|l| l + "\n"));
+    assert_eq!(status.code(), Some(0), "a clean stop: {log}");
+    assert!(log.contains("127.0.0.1:1"), "names the database: {log}");
+    assert!(!log.contains("Sekr1t"), "{log}");
 }

@@ -739,7 +739,7 @@ async fn sqlserver_startup_checks_warn_about_old_layouts() {
     .into_results()
     .await
     .unwrap();
-    let warnings = t.startup_checks(&[q("modern"), q("old")]).await;
+    let warnings = t.startup_checks(&[q("modern"), q("old")]).await.unwrap();
     assert!(
         !warnings.iter().any(|w| w.contains("`modern`")),
         "{warnings:?}"

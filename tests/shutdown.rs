@@ -156,3 +156,50 @@ args = ["-c", "sleep 1; echo \"$THROTTLEHOST_MESSAGE_ID\" >> {done}"]
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A receive stuck on a lock another session holds (or a frozen server) does not stretch the
+/// shutdown to the command timeout (30 s; before the fix the host exited 26.7 s after
+/// SIGTERM): the timeout, then a 2 s grace for the rollback, is the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_bounded_when_receives_wait_on_a_lock() {
+    let backlog = PgBacklog::new("locked", 10, 10).await;
+    let locker = backlog.schema.client().await;
+    // EXCLUSIVE blocks the receives' DELETE but not the start-up checks' catalogue reads.
+    locker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE \"{}\".\"locked\" IN EXCLUSIVE MODE",
+            backlog.schema.name
+        ))
+        .await
+        .unwrap();
+    let probe = Probe::new(Duration::ZERO);
+    let host = backlog
+        .host(backlog.config(ConcurrencyModel::Fixed, 2), &probe)
+        .await;
+    // Give the receivers time to block on the lock.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let report = host.shutdown_within(Duration::from_secs(1)).await;
+    let took = started.elapsed();
+    assert!(!report.drained, "the stuck receives could not finish");
+    assert!(
+        took < Duration::from_secs(6),
+        "shutdown took {took:?} with a 1 s timeout"
+    );
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    // The receives that were stuck now return: they must roll back, not run after shutdown.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(probe.handled(), 0, "nothing handled after shutdown");
+    let left: i64 = locker
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM \"{}\".\"locked\"",
+                backlog.schema.name
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 10, "nothing lost");
+}

@@ -2,9 +2,13 @@
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use throttlehost::HostBuilder;
 use throttlehost::config::reload;
+
+/// The longest wait between tries to reach a database that is down at start.
+const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Runs until SIGTERM or Ctrl-C.
 pub async fn run(path: &Path) -> ExitCode {
@@ -12,20 +16,52 @@ pub async fn run(path: &Path) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let host = match HostBuilder::new(config).config_path(path).start().await {
-        Ok(h) => h,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(1);
+    let shutdown = super::shutdown_signal();
+    tokio::pin!(shutdown);
+    // A database that is down at start is waited for (supervisors start hosts and databases
+    // in any order); anything else that stops the start is reported at once.
+    let mut retry_in = Duration::from_secs(1);
+    let host = loop {
+        match HostBuilder::new(config.clone())
+            .config_path(path)
+            .start()
+            .await
+        {
+            Ok(h) => break h,
+            Err(e) if e.is_unreachable_database() && config.host.wait_for_database => {
+                tracing::warn!(
+                    database = %config.transport.connection_string,
+                    error = %e,
+                    retry_in_seconds = retry_in.as_secs(),
+                    "database not reachable; starting once it answers"
+                );
+                tokio::select! {
+                    _ = &mut shutdown => return ExitCode::SUCCESS,
+                    _ = tokio::time::sleep(retry_in) => {}
+                }
+                retry_in = (retry_in * 2).min(MAX_RETRY_INTERVAL);
+            }
+            Err(e) => {
+                eprintln!(
+                    "error: {e} (database: {})",
+                    config.transport.connection_string
+                );
+                return ExitCode::from(1);
+            }
         }
     };
     // SIGHUP reloads even when the file cannot be watched (watch logs why).
     let (mut triggers, _guard) = reload::watch(path);
-    let shutdown = super::shutdown_signal();
-    tokio::pin!(shutdown);
+    let mut failed = false;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
+            _ = host.controller_failed() => {
+                tracing::error!("the throttling controller stopped unexpectedly; shutting the host down");
+                eprintln!("error: the throttling controller stopped unexpectedly (see the log); the host shut down so a supervisor can restart it");
+                failed = true;
+                break;
+            }
             Some(trigger) = triggers.recv() => {
                 tracing::info!(?trigger, "reloading configuration");
                 let _ = host.inner().reload();
@@ -39,5 +75,9 @@ pub async fn run(path: &Path) -> ExitCode {
             report.rolled_back
         );
     }
-    ExitCode::SUCCESS
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 pub use load::{ConfigError, load_file, parse_str};
 pub use secret::{ConnectionString, Secret};
 pub use units::{ByteSize, MemoryThreshold};
+pub use validate::MAX_WORKER_THREADS;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -54,6 +55,9 @@ pub struct HostConfig {
     /// Async worker threads of `throttlehost run`; 0 = one per CPU. Fewer cost less CPU per
     /// message when the host shares its cores with the database. Needs a restart.
     pub worker_threads: u32,
+    /// `run` keeps trying (1 s, doubling to 30 s) when the database cannot be reached at start,
+    /// instead of exiting; false = exit with an error at once.
+    pub wait_for_database: bool,
 }
 
 impl Default for HostConfig {
@@ -65,6 +69,7 @@ impl Default for HostConfig {
             shutdown_timeout: Duration::from_secs(30),
             create_queues: true,
             worker_threads: 0,
+            wait_for_database: true,
         }
     }
 }

@@ -102,69 +102,192 @@ impl<'de> Deserialize<'de> for Secret {
 
 const PASSWORD_KEYS: [&str; 3] = ["password", "pwd", "passwd"];
 
-/// Replaces passwords in URL userinfo (`scheme://user:pw@host`) and in `key=value` pairs
-/// separated by `;` (ADO.NET) or whitespace (libpq).
-pub fn redact(raw: &str) -> String {
-    if let Some(scheme_end) = raw.find("://") {
-        let rest = &raw[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let authority = &rest[..authority_end];
-        let mut out = String::with_capacity(raw.len());
-        out.push_str(&raw[..scheme_end + 3]);
-        if let Some(at) = authority.rfind('@') {
-            let userinfo = &authority[..at];
-            match userinfo.find(':') {
-                Some(colon) => {
-                    out.push_str(&userinfo[..colon]);
-                    out.push_str(":***");
-                }
-                None => out.push_str(userinfo),
-            }
-            out.push_str(&authority[at..]);
-        } else {
-            out.push_str(authority);
-        }
-        // Query parameters may carry a password too (`?password=...`).
-        out.push_str(&redact_pairs(&rest[authority_end..], &['&', '?']));
-        return out;
-    }
-    let separators: &[char] = if raw.contains(';') {
-        &[';']
-    } else {
-        &[' ', '\t']
-    };
-    redact_pairs(raw, separators)
+fn is_password_key(key: &str) -> bool {
+    PASSWORD_KEYS
+        .iter()
+        .any(|k| key.trim().eq_ignore_ascii_case(k))
 }
 
-fn redact_pairs(raw: &str, separators: &[char]) -> String {
-    let mut out = String::with_capacity(raw.len());
-    let mut rest = raw;
-    while !rest.is_empty() {
-        let end = rest.find(separators).unwrap_or(rest.len());
-        let (pair, tail) = rest.split_at(end);
-        match pair.split_once('=') {
-            Some((key, _))
-                if PASSWORD_KEYS
-                    .iter()
-                    .any(|k| key.trim().eq_ignore_ascii_case(k)) =>
-            {
-                out.push_str(key);
-                out.push_str("=***");
-            }
-            _ => out.push_str(pair),
-        }
-        if let Some(sep) = tail.chars().next() {
-            out.push(sep);
-            rest = &tail[sep.len_utf8()..];
-        } else {
-            rest = tail;
+/// Replaces every password with `***`: in URL userinfo (`scheme://user:pw@host`) and its query
+/// (`?password=`), in libpq `key = value` pairs (quoted `'...'` values with `\'` escapes,
+/// spaces around `=`), and in ADO.NET `key=value;` pairs (`{...}`, `"..."` and `'...'` values).
+/// A string is read both as libpq and as ADO.NET and the password spans of both are hidden, so
+/// a form mistaken for the other still hides its password (`Pwd=abc;Server=x`, read as libpq,
+/// is one password: all of it is hidden); a value that does not end (an open quote) is hidden
+/// to the end of the string.
+pub fn redact(raw: &str) -> String {
+    let mut spans = Vec::new();
+    if let Some(scheme_end) = raw.find("://") {
+        url_password_spans(raw, scheme_end + 3, &mut spans);
+    } else {
+        libpq_password_spans(raw, &mut spans);
+        ado_password_spans(raw, &mut spans);
+    }
+    hide(raw, spans)
+}
+
+/// Replaces the byte ranges `spans` (possibly overlapping: their union) with `***`.
+fn hide(raw: &str, mut spans: Vec<(usize, usize)>) -> String {
+    spans.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::new();
+    for (start, end) in spans {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
         }
     }
+    let mut out = String::with_capacity(raw.len());
+    let mut at = 0;
+    for (start, end) in merged {
+        out.push_str(&raw[at..start]);
+        out.push_str("***");
+        at = end;
+    }
+    out.push_str(&raw[at..]);
     out
+}
+
+fn url_password_spans(raw: &str, authority_start: usize, spans: &mut Vec<(usize, usize)>) {
+    let rest = &raw[authority_start..];
+    // The last '@' ends the userinfo: a password may hold '/', '?' or '@' unescaped. (When the
+    // last '@' is in the query instead, this hides more than the password, never less.)
+    if let Some(at) = rest.rfind('@')
+        && let Some(colon) = rest[..at].find(':')
+    {
+        spans.push((authority_start + colon + 1, authority_start + at));
+    }
+    if let Some(q) = rest.find('?') {
+        let query_start = authority_start + q + 1;
+        let mut pos = query_start;
+        for pair in raw[query_start..].split('&') {
+            if let Some((key, _)) = pair.split_once('=')
+                && is_password_key(key)
+            {
+                spans.push((pos + key.len() + 1, pos + pair.len()));
+            }
+            pos += pair.len() + 1;
+        }
+    }
+}
+
+/// libpq: `key = value` pairs separated by whitespace; values may be single-quoted, and `\`
+/// escapes the next character, quoted or not.
+fn libpq_password_spans(raw: &str, spans: &mut Vec<(usize, usize)>) {
+    let bytes = raw.as_bytes();
+    let mut i = 0;
+    let skip_ws = |mut i: usize| {
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    loop {
+        i = skip_ws(i);
+        if i >= bytes.len() {
+            return;
+        }
+        let key_start = i;
+        while i < bytes.len() && bytes[i] != b'=' && !bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let password = is_password_key(&raw[key_start..i]);
+        i = skip_ws(i);
+        if i >= bytes.len() || bytes[i] != b'=' {
+            if password {
+                spans.push((i.min(bytes.len()), bytes.len()));
+            }
+            return;
+        }
+        i = skip_ws(i + 1);
+        let value_start = i;
+        if i < bytes.len() && bytes[i] == b'\'' {
+            i += 1;
+            loop {
+                match bytes.get(i) {
+                    None => break,
+                    Some(b'\\') => i += 2,
+                    Some(b'\'') => {
+                        i += 1;
+                        break;
+                    }
+                    Some(_) => i += 1,
+                }
+            }
+        } else {
+            while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
+                i += if bytes[i] == b'\\' { 2 } else { 1 };
+            }
+        }
+        let value_end = i.min(bytes.len());
+        if password {
+            spans.push((value_start, value_end));
+        }
+        i = value_end;
+    }
+}
+
+/// ADO.NET / ODBC: `key=value` pairs separated by `;`; a value may be wrapped in `{}` (`}}`
+/// escapes), `"` or `'` (doubled to escape).
+fn ado_password_spans(raw: &str, spans: &mut Vec<(usize, usize)>) {
+    let bytes = raw.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let key_start = i;
+        while i < bytes.len() && bytes[i] != b'=' && bytes[i] != b';' {
+            i += 1;
+        }
+        if i >= bytes.len() || bytes[i] == b';' {
+            i += 1;
+            continue;
+        }
+        let password = is_password_key(&raw[key_start..i]);
+        i += 1;
+        while i < bytes.len() && bytes[i] == b' ' {
+            i += 1;
+        }
+        let value_start = i;
+        let close = match bytes.get(i) {
+            Some(b'{') => Some(b'}'),
+            Some(b'"') => Some(b'"'),
+            Some(b'\'') => Some(b'\''),
+            _ => None,
+        };
+        match close {
+            Some(close) => {
+                i += 1;
+                loop {
+                    match bytes.get(i) {
+                        None => break,
+                        Some(&b) if b == close && bytes.get(i + 1) == Some(&close) => i += 2,
+                        Some(&b) if b == close => {
+                            i += 1;
+                            break;
+                        }
+                        Some(_) => i += 1,
+                    }
+                }
+            }
+            None => {
+                while i < bytes.len() && bytes[i] != b';' {
+                    i += 1;
+                }
+            }
+        }
+        if password {
+            spans.push((value_start, i.min(bytes.len())));
+        }
+        // Whatever follows a closing quote up to the ';' is not part of the value.
+        while i < bytes.len() && bytes[i] != b';' {
+            i += 1;
+        }
+        i += 1;
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Strategy;
+
     use super::*;
 
     #[test]
@@ -174,7 +297,9 @@ mod tests {
         assert!(!r.contains("S3cret"), "{r}");
         assert!(r.contains("Password=***"));
         assert!(r.contains("User Id=sa"));
-        assert!(redact("Pwd=abc;Server=x").starts_with("Pwd=***;"));
+        // Without spaces libpq would read all of it as the password, so all of it is hidden.
+        assert_eq!(redact("Pwd=abc;Server=x"), "Pwd=***");
+        assert_eq!(redact("Server=x;Pwd=abc"), "Server=x;Pwd=***");
     }
 
     #[test]
@@ -191,6 +316,103 @@ mod tests {
             redact("host=db user=app password=hunter2 dbname=test"),
             "host=db user=app password=*** dbname=test"
         );
+    }
+
+    #[test]
+    fn every_libpq_form_is_hidden() {
+        assert_eq!(
+            redact("host=db password = S3cretPw! user=app"),
+            "host=db password = *** user=app"
+        );
+        assert_eq!(
+            redact("password='S3cret Pw!' host=db"),
+            "password=*** host=db"
+        );
+        assert_eq!(
+            redact(r"password='it\'s a secret' host=db"),
+            "password=*** host=db"
+        );
+        assert_eq!(
+            redact("host=db password='open quote"),
+            "host=db password=***"
+        );
+        assert_eq!(redact("host=db password"), "host=db password***");
+    }
+
+    #[test]
+    fn url_passwords_with_reserved_characters_are_hidden() {
+        assert_eq!(
+            redact("postgres://user:S3c/retPw!@host/db"),
+            "postgres://user:***@host/db"
+        );
+        assert_eq!(
+            redact("postgres://user:p@ss@host/db?sslmode=off&password=x%20y"),
+            "postgres://user:***@host/db?sslmode=off&password=***"
+        );
+    }
+
+    #[test]
+    fn ado_quoted_and_braced_values_are_hidden() {
+        assert_eq!(
+            redact("Server=x;Password={S3cret;Pw};Database=q"),
+            "Server=x;Password=***;Database=q"
+        );
+        assert_eq!(
+            redact("Server=x;Password=\"S3c;\"\"ret\";Database=q"),
+            "Server=x;Password=***;Database=q"
+        );
+        assert_eq!(
+            redact("Server=x; Pwd = 'a;b' ;Database=q"),
+            "Server=x; Pwd = *** ;Database=q"
+        );
+    }
+
+    /// Characters only a generated password holds; none may survive redaction.
+    const MARKERS: &str = "#!~^QXZ";
+
+    fn generated_password() -> impl proptest::strategy::Strategy<Value = String> {
+        "[#!~^QXZ ;'\"{}@/?=\\\\]{0,12}".prop_map(|p| format!("Q{p}Z"))
+    }
+
+    fn every_form(pw: &str) -> Vec<String> {
+        let libpq = pw.replace('\\', "\\\\").replace('\'', "\\'");
+        let mut forms = vec![
+            format!("host=db user=app password='{libpq}' dbname=test"),
+            format!("host=db password = '{libpq}'"),
+            format!("password='{libpq}'"),
+            format!("postgres://app:{pw}@db:5432/test?sslmode=off"),
+            format!(
+                "postgres://app@db/test?password={}",
+                pw.replace('&', "%26").replace('#', "%23")
+            ),
+            format!(
+                "Server=tcp:db,1433;User Id=sa;Password={{{}}};Encrypt=true",
+                pw.replace('}', "}}")
+            ),
+            format!(
+                "Server=tcp:db,1433;Pwd=\"{}\";Encrypt=true",
+                pw.replace('"', "\"\"")
+            ),
+        ];
+        if !pw.contains([' ', '\'', '\\', ';']) {
+            forms.push(format!("host=db password={pw} user=app"));
+            forms.push(format!("Server=db;Password={pw};Database=q"));
+        }
+        forms
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(10_000))]
+        #[test]
+        fn no_generated_password_survives_redaction(pw in generated_password()) {
+            for form in every_form(&pw) {
+                let shown = redact(&form);
+                proptest::prop_assert!(
+                    !shown.contains(|c| MARKERS.contains(c)),
+                    "{form} -> {shown}"
+                );
+            }
+        }
     }
 
     #[test]

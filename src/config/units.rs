@@ -225,12 +225,24 @@ pub mod duration {
         parse(&s).map_err(de::Error::custom)
     }
 
-    /// Parses a humantime duration with an error that shows an example.
+    /// Parses a humantime duration with an error that shows an example. Longer than
+    /// [`MAX_SETTING_DURATION`] is refused: the host adds settings to clock readings, and a
+    /// sum past the clock's range would end the task that computed it.
     pub fn parse(s: &str) -> Result<Duration, String> {
-        humantime::parse_duration(s.trim()).map_err(|e| {
+        let d = humantime::parse_duration(s.trim()).map_err(|e| {
             format!("`{s}` is not a duration ({e}); write for example \"500ms\" or \"15s\"")
-        })
+        })?;
+        if d > MAX_SETTING_DURATION {
+            return Err(format!(
+                "`{}` is longer than the longest duration a setting may have (365 days)",
+                s.trim()
+            ));
+        }
+        Ok(d)
     }
+
+    /// The longest duration any setting accepts: 365 days.
+    pub const MAX_SETTING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 }
 
 /// Serde helpers for an optional duration written as a duration or `"off"`.

@@ -6,7 +6,14 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::{Config, HandlerConfig, QueueConfig, ThrottlingConfig, TransportKind};
-use crate::names::{validate_queue_name, validate_schema_name};
+use crate::names::{validate_postgres_table_name, validate_queue_name, validate_schema_name};
+
+/// The most async worker threads a host may ask for; each costs a stack and a run queue.
+pub const MAX_WORKER_THREADS: u32 = 1024;
+/// The longest command timeout: PostgreSQL's `statement_timeout` is an int of milliseconds.
+const MAX_COMMAND_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+/// The example configuration's placeholder token, refused so it never guards a real host.
+const PLACEHOLDER_TOKEN: &str = "change-me";
 
 type Problems = Vec<(String, String)>;
 
@@ -22,12 +29,40 @@ pub fn validate(config: &Config) -> Problems {
     if let Err(e) = validate_queue_name(&instance) {
         add("host.instance_id".into(), e);
     }
-    let admin = config.host.admin_address.trim();
-    if !admin.eq_ignore_ascii_case("off") && admin.parse::<SocketAddr>().is_err() {
+    if config.host.worker_threads > MAX_WORKER_THREADS {
         add(
-            "host.admin_address".into(),
-            format!("`{admin}` is not an address like \"127.0.0.1:9464\" (or \"off\")"),
+            "host.worker_threads".into(),
+            format!(
+                "{} is more than {MAX_WORKER_THREADS} threads (0 = one per CPU)",
+                config.host.worker_threads
+            ),
         );
+    }
+    let admin = config.host.admin_address.trim();
+    if !admin.eq_ignore_ascii_case("off") {
+        match admin.parse::<SocketAddr>() {
+            Err(_) => add(
+                "host.admin_address".into(),
+                format!("`{admin}` is not an address like \"127.0.0.1:9464\" (or \"off\")"),
+            ),
+            Ok(address) => {
+                let token = config.admin.token.expose();
+                if token == PLACEHOLDER_TOKEN {
+                    add(
+                        "admin.token".into(),
+                        "is the example's placeholder \"change-me\"; set a secret of your own"
+                            .into(),
+                    );
+                } else if token.is_empty() && !address.ip().is_loopback() {
+                    add(
+                        "admin.token".into(),
+                        format!(
+                            "must be set when host.admin_address ({admin}) is not a loopback address: without it anyone who reaches the port can send messages and override throttling"
+                        ),
+                    );
+                }
+            }
+        }
     }
 
     let t = &config.transport;
@@ -45,6 +80,23 @@ pub fn validate(config: &Config) -> Problems {
     if t.pool_size == 0 {
         add("transport.pool_size".into(), "must be at least 1".into());
     }
+    let forwards = config
+        .queues
+        .iter()
+        .any(|q| matches!(q.handler, Some(HandlerConfig::Forward(_))));
+    if t.kind != TransportKind::Memory
+        && t.pool_size < 2
+        && forwards
+        && t.transaction_mode != super::TransactionMode::SendsAtomicWithReceive
+    {
+        add(
+            "transport.pool_size".into(),
+            format!(
+                "{} cannot make progress: a forward handler sends on a second connection while its receive holds the first; raise it to at least 2 (or use transaction_mode = \"sends_atomic_with_receive\")",
+                t.pool_size
+            ),
+        );
+    }
     if t.connect_timeout.is_zero() {
         add("transport.connect_timeout".into(), "must be above 0".into());
     }
@@ -57,6 +109,41 @@ pub fn validate(config: &Config) -> Problems {
     }
     if t.command_timeout.is_zero() {
         add("transport.command_timeout".into(), "must be above 0".into());
+    }
+    if t.command_timeout > MAX_COMMAND_TIMEOUT {
+        add(
+            "transport.command_timeout".into(),
+            format!(
+                "{} is longer than {} (PostgreSQL's statement_timeout limit)",
+                humantime::format_duration(t.command_timeout),
+                humantime::format_duration(MAX_COMMAND_TIMEOUT)
+            ),
+        );
+    }
+    if t.kind == TransportKind::Postgres {
+        let mut seen = HashSet::new();
+        for (i, q) in config.queues.iter().enumerate() {
+            let mut tables = vec![
+                (format!("queues[{i}].name"), q.name.clone()),
+                (format!("queues[{i}].error_queue"), q.error_queue.clone()),
+            ];
+            if q.instance_queue.enabled {
+                tables.push((
+                    format!("queues[{i}].instance_queue.enabled"),
+                    format!("{}.{}", q.name, instance),
+                ));
+            }
+            if let Some(HandlerConfig::Forward(f)) = &q.handler {
+                tables.push((format!("queues[{i}].handler.to"), f.to.clone()));
+            }
+            for (key, table) in tables {
+                if let Err(e) = validate_postgres_table_name(&table)
+                    && seen.insert(table)
+                {
+                    add(key, e);
+                }
+            }
+        }
     }
 
     let mut names = HashSet::new();

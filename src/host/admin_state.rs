@@ -29,8 +29,24 @@ impl AdminState for HostInner {
             .filter(|q| !q.receiver_alive())
             .map(|q| q.name.as_str())
             .collect();
-        (!stopped.is_empty())
-            .then(|| format!("receiver not running for queue {}", stopped.join(", ")))
+        if !stopped.is_empty() {
+            return Some(format!(
+                "receiver not running for queue {}",
+                stopped.join(", ")
+            ));
+        }
+        let open: Vec<&str> = self
+            .queues()
+            .iter()
+            .filter(|q| q.breaker.is_triggered())
+            .map(|q| q.name.as_str())
+            .collect();
+        (!open.is_empty()).then(|| {
+            format!(
+                "receive circuit breaker open for queue {}: receives have failed for 30 s or more",
+                open.join(", ")
+            )
+        })
     }
 
     fn transport(&self) -> Arc<dyn Transport> {

@@ -66,6 +66,19 @@ pub enum HostError {
     },
 }
 
+impl HostError {
+    /// The database could not be reached (as opposed to a configuration it rejected): worth
+    /// trying again once it answers.
+    pub fn is_unreachable_database(&self) -> bool {
+        matches!(
+            self,
+            HostError::Transport(
+                TransportError::Connection(_) | TransportError::PoolTimeout { .. }
+            )
+        )
+    }
+}
+
 /// Builds and starts a [`Host`].
 pub struct HostBuilder {
     config: Config,
@@ -220,15 +233,23 @@ impl HostBuilder {
             to_create.sort();
             to_create.dedup();
             for q in &to_create {
-                transport.create_queue(q).await.map_err(|e| {
-                    HostError::Config(format!(
+                transport.create_queue(q).await.map_err(|e| match e {
+                    // Not a problem with the queue: the caller may wait for the database.
+                    TransportError::Connection(_) | TransportError::PoolTimeout { .. } => {
+                        HostError::Transport(e)
+                    }
+                    e => HostError::Config(format!(
                         "cannot create queue `{q}`: {e} (create the queues with a privileged account, then set host.create_queues = false)"
-                    ))
+                    )),
                 })?;
             }
         }
         let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
-        for warning in transport.startup_checks(&receive_names).await {
+        let warnings = transport
+            .startup_checks(&receive_names)
+            .await
+            .map_err(|e| HostError::Config(e.to_string()))?;
+        for warning in warnings {
             tracing::warn!("{warning}");
         }
         let total_concurrency: u64 = queues.iter().map(|q| q.settings().max as u64).sum();
@@ -275,9 +296,12 @@ impl HostBuilder {
             runtime: tokio::runtime::Handle::current(),
             refreshing: Arc::default(),
         });
-        let service_task = crate::isolate::spawn_isolated(
-            "throttling",
-            service::run(
+        // Cancelled when the controller's loop ends for any reason, a panic included (the guard
+        // drops while unwinding): a host must not run on without its controller.
+        let controller_ended = CancellationToken::new();
+        let service_task = {
+            let ended = controller_ended.clone().drop_guard();
+            let run = service::run(
                 ServiceParts {
                     control: control.clone(),
                     sensor,
@@ -288,8 +312,12 @@ impl HostBuilder {
                     metrics: metrics.clone(),
                 },
                 service_stop.clone(),
-            ),
-        );
+            );
+            crate::isolate::spawn_isolated("throttling", async move {
+                let _ended = ended;
+                run.await;
+            })
+        };
 
         let receive_ctx = Arc::new(ReceiveContext {
             transport: transport.clone(),
@@ -377,6 +405,7 @@ impl HostBuilder {
             inner,
             service_stop,
             service_task,
+            controller_ended,
             admin,
         })
     }
@@ -568,11 +597,15 @@ impl HostInner {
     }
 }
 
+/// How long shutdown waits for in-flight work after telling it to roll back.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
 /// A running host.
 pub struct Host {
     inner: Arc<HostInner>,
     service_stop: CancellationToken,
     service_task: JoinHandle<()>,
+    controller_ended: CancellationToken,
     admin: Option<AdminServer>,
 }
 
@@ -607,6 +640,16 @@ impl Host {
         self.inner.publisher.send(&queue, &message).await
     }
 
+    /// Resolves if the throttling controller stops while the host runs (it panicked): the
+    /// host can no longer throttle or apply an override, so the caller should shut it down
+    /// and exit with an error. Never resolves during a normal run.
+    pub async fn controller_failed(&self) {
+        self.controller_ended.cancelled().await;
+        if self.service_stop.is_cancelled() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// The status document.
     pub fn status(&self) -> HostStatus {
         self.inner.status()
@@ -639,7 +682,18 @@ impl Host {
                 "shutdown timeout passed: rolling back in-flight messages"
             );
             ctx.abort.cancel();
-            ctx.tasks.wait().await;
+            // Rolling back is dropping: a task stuck in a statement (a lock wait, a frozen
+            // server) is not waited for past a short grace, so the timeout stays a limit.
+            // Its connection goes with the runtime, and the server rolls its work back.
+            if tokio::time::timeout(ABORT_GRACE, ctx.tasks.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "in-flight work did not stop within {}s of the rollback; leaving it to the server",
+                    ABORT_GRACE.as_secs()
+                );
+            }
         }
         self.service_stop.cancel();
         let _ = self.service_task.await;

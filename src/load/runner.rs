@@ -328,6 +328,7 @@ pub fn host_config(
             shutdown_timeout: Duration::from_secs(10),
             create_queues: true,
             worker_threads: 0,
+            wait_for_database: false,
         },
         transport,
         queues: scenario.queues.clone(),

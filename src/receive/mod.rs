@@ -158,6 +158,12 @@ pub(crate) async fn process(
     let allowed = || may_follow_on(q, ctx);
     let mut current = received;
     loop {
+        if ctx.abort.is_cancelled() {
+            // A receive that was stuck (on a lock, a frozen server) and returned after the
+            // shutdown gave up on it: roll it back rather than handle it after the host stopped.
+            drop(current);
+            return None;
+        }
         let follow = crate::dispatch::FollowOn {
             transport: ctx.transport.as_ref(),
             allowed: &allowed,
@@ -295,7 +301,11 @@ impl IdlePolling {
             let start = q.depth.read_started();
             match ctx.transport.peek_depth(&q.name).await {
                 Ok(depth) => {
-                    q.breaker.success();
+                    // Only an empty queue proves receiving works: with rows waiting, a peek
+                    // can succeed while every receive fails, and must not disarm the breaker.
+                    if depth == 0 {
+                        q.breaker.success();
+                    }
                     q.depth.set_read(depth, start);
                     if depth > 0 {
                         return true;

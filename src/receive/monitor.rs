@@ -83,7 +83,10 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
         let start = q.depth.read_started();
         let depth = match ctx.transport.peek_depth(&q.name).await {
             Ok(depth) => {
-                q.breaker.success();
+                // Only an empty queue proves receiving works (see `receive::mod`).
+                if depth == 0 {
+                    q.breaker.success();
+                }
                 q.depth.set_read(depth, start);
                 depth
             }

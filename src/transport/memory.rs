@@ -165,6 +165,7 @@ impl Transport for MemoryTransport {
         queue: &QueueName,
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
+        super::ttbr_millis(message)?;
         let _session = self.statement().await?;
         self.shared.insert(queue, stored_from(message))
     }
@@ -311,7 +312,7 @@ impl Received for MemoryReceived {
         queue: &QueueName,
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
-        if let Err(e) = self.shared.queue(queue) {
+        if let Err(e) = super::ttbr_millis(message).and(self.shared.queue(queue)) {
             self.failed = true;
             return Err(e);
         }

@@ -56,6 +56,22 @@ pub enum TransportError {
     /// The transport's configuration cannot work.
     #[error("transport configuration: {0}")]
     Config(String),
+    /// A message to send cannot be stored as it is (nothing was written).
+    #[error("message not sent: {0}")]
+    InvalidMessage(String),
+}
+
+/// A message's time to be received in milliseconds, as the transports store it; refused when
+/// it is past [`crate::message::MAX_TIME_TO_BE_RECEIVED`] (an expiry no queue table can hold).
+pub(crate) fn ttbr_millis(message: &OutgoingMessage) -> Result<Option<i64>, TransportError> {
+    message
+        .time_to_be_received
+        .map(|t| {
+            crate::message::check_time_to_be_received(t)
+                .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX))
+                .map_err(TransportError::InvalidMessage)
+        })
+        .transpose()
 }
 
 impl TransportError {
@@ -258,10 +274,11 @@ pub trait Transport: Send + Sync + 'static {
     /// Checks that the database answers (readiness).
     async fn ping(&self) -> Result<(), TransportError>;
 
-    /// Warnings about the setup of these queues (missing indexes, column types, pool size).
-    async fn startup_checks(&self, queues: &[QueueName]) -> Vec<String> {
+    /// Warnings about the setup of these queues (missing indexes, column types, pool size);
+    /// an error when a queue cannot be received from at all (a column of the wrong type).
+    async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {
         let _ = queues;
-        Vec::new()
+        Ok(Vec::new())
     }
 }
 

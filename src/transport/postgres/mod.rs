@@ -32,9 +32,7 @@ use super::{
 use crate::config::{TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
 
-/// NServiceBus rejects PostgreSQL table names longer than this (63 bytes minus room for the
-/// `_Seq_seq` sequence suffix).
-pub const MAX_TABLE_NAME_BYTES: usize = 55;
+pub use crate::names::MAX_POSTGRES_TABLE_NAME_BYTES as MAX_TABLE_NAME_BYTES;
 
 /// Rows deleted per statement by [`Transport::purge_expired`].
 const PURGE_BATCH: i64 = 10_000;
@@ -172,9 +170,7 @@ impl Inner {
             .prepare_cached(&st.send)
             .await
             .map_err(|e| map_error(e, Some(queue)))?;
-        let ttbr_ms: Option<i64> = message
-            .time_to_be_received
-            .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+        let ttbr_ms = super::ttbr_millis(message)?;
         let headers = serialize_headers(&message.headers);
         client
             .execute(&stmt, &[&message.id, &ttbr_ms, &headers, &message.body])
@@ -205,7 +201,8 @@ impl Inner {
             let expired: bool = row.try_get(1)?;
             let headers: String = row.try_get(2)?;
             let body: Option<Vec<u8>> = row.try_get(3)?;
-            let expires: Option<NaiveDateTime> = row.try_get(4)?;
+            let expires: Option<String> = row.try_get(4)?;
+            let expires = expires.as_deref().and_then(parse_expires);
             Ok((id, expired, headers, body.unwrap_or_default(), expires))
         })();
         let (id, expired, raw_headers, body, expires) = match decoded {
@@ -257,6 +254,70 @@ impl Inner {
             tracing::error!(queue = %queue, error = %e, "a message deleted outside a transaction could not be put back");
         }
     }
+}
+
+/// Reads `Expires` as PostgreSQL prints it. Values no date type here can hold (`infinity`,
+/// `-infinity`, years past 262143, BC dates) read as no expiry: whether the row has expired was
+/// already decided by the server, so only the informational expiry of the message is lost.
+fn parse_expires(text: &str) -> Option<NaiveDateTime> {
+    NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f")
+        .ok()
+        .or_else(|| {
+            chrono::DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z")
+                .ok()
+                .map(|t| t.naive_utc())
+        })
+}
+
+/// The column types a queue table must have (`information_schema` names), by column.
+const LAYOUT: [(&str, &[&str]); 5] = [
+    ("id", &["uuid"]),
+    (
+        "expires",
+        &["timestamp without time zone", "timestamp with time zone"],
+    ),
+    ("headers", &["text", "character varying"]),
+    ("body", &["bytea"]),
+    ("seq", &["integer", "bigint"]),
+];
+
+/// Checks a queue table's columns against [`LAYOUT`]; names the first one that differs.
+async fn check_layout(
+    client: &tokio_postgres::Client,
+    schema: &str,
+    queue: &QueueName,
+) -> Result<(), TransportError> {
+    let rows = client
+        .query(
+            "SELECT lower(column_name::text), data_type::text FROM information_schema.columns              WHERE table_schema = $1 AND table_name = $2",
+            &[&schema, &queue.as_str()],
+        )
+        .await
+        .map_err(|e| map_error(e, Some(queue)))?;
+    if rows.is_empty() {
+        return Err(TransportError::QueueNotFound(queue.to_string()));
+    }
+    for (column, accepted) in LAYOUT {
+        let found = rows
+            .iter()
+            .find(|r| r.get::<_, String>(0) == column)
+            .map(|r| r.get::<_, String>(1));
+        match found {
+            Some(t) if accepted.contains(&t.as_str()) => {}
+            Some(t) => {
+                return Err(TransportError::Config(format!(
+                    "queue `{queue}` has column {column} of type {t}; the queue layout needs {} (see sql/postgres/queue.sql)",
+                    accepted.join(" or ")
+                )));
+            }
+            None => {
+                return Err(TransportError::Config(format!(
+                    "queue `{queue}` has no column {column}: it is not a queue table (see sql/postgres/queue.sql)"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// tokio-postgres knows sslmode disable/prefer/require; libpq's verify-ca and verify-full
@@ -337,7 +398,7 @@ impl Transport for PostgresTransport {
             tx.commit().await
         }
         .await;
-        match result {
+        let created = match result {
             Ok(()) => Ok(()),
             Err(e)
                 if e.code().is_some_and(|c| {
@@ -353,7 +414,10 @@ impl Transport for PostgresTransport {
                 Ok(())
             }
             Err(e) => Err(map_error(e, Some(queue))),
-        }
+        };
+        created?;
+        // CREATE TABLE IF NOT EXISTS leaves a table of another layout in place.
+        check_layout(&client, &self.inner.schema, queue).await
     }
 
     async fn send(
@@ -490,13 +554,18 @@ impl Transport for PostgresTransport {
         Ok(())
     }
 
-    async fn startup_checks(&self, queues: &[QueueName]) -> Vec<String> {
+    async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {
         let mut warnings = Vec::new();
         let client = match self.inner.client().await {
             Ok(c) => c,
-            Err(e) => return vec![format!("cannot run start-up checks: {e}")],
+            Err(e) => return Ok(vec![format!("cannot run start-up checks: {e}")]),
         };
         for queue in queues {
+            match check_layout(&client, &self.inner.schema, queue).await {
+                Err(e @ TransportError::Config(_)) => return Err(e),
+                Err(e) => warnings.push(format!("cannot check the layout of `{queue}`: {e}")),
+                Ok(()) => {}
+            }
             let indexed = client
                 .query_opt(
                     "SELECT 1 FROM pg_indexes WHERE schemaname = $1 AND tablename = $2 \
@@ -512,7 +581,7 @@ impl Transport for PostgresTransport {
                 Err(e) => warnings.push(format!("cannot check the indexes of `{queue}`: {}", map_error(e, Some(queue)))),
             }
         }
-        warnings
+        Ok(warnings)
     }
 }
 

@@ -25,7 +25,9 @@ pub struct QueueStatements {
     /// Inserts a row unchanged with no expiry (dead-lettering poison rows).
     pub send_raw: String,
     /// Deletes the oldest row not locked by another receiver; returns id, expired flag,
-    /// headers, body, expires.
+    /// headers, body, expires. Expiry is decided by the server and `Expires` comes back as
+    /// text: a `timestamp` holds values no client date type can (`infinity`, year 294276),
+    /// and a row the host cannot decode must not go back to the head of the queue.
     pub receive: String,
     /// max(Seq) - min(Seq) + 1 over rows not locked by in-flight receives; 0 when empty.
     pub peek: String,
@@ -61,7 +63,7 @@ impl QueueStatements {
                  WHERE rs.Seq = (SELECT Seq FROM {table} ORDER BY Seq LIMIT 1 FOR UPDATE SKIP LOCKED) \
                  RETURNING rs.Id, \
                  CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END, \
-                 rs.Headers, rs.Body, rs.Expires"
+                 rs.Headers, rs.Body, rs.Expires::text"
             ),
             peek: format!(
                 "SELECT COALESCE(\

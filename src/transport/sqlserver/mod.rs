@@ -247,9 +247,7 @@ impl Inner {
         } else {
             &st.send_without_recoverable
         };
-        let ttbr: Option<i64> = message
-            .time_to_be_received
-            .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+        let ttbr = super::ttbr_millis(message)?;
         let headers = serialize_headers(&message.headers);
         let result = conn
             .client
@@ -572,7 +570,7 @@ impl Transport for SqlServerTransport {
         })
     }
 
-    async fn startup_checks(&self, queues: &[QueueName]) -> Vec<String> {
+    async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {
         let mut warnings = Vec::new();
         if !self.inner.max_pool_size_in_connection_string {
             warnings.push(format!(
@@ -587,7 +585,7 @@ impl Transport for SqlServerTransport {
         }
         let mut conn = match self.inner.conn().await {
             Ok(c) => c,
-            Err(e) => return vec![format!("cannot run start-up checks: {e}")],
+            Err(e) => return Ok(vec![format!("cannot run start-up checks: {e}")]),
         };
         for queue in queues {
             let st = self.inner.statements(queue);
@@ -634,7 +632,7 @@ impl Transport for SqlServerTransport {
                 Err(e) => warnings.push(format!("cannot check the Headers column of `{queue}`: {}", map_error(e, Some(queue)))),
             }
         }
-        warnings
+        Ok(warnings)
     }
 }
 

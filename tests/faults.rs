@@ -1,0 +1,181 @@
+//! Faults an operator's worst day brings: rows the host cannot read, tables of another
+//! layout, a controller that dies. Each test failed before the fix it guards.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{PgBacklog, Probe, fill, q, wait_until};
+use throttlehost::config::ConcurrencyModel;
+use throttlehost::message::OutgoingMessage;
+use throttlehost::throttling::controller::MachineFacts;
+use throttlehost::throttling::sensors::{ResourceReadings, ResourceSensor};
+use throttlehost::transport::TransportError;
+
+/// `Expires` values PostgreSQL's `timestamp` holds and no client date type can: before the
+/// fix the receive failed to decode them, the row went back to the head of the queue and the
+/// queue stalled for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_expires_values_do_not_stall_the_queue() {
+    let backlog = PgBacklog::new("in", 0, 20).await;
+    let client = backlog.schema.client().await;
+    for (id, expires) in [
+        ("far-future", "infinity"),
+        ("beyond-chrono", "270000-01-01 00:00:00"),
+        ("long-ago", "-infinity"),
+    ] {
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO \"{}\".\"in\" (Id, Expires, Headers, Body) VALUES (gen_random_uuid(), $1::text::timestamp, $2, '\\x00')",
+                    backlog.schema.name
+                ),
+                &[&expires, &format!("{{\"NServiceBus.MessageId\":\"{id}\"}}")],
+            )
+            .await
+            .unwrap();
+    }
+    let good = fill(&backlog.transport, &backlog.queue, 100).await;
+    let probe = Probe::new(Duration::ZERO);
+    let host = backlog
+        .host(backlog.config(ConcurrencyModel::Fixed, 4), &probe)
+        .await;
+    wait_until(Duration::from_secs(20), "102 messages handled", || {
+        probe.handled() >= 102
+    })
+    .await;
+    host.shutdown().await;
+    let ids = probe.ids.lock().unwrap().clone();
+    assert!(
+        ids.contains(&"far-future".to_string()),
+        "infinity never expires"
+    );
+    assert!(ids.contains(&"beyond-chrono".to_string()));
+    assert!(
+        !ids.contains(&"long-ago".to_string()),
+        "-infinity has expired and is dropped"
+    );
+    assert!(good.iter().all(|id| ids.contains(id)), "every good message");
+    let left: i64 = client
+        .query_one(
+            &format!("SELECT count(*) FROM \"{}\".\"in\"", backlog.schema.name),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "nothing left behind");
+}
+
+/// A table of another layout (`CREATE TABLE IF NOT EXISTS` leaves it alone) is refused by
+/// name, at `queues create` and at host start, instead of stalling every receive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_another_layout_is_refused_naming_the_column() {
+    let backlog = PgBacklog::new("in", 0, 10).await;
+    let client = backlog.schema.client().await;
+    let schema = &backlog.schema.name;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE \"{schema}\".\"jsonb_headers\" (Id uuid PRIMARY KEY, Expires timestamp, Headers jsonb NOT NULL, Body bytea, Seq serial UNIQUE);
+             CREATE TABLE \"{schema}\".\"text_body\" (Id uuid PRIMARY KEY, Expires timestamp, Headers text NOT NULL, Body text, Seq serial UNIQUE);
+             CREATE TABLE \"{schema}\".\"orders\" (order_id int PRIMARY KEY, customer text);"
+        ))
+        .await
+        .unwrap();
+    let err = backlog
+        .transport
+        .create_queue(&q("jsonb_headers"))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("headers") && text.contains("jsonb"),
+        "names the column and its type: {text}"
+    );
+    let err = backlog
+        .transport
+        .create_queue(&q("orders"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a queue table"), "{err}");
+
+    let mut config = backlog.config(ConcurrencyModel::Fixed, 2);
+    config.queues[0].name = "text_body".into();
+    config.host.create_queues = false;
+    let started = throttlehost::HostBuilder::new(config)
+        .transport(backlog.transport.clone())
+        .handler(
+            "text_body",
+            common::ProbeHandler(Probe::new(Duration::ZERO)),
+        )
+        .start()
+        .await;
+    let Err(err) = started else {
+        panic!("a host on a table with a text Body must not start");
+    };
+    let text = err.to_string();
+    assert!(text.contains("body") && text.contains("bytea"), "{text}");
+}
+
+/// A time to be received no queue table can store is refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_beyond_what_the_table_can_hold_is_refused() {
+    let backlog = PgBacklog::new("in", 0, 4).await;
+    let far = OutgoingMessage::new("x")
+        .with_time_to_be_received(Duration::from_secs(270_000 * 365 * 24 * 3600));
+    let err = backlog
+        .transport
+        .send(&backlog.queue, &far)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TransportError::InvalidMessage(_)), "{err}");
+    assert!(err.to_string().contains("50 years"), "{err}");
+    let fine = OutgoingMessage::new("x")
+        .with_time_to_be_received(Duration::from_secs(40 * 365 * 24 * 3600));
+    backlog.transport.send(&backlog.queue, &fine).await.unwrap();
+}
+
+/// A sensor that panics on its third reading: the controller's loop dies with it.
+struct PanickingSensor {
+    reads: Arc<AtomicU64>,
+}
+
+impl ResourceSensor for PanickingSensor {
+    fn read(&mut self) -> ResourceReadings {
+        if self.reads.fetch_add(1, Ordering::SeqCst) >= 2 {
+            panic!("sensor failure injected by the test");
+        }
+        ResourceReadings::default()
+    }
+
+    fn machine(&self) -> MachineFacts {
+        MachineFacts {
+            total_memory: 8 << 30,
+            cpus: 2,
+        }
+    }
+}
+
+/// Before: the host ran on without throttling, overrides answered 200 and changed nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_that_dies_is_reported_to_the_host() {
+    let mut config = common::memory_config("in");
+    config.host.admin_address = "off".into();
+    let reads = Arc::new(AtomicU64::new(0));
+    let host = throttlehost::HostBuilder::new(config)
+        .resource_sensor(PanickingSensor {
+            reads: reads.clone(),
+        })
+        .handler("in", common::ProbeHandler(Probe::new(Duration::ZERO)))
+        .start()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), host.controller_failed())
+        .await
+        .expect("the controller's death is seen");
+    assert!(reads.load(Ordering::SeqCst) >= 3);
+    host.shutdown().await;
+}

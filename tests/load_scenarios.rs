@@ -273,6 +273,51 @@ fn a_cause_switched_on_and_off_is_controlled_every_time() {
     assert!(episodes >= 2, "on-off: {episodes} episodes in 4 rounds");
 }
 
+/// Offered load hovering at the in-process threshold: one episode, held, not flipping with
+/// every dip below the resume line.
+#[test]
+fn a_load_hovering_at_the_threshold_is_one_steady_episode() {
+    let s = scenario("hovering", 0.6);
+    assert_appeared_and_cleared("hovering", &s, "delivery", 3);
+    assert_controlled("hovering", &s, "in_process", 1.15);
+    let episodes = s["episodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["condition"] == "in_process")
+        .count();
+    assert_eq!(episodes, 1, "hovering: {:#}", s["episodes"]);
+}
+
+/// A 10x publish burst for 2 s against a slow store: publishing is paced (state 2) once,
+/// without flapping, and lets go once the store has caught up.
+#[test]
+fn a_publish_burst_is_paced_once_and_released() {
+    let s = scenario("burst", 0.6);
+    assert_appeared_and_cleared("burst", &s, "publishing", 2);
+    let rate: Vec<&Value> = s["episodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["condition"] == "rate_imbalance" && e["direction"] == "publishing")
+        .collect();
+    assert!(!rate.is_empty(), "burst: no publishing rate episode: {s:#}");
+    for e in rate {
+        assert!(e["engage_samples"].as_u64().unwrap() <= 2, "{e}");
+        assert!(e["flips"].as_u64().unwrap() <= 2, "{e}");
+        assert!(e["recovery_seconds"].as_f64().unwrap() <= 10.0, "{e}");
+    }
+}
+
+/// Slow, memory-hungry handlers: in-process and process memory under pressure together; both
+/// held under 1.15 x, memory (4) leading.
+#[test]
+fn two_causes_at_once_are_both_held() {
+    let s = scenario("together", 0.6);
+    assert_appeared_and_cleared("together", &s, "delivery", 4);
+    assert_controlled("together", &s, "process_memory", 1.15);
+}
+
 /// Closed-loop producers against a consumer cut to 1: the backlog is held at its threshold.
 #[test]
 fn closed_loop_producers_are_held_at_the_database_size() {

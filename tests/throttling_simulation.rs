@@ -8,10 +8,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 use throttlehost::config::{MemoryThreshold, ThrottlingConfig};
 use throttlehost::load::quality::{self, Reading, Tick};
-use throttlehost::throttling::Condition;
 use throttlehost::throttling::controller::{
     Controller, MachineFacts, QueueLoad, Readings, Thresholds,
 };
+use throttlehost::throttling::{Condition, Direction};
 
 const MIB: f64 = 1048576.0;
 const STEP: f64 = 0.01;
@@ -128,6 +128,7 @@ fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Outcome {
                     })
                     .map(|s| Reading {
                         condition: s.condition,
+                        direction: Direction::Delivery,
                         value: s.value,
                         threshold: s.threshold,
                         active: s.active,

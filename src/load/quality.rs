@@ -15,6 +15,8 @@ use crate::throttling::{Condition, Direction};
 pub struct Reading {
     /// Which condition.
     pub condition: Condition,
+    /// The direction it is judged in (rate imbalance is judged in both).
+    pub direction: Direction,
     /// Its value.
     pub value: f64,
     /// Its threshold (0 = off).
@@ -34,8 +36,12 @@ pub struct Tick {
     pub readings: Vec<Reading>,
 }
 
-/// The resource conditions quality is measured for, and the direction each is judged in.
-pub const GUARDED: [(Condition, Direction); 6] = [
+/// The conditions quality is measured for, and the direction each is judged in. For rate
+/// imbalance the value is the offered (incoming) rate, which pacing cannot lower, so its peak
+/// is reported but not bounded (see [`bounds_peak`]); engaging, flips and recovery are.
+pub const GUARDED: [(Condition, Direction); 8] = [
+    (Condition::RateImbalance, Direction::Delivery),
+    (Condition::RateImbalance, Direction::Publishing),
     (Condition::ProcessMemory, Direction::Delivery),
     (Condition::SystemMemory, Direction::Delivery),
     (Condition::InProcess, Direction::Delivery),
@@ -51,7 +57,8 @@ pub struct Episode {
     pub condition: Condition,
     /// The direction it was judged in.
     pub direction: Direction,
-    /// When the value first crossed the threshold, seconds.
+    /// When the value first crossed the threshold (or the condition engaged, if earlier),
+    /// seconds.
     pub crossed_at: f64,
     /// Ticks from the crossing to the condition being active (0 = the same tick); None if it
     /// never engaged.
@@ -60,9 +67,15 @@ pub struct Episode {
     pub peak_ratio: f64,
     /// State changes of the direction from just before the crossing to the end.
     pub flips: u32,
-    /// Seconds from the cause ending (the last tick at or above the resume line) to state 0;
-    /// None if the direction never returned to 0.
+    /// Seconds from the cause ending (the last tick at or above the resume line, or with the
+    /// condition active) to state 0; None if the direction never returned to 0.
     pub recovery_seconds: Option<f64>,
+}
+
+/// Whether an episode's peak is held to a bound: not for rate imbalance, whose value is the
+/// load offered to the host (a burst of sends is counted when it is requested).
+pub fn bounds_peak(condition: Condition) -> bool {
+    condition != Condition::RateImbalance
 }
 
 /// Builds the tick timeline of a run.
@@ -80,6 +93,7 @@ pub fn ticks(samples: &[Sample]) -> Vec<Tick> {
                         .find(|c| c.condition == *condition)
                         .map(|c| Reading {
                             condition: *condition,
+                            direction: *direction,
                             value: c.value,
                             threshold: c.threshold,
                             active: c.active,
@@ -108,10 +122,10 @@ pub fn episodes(ticks: &[Tick], resume_ratio: f64) -> Vec<Episode> {
     all
 }
 
-fn reading(tick: &Tick, condition: Condition) -> Option<&Reading> {
+fn reading(tick: &Tick, condition: Condition, direction: Direction) -> Option<&Reading> {
     tick.readings
         .iter()
-        .find(|r| r.condition == condition && r.threshold > 0.0)
+        .find(|r| r.condition == condition && r.direction == direction && r.threshold > 0.0)
 }
 
 /// Finds the episode starting at or after `*from`; leaves `*from` after its end.
@@ -121,20 +135,27 @@ fn next_episode(
     resume_ratio: f64,
     from: &mut usize,
 ) -> Option<Episode> {
-    let over = |i: usize| reading(&ticks[i], condition).is_some_and(|r| r.value > r.threshold);
+    // An episode starts when the value crosses its threshold or the condition engages before
+    // it does (the memory ceiling acts ahead of the line), whichever comes first.
+    let over = |i: usize| {
+        reading(&ticks[i], condition, direction).is_some_and(|r| r.value > r.threshold || r.active)
+    };
     let start = (*from..ticks.len()).find(|&i| over(i))?;
     let state = |i: usize| ticks[i].states[direction.index()];
-    let engaged = (start..ticks.len())
-        .find(|&i| reading(&ticks[i], condition).is_some_and(|r| r.active) && state(i) != 0);
+    let engaged = (start..ticks.len()).find(|&i| {
+        reading(&ticks[i], condition, direction).is_some_and(|r| r.active) && state(i) != 0
+    });
     // The episode ends at the first tick back at state 0 after engaging.
     let end = engaged.and_then(|e| (e..ticks.len()).find(|&i| state(i) == 0));
     let last = end.unwrap_or(ticks.len() - 1);
     let mut peak: f64 = 0.0;
     let mut cause_end = start;
     for (i, tick) in ticks.iter().enumerate().take(last + 1).skip(start) {
-        if let Some(r) = reading(tick, condition) {
+        if let Some(r) = reading(tick, condition, direction) {
             peak = peak.max(r.value / r.threshold);
-            if r.value >= r.threshold * resume_ratio {
+            // The cause lasts while the value is at or above the resume line, or while the
+            // condition is active below it (the memory ceiling holding receives back).
+            if r.value >= r.threshold * resume_ratio || r.active {
                 cause_end = i;
             }
         }
@@ -173,6 +194,7 @@ mod tests {
                     states: [state, 0],
                     readings: vec![Reading {
                         condition: Condition::InProcess,
+                        direction: Direction::Delivery,
                         value,
                         threshold: 100.0,
                         active,

@@ -211,7 +211,12 @@ pub fn control_violations(expect: &Expect, episodes: &[Episode]) -> Vec<String> 
         ));
     }
     for e in episodes {
-        let name = format!("{} at {:.1}s", e.condition.name(), e.crossed_at);
+        let name = format!(
+            "{} ({}) at {:.1}s",
+            e.condition.name(),
+            e.direction.name(),
+            e.crossed_at
+        );
         match (expect.max_engage_samples, e.engage_samples) {
             (Some(_), None) => out.push(format!("{name}: never engaged")),
             (Some(max), Some(n)) if n > max => out.push(format!(
@@ -220,6 +225,7 @@ pub fn control_violations(expect: &Expect, episodes: &[Episode]) -> Vec<String> 
             _ => {}
         }
         let peak_bound = match e.condition {
+            _ if !super::quality::bounds_peak(e.condition) => None,
             crate::throttling::Condition::DatabaseSize => expect
                 .max_database_size_peak_ratio
                 .or(expect.max_peak_ratio),
@@ -379,8 +385,9 @@ fn text_details(s: &Summary, out: &mut String) {
         let or_never = |v: Option<String>| v.unwrap_or_else(|| "never".into());
         let _ = writeln!(
             out,
-            "  episode {} at {:.1}s: engaged after {} ticks, peak {:.2} x threshold, {} flips, state 0 {} after the cause ended",
+            "  episode {} ({}) at {:.1}s: engaged after {} ticks, peak {:.2} x threshold, {} flips, state 0 {} after the cause ended",
             e.condition.name(),
+            e.direction.name(),
             e.crossed_at,
             or_never(e.engage_samples.map(|n| n.to_string())),
             e.peak_ratio,

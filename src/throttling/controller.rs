@@ -105,6 +105,9 @@ pub struct Readings {
     pub delivery: RateReading,
     /// Publishing rates.
     pub publishing: RateReading,
+    /// The memory ceiling held receives back since the last tick because they would take
+    /// process memory past its threshold: the condition is acting, so it shows as active.
+    pub process_memory_held: bool,
 }
 
 impl Readings {
@@ -402,9 +405,10 @@ impl Controller {
             let threshold = self.thresholds.of(condition);
             let value = readings.value(condition);
             let active = self.resource_active.entry(condition).or_insert(false);
+            let held = condition == Condition::ProcessMemory && readings.process_memory_held;
             *active = match threshold {
                 None => false,
-                Some(t) => hysteresis(*active, value, t as f64, resume),
+                Some(t) => held || hysteresis(*active, value, t as f64, resume),
             };
         }
     }
@@ -642,9 +646,13 @@ impl Controller {
         let rates = readings.rates(direction);
         let rate_limit = rates.outgoing_per_sec * dir_config.overdrive_percent as f64 / 100.0;
         let idx = direction.index();
-        let rate_active = now >= self.directions[idx].rate_quiet_until
+        // Judged only with enough samples, a measured outgoing rate, and outside the quiet
+        // window after another cause; otherwise it reads as off (threshold 0), not as a value
+        // over a line nobody is watching.
+        let rate_judged = now >= self.directions[idx].rate_quiet_until
             && rates.samples >= dir_config.min_samples
-            && rates.outgoing_per_sec > 0.0
+            && rates.outgoing_per_sec > 0.0;
+        let rate_active = rate_judged
             && hysteresis(
                 self.directions[idx].rate_active,
                 rates.incoming_per_sec,
@@ -658,7 +666,11 @@ impl Controller {
                 continue;
             };
             let (active, value, threshold) = match condition {
-                Condition::RateImbalance => (rate_active, rates.incoming_per_sec, rate_limit),
+                Condition::RateImbalance => (
+                    rate_active,
+                    rates.incoming_per_sec,
+                    if rate_judged { rate_limit } else { 0.0 },
+                ),
                 Condition::Override => {
                     let forced = dir_config.override_mode == OverrideMode::Throttle;
                     (forced, if forced { 1.0 } else { 0.0 }, 1.0)

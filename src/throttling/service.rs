@@ -195,7 +195,12 @@ pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
     loop {
         let config = control.config();
         let reconfigured = control.reconfigured.notified();
-        let snapshot = tick(&mut parts, &config, &mut loop_state);
+        let snapshot = tick(
+            &mut parts,
+            &config,
+            &mut loop_state,
+            ceiling.take_held_back(),
+        );
         ceiling.after_tick(&config, &snapshot);
         export(&host_metrics, &snapshot);
         parts.control.snapshot.store(Some(snapshot.clone()));
@@ -234,12 +239,12 @@ const CEILING_INTERVAL: Duration = Duration::from_millis(5);
 /// because what each message costs can jump at once (a new payload): from a third of the
 /// threshold, 17 receives of 4 MiB started within one 100 ms tick reached 1.34 x.
 const CEILING_SHARE: f64 = 0.25;
-/// Above this share of the threshold (or while the condition is engaged), the ceiling meters
-/// admissions by the memory they will need instead of only stopping at the threshold.
-const CEILING_METERED_SHARE: f64 = 0.9;
 /// How long a message admitted by the ceiling counts as not yet resident: its memory shows in
 /// RSS only once it has been received and its handler has allocated.
 const CEILING_SETTLE: Duration = Duration::from_millis(25);
+/// Above this share of the threshold (or while the condition is engaged), the ceiling meters
+/// admissions by the memory they will need instead of only stopping at the threshold.
+const CEILING_METERED_SHARE: f64 = 0.9;
 
 /// A hard stop for delivery at the process memory threshold, checked between ticks.
 ///
@@ -249,11 +254,14 @@ const CEILING_SETTLE: Duration = Duration::from_millis(25);
 /// milliseconds and holds new receives while it is at or above the threshold and something
 /// is in process (whose end will free memory), so it never stops the last message.
 ///
-/// Close to the threshold, a stop alone still overshoots: memory freed by one completion lets
-/// every waiting receive through, and their memory shows in RSS only milliseconds later. There
-/// the ceiling lets through only what fits: the headroom left divided by what a message in
-/// process holds on average (RSS above the idle process, over the messages in process), less
-/// what it admitted in the last [`CEILING_SETTLE`].
+/// Close to the threshold (above [`CEILING_METERED_SHARE`] of it, or while the condition is
+/// engaged), a stop alone still overshoots: memory freed by one completion lets every waiting
+/// receive through, and their memory shows in RSS only milliseconds later. There the ceiling
+/// lets through only what fits: the headroom left divided by what a message in process holds
+/// on average (RSS above the idle process, over the messages in process), less what it
+/// admitted in the last [`CEILING_SETTLE`]. Whenever receives wait on it, the controller hears
+/// of it at the next tick and shows process memory as active (state 4): throttling that acts
+/// is never reported as state 0.
 #[derive(Debug, Default)]
 struct Ceiling {
     armed: Option<Armed>,
@@ -263,6 +271,9 @@ struct Ceiling {
     granted: Option<u64>,
     /// Admissions taken from allowances, by when.
     admitted: VecDeque<(tokio::time::Instant, u64)>,
+    /// Receives waited on the ceiling since the last tick (reported to the controller, which
+    /// then shows the condition as active: throttling that acts is never state 0).
+    held_back: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -273,6 +284,11 @@ struct Armed {
 }
 
 impl Ceiling {
+    /// Whether receives waited on the ceiling since the last call.
+    fn take_held_back(&mut self) -> bool {
+        std::mem::take(&mut self.held_back)
+    }
+
     /// Arms (or disarms) the ceiling for the time until the next tick.
     fn after_tick(&mut self, config: &ThrottlingConfig, snapshot: &Snapshot) {
         if snapshot.readings.in_process == 0 {
@@ -315,6 +331,7 @@ impl Ceiling {
         {
             self.admitted.pop_front();
         }
+        self.held_back |= admission.is_held() && admission.waiting() > 0;
         let rss = parts.sensor.process_memory();
         let in_process = parts.probe.in_process();
         let allowance = allowance(armed, rss, in_process, self.idle_rss, self.recent());
@@ -375,9 +392,19 @@ struct LoopState {
 }
 
 /// Sense, decide, apply.
-fn tick(parts: &mut ServiceParts, config: &ThrottlingConfig, st: &mut LoopState) -> Arc<Snapshot> {
+///
+/// `memory_held`: receives waited on the memory ceiling since the last tick.
+fn tick(
+    parts: &mut ServiceParts,
+    config: &ThrottlingConfig,
+    st: &mut LoopState,
+    memory_held: bool,
+) -> Arc<Snapshot> {
     let now = parts.clock.now();
-    let readings = sense(parts, config, st, now);
+    let readings = Readings {
+        process_memory_held: memory_held,
+        ..sense(parts, config, st, now)
+    };
     let queues = parts.probe.queues();
     let loads: Vec<QueueLoad> = queues.iter().map(|q| q.load.clone()).collect();
     let (decision, thresholds) = {
@@ -546,7 +573,7 @@ mod tests {
         assert_eq!(allowance(engaged, 90 * MIB, 10, Some(10 * MIB), 0), Some(1));
         // ... and none once one was admitted and is not resident yet.
         assert_eq!(allowance(engaged, 90 * MIB, 10, Some(10 * MIB), 1), Some(0));
-        // Not engaged yet but above 90 %: metered the same way.
+        // Not engaged but above 90 %: metered the same way.
         let near = Armed {
             engaged: false,
             ..engaged

@@ -174,6 +174,7 @@ fn the_highest_ranked_active_condition_decides_and_all_stay_visible() {
         delivery: imbalanced(500.0, 10.0, 5000),
         publishing: imbalanced(500.0, 10.0, 5000),
         database_drain_per_sec: None,
+        process_memory_held: false,
     };
     let mut c = controller();
     c.set_override(Direction::Delivery, OverrideMode::Throttle);
@@ -783,6 +784,7 @@ fn arb_readings() -> impl Strategy<Value = Readings> {
             delivery: imbalanced(d.0, d.1, d.2),
             publishing: imbalanced(p.0, p.1, p.2),
             database_drain_per_sec: None,
+            process_memory_held: false,
         })
 }
 
@@ -868,4 +870,55 @@ fn an_idle_queue_is_not_pinned_by_a_resource_high_for_reasons_of_its_own() {
     }
     assert_eq!(d.queue_limits["orders"], 16, "{d:?}");
     assert_eq!(d.delivery.state, 0);
+}
+
+#[test]
+fn receives_held_by_the_memory_ceiling_show_as_memory_pressure_below_the_line() {
+    let mut c = controller();
+    let threshold = c.thresholds().process_memory.unwrap();
+    // 95 % of the threshold: below the line, but the ceiling held receives back.
+    let held = Readings {
+        process_memory: threshold / 100 * 95,
+        in_process: 10,
+        process_memory_held: true,
+        ..quiet()
+    };
+    let d = c.tick(secs(0.5), &held, &queues());
+    assert_eq!(d.delivery.state, 4, "acting on memory is never state 0");
+    assert!(
+        d.delivery
+            .active()
+            .any(|s| s.condition == Condition::ProcessMemory)
+    );
+    // Still above the resume line, no longer held: stays active (hysteresis).
+    let after = Readings {
+        process_memory_held: false,
+        ..held
+    };
+    assert_eq!(c.tick(secs(1.0), &after, &queues()).delivery.state, 4);
+    // Below the resume line: the condition clears like any other.
+    let d = c.tick(secs(1.5), &quiet(), &queues());
+    assert!(
+        !d.delivery
+            .active()
+            .any(|s| s.condition == Condition::ProcessMemory)
+    );
+}
+
+#[test]
+fn a_rate_not_yet_judged_reads_as_off() {
+    let mut c = controller();
+    let early = Readings {
+        delivery: imbalanced(500.0, 10.0, 1),
+        ..quiet()
+    };
+    let d = c.tick(secs(0.5), &early, &queues());
+    let rate = d
+        .delivery
+        .conditions
+        .iter()
+        .find(|s| s.condition == Condition::RateImbalance)
+        .unwrap();
+    assert!(!rate.active);
+    assert_eq!(rate.threshold, 0.0, "too few samples: off, not over a line");
 }

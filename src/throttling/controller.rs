@@ -285,14 +285,13 @@ pub struct Controller {
 /// itself would let a burst start at once that the next sample sees too late.
 const AFTER_PRESSURE: Duration = Duration::from_secs(2);
 
-const RESOURCE_CONDITIONS: [Condition; 6] = [
-    Condition::ProcessMemory,
-    Condition::SystemMemory,
-    Condition::InProcess,
-    Condition::Threads,
-    Condition::DatabaseSize,
-    Condition::DatabaseSessions,
-];
+/// The conditions measured against a resource threshold (all but rate imbalance and the
+/// override).
+fn resource_conditions() -> impl Iterator<Item = Condition> {
+    Condition::ALL
+        .into_iter()
+        .filter(|c| !matches!(c, Condition::RateImbalance | Condition::Override))
+}
 
 /// Where the delivery limits stand this tick.
 struct LimitPressure {
@@ -401,7 +400,7 @@ impl Controller {
     /// Hysteresis of every resource condition.
     fn evaluate(&mut self, readings: &Readings) {
         let resume = self.config.resume_ratio;
-        for condition in RESOURCE_CONDITIONS {
+        for condition in resource_conditions() {
             let threshold = self.thresholds.of(condition);
             let value = readings.value(condition);
             let active = self.resource_active.entry(condition).or_insert(false);
@@ -421,7 +420,7 @@ impl Controller {
             headroom: 1.0,
             approach: None,
         };
-        for condition in RESOURCE_CONDITIONS {
+        for condition in resource_conditions() {
             let Some(threshold) = self.thresholds.of(condition) else {
                 continue;
             };

@@ -1,4 +1,4 @@
-//! `timeline.svg`: three panels over the run's time axis, read top to bottom.
+//! `timeline.svg`: five panels over the run's time axis, read top to bottom.
 //!
 //! 1. **State**: a band per direction, coloured by BizTalk state code, with the phases marked.
 //! 2. **Wait**: the delay (plus pacing interval) each admission saw, log scale.
@@ -6,16 +6,18 @@
 //!    the condition is active above the 100 % line and clears below the dashed resume line.
 //! 4. **Concurrency**: each queue's effective limit and messages in flight: the limit drops
 //!    under memory, in-process or thread pressure and grows back when it clears.
+//! 5. **Flow**: messages offered, stored and processed per second, and the backlog waiting in
+//!    the queues: what throttling held back, and where it went.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::record::RunResult;
+use super::record::{RunResult, Sample};
 use crate::throttling::{Condition, Direction};
 
 const WIDTH: u32 = 1200;
-const HEIGHT: u32 = 1150;
+const HEIGHT: u32 = 1450;
 
 /// Colour of a state code.
 fn state_color(code: u8) -> RGBColor {
@@ -85,7 +87,8 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
     let root = root.titled(&title, ("sans-serif", 22))?;
     let (top, rest) = root.split_vertically(230);
     let (middle, rest) = rest.split_vertically(300);
-    let (bottom, concurrency) = rest.split_vertically(330);
+    let (bottom, rest) = rest.split_vertically(330);
+    let (concurrency, flow) = rest.split_vertically(290);
 
     // 1. State bands.
     let mut chart = ChartBuilder::on(&top)
@@ -240,7 +243,7 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
             }
         }
     }
-    let percent = |s: &super::record::Sample, condition: Condition, direction: Direction| {
+    let percent = |s: &Sample, condition: Condition, direction: Direction| {
         s.snapshot
             .decision
             .direction(direction)
@@ -356,5 +359,73 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
         chart.draw_series(LineSeries::new(in_flight, color.mix(0.5).stroke_width(1)))?;
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+    draw_flow(run, &flow, end)?;
+    Ok(())
+}
+
+/// Panel 5, where the messages are: offered, stored and processed per second (recent
+/// rates), and the backlog waiting in the queues, on its own scale at the right.
+fn draw_flow(run: &RunResult, area: &Area, end: f64) -> Result<(), Box<dyn std::error::Error>> {
+    let rates = |f: fn(&Sample) -> f64| -> Vec<(f64, f64)> {
+        run.samples.iter().map(|s| (s.t, f(s))).collect()
+    };
+    let offered = rates(|s| s.snapshot.readings.publishing.recent_incoming_per_sec);
+    let stored = rates(|s| s.snapshot.readings.publishing.recent_outgoing_per_sec);
+    let processed = rates(|s| s.snapshot.readings.delivery.recent_outgoing_per_sec);
+    let backlog: Vec<(f64, f64)> = run
+        .samples
+        .iter()
+        .map(|s| (s.t, s.queues.iter().map(|q| q.3).sum::<u64>() as f64))
+        .collect();
+    let top_rate = [&offered, &stored, &processed]
+        .iter()
+        .flat_map(|v| v.iter().map(|p| p.1))
+        .fold(1.0f64, f64::max);
+    let top_backlog = backlog.iter().map(|p| p.1).fold(1.0f64, f64::max);
+    let mut chart = ChartBuilder::on(area)
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(90)
+        .right_y_label_area_size(90)
+        .caption(
+            "messages per second: offered, stored, processed; backlog in the queues (right axis)",
+            ("sans-serif", 16),
+        )
+        .build_cartesian_2d(0f64..end, 0f64..top_rate * 1.1)?
+        .set_secondary_coord(0f64..end, 0f64..top_backlog * 1.1);
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("messages / s")
+        .draw()?;
+    chart
+        .configure_secondary_axes()
+        .y_desc("messages waiting")
+        .draw()?;
+    let series = [
+        ("offered (sends requested)", offered, RGBColor(214, 39, 40)),
+        ("stored (sends admitted)", stored, RGBColor(255, 127, 14)),
+        ("processed", processed, RGBColor(44, 160, 44)),
+    ];
+    for (label, points, color) in series {
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
+            });
+    }
+    let grey = RGBColor(90, 90, 90);
+    chart
+        .draw_secondary_series(LineSeries::new(backlog, grey.stroke_width(1)))?
+        .label("backlog (right axis)")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], grey.stroke_width(1)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 12))
+        .draw()?;
     Ok(())
 }

@@ -179,3 +179,22 @@ async fn a_controller_that_dies_is_reported_to_the_host() {
     assert!(reads.load(Ordering::SeqCst) >= 3);
     host.shutdown().await;
 }
+
+/// A name too long for a PostgreSQL table (55 bytes, NServiceBus's limit) is refused by the
+/// transport itself, naming the limit, whatever `config check` said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_name_too_long_for_postgres_is_refused_naming_the_limit() {
+    let backlog = PgBacklog::new("in", 0, 4).await;
+    let err = backlog
+        .transport
+        .create_queue(&q(&"q".repeat(60)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TransportError::InvalidName(_)), "{err}");
+    assert!(err.to_string().contains("55"), "{err}");
+    backlog
+        .transport
+        .create_queue(&q(&"q".repeat(55)))
+        .await
+        .unwrap();
+}

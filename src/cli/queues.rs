@@ -28,17 +28,12 @@ pub enum Action {
 /// Every queue a configuration implies: inputs, error queues, instance queues, forward targets.
 fn configured_queues(config: &Config) -> Vec<String> {
     let instance = config.host.effective_instance_id();
-    let mut names = Vec::new();
-    for q in &config.queues {
-        names.push(q.name.clone());
-        names.push(q.error_queue.clone());
-        if q.instance_queue.enabled {
-            names.push(format!("{}.{}", q.name, instance));
-        }
-        if let Some(throttlehost::config::HandlerConfig::Forward(f)) = &q.handler {
-            names.push(f.to.clone());
-        }
-    }
+    let mut names: Vec<String> = config
+        .queues
+        .iter()
+        .flat_map(|q| q.tables(&instance))
+        .map(|(_, name)| name)
+        .collect();
     names.sort();
     names.dedup();
     names

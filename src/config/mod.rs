@@ -243,6 +243,29 @@ pub struct QueueConfig {
     pub handler: Option<HandlerConfig>,
 }
 
+impl QueueConfig {
+    /// This queue's instance queue, `<name>.<instance>`.
+    pub fn instance_queue_name(&self, instance: &str) -> String {
+        format!("{}.{}", self.name, instance)
+    }
+
+    /// Every table this queue uses, each with the setting that names it: the queue, its error
+    /// queue, its instance queue (when enabled) and a forward handler's target.
+    pub fn tables(&self, instance: &str) -> Vec<(&'static str, String)> {
+        let mut tables = vec![
+            ("name", self.name.clone()),
+            ("error_queue", self.error_queue.clone()),
+        ];
+        if self.instance_queue.enabled {
+            tables.push(("instance_queue.enabled", self.instance_queue_name(instance)));
+        }
+        if let Some(HandlerConfig::Forward(f)) = &self.handler {
+            tables.push(("handler.to", f.to.clone()));
+        }
+        tables
+    }
+}
+
 impl Default for QueueConfig {
     fn default() -> Self {
         QueueConfig {

@@ -123,24 +123,11 @@ pub fn validate(config: &Config) -> Problems {
     if t.kind == TransportKind::Postgres {
         let mut seen = HashSet::new();
         for (i, q) in config.queues.iter().enumerate() {
-            let mut tables = vec![
-                (format!("queues[{i}].name"), q.name.clone()),
-                (format!("queues[{i}].error_queue"), q.error_queue.clone()),
-            ];
-            if q.instance_queue.enabled {
-                tables.push((
-                    format!("queues[{i}].instance_queue.enabled"),
-                    format!("{}.{}", q.name, instance),
-                ));
-            }
-            if let Some(HandlerConfig::Forward(f)) = &q.handler {
-                tables.push((format!("queues[{i}].handler.to"), f.to.clone()));
-            }
-            for (key, table) in tables {
+            for (field, table) in q.tables(&instance) {
                 if let Err(e) = validate_postgres_table_name(&table)
                     && seen.insert(table)
                 {
-                    add(key, e);
+                    add(format!("queues[{i}].{field}"), e);
                 }
             }
         }
@@ -178,7 +165,7 @@ fn validate_queue(
                 add(key("name"), format!("queue `{}` is listed twice", q.name));
             }
             if q.instance_queue.enabled {
-                let instance_queue = format!("{}.{}", q.name, instance);
+                let instance_queue = q.instance_queue_name(instance);
                 if let Err(e) = validate_queue_name(&instance_queue) {
                     add(key("instance_queue.enabled"), e);
                 } else if !names.insert(instance_queue.clone()) {

@@ -212,7 +212,7 @@ impl HostBuilder {
             error_queues.insert(error_queue.clone());
             let mut receivers = vec![(name.clone(), qc.concurrency.max)];
             if qc.instance_queue.enabled {
-                let instance_queue = QueueName::new(&format!("{}.{}", qc.name, instance))?;
+                let instance_queue = QueueName::new(&qc.instance_queue_name(&instance))?;
                 to_create.push(instance_queue.clone());
                 receivers.push((instance_queue, qc.instance_queue.max_concurrency));
             }

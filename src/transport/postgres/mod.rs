@@ -32,8 +32,6 @@ use super::{
 use crate::config::{TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
 
-pub use crate::names::MAX_POSTGRES_TABLE_NAME_BYTES as MAX_TABLE_NAME_BYTES;
-
 /// Rows deleted per statement by [`Transport::purge_expired`].
 const PURGE_BATCH: i64 = 10_000;
 
@@ -135,11 +133,8 @@ impl Inner {
         {
             return Ok(s.clone());
         }
-        if queue.as_str().len() > MAX_TABLE_NAME_BYTES {
-            return Err(TransportError::InvalidName(format!(
-                "queue name `{queue}` is longer than {MAX_TABLE_NAME_BYTES} bytes, the PostgreSQL transport's limit"
-            )));
-        }
+        crate::names::validate_postgres_table_name(queue.as_str())
+            .map_err(TransportError::InvalidName)?;
         let built = Arc::new(QueueStatements::new(&self.schema, queue));
         self.statements
             .write()

@@ -55,11 +55,6 @@ impl ConcurrencyGate {
         self.peak.load(Ordering::Relaxed)
     }
 
-    /// Resets the peak to the current number held.
-    pub fn reset_peak(&self) {
-        self.peak.store(self.in_flight(), Ordering::Relaxed);
-    }
-
     /// Changes the configured maximum.
     pub fn set_max(&self, max: u32) {
         let old = self.max.swap(max.max(1), Ordering::Relaxed);

@@ -28,6 +28,8 @@ pub struct Admission {
     allowance: AtomicU64,
     /// Callers inside the slow path (waiting out a delay, a hold or their pacing turn).
     waiting: AtomicU64,
+    /// Admissions granted since creation (what the memory ceiling measures its margin by).
+    admitted: AtomicU64,
     next_slot_ns: AtomicU64,
     /// Paced callers take turns in FIFO order.
     pacing_turn: Mutex<()>,
@@ -57,6 +59,7 @@ impl Admission {
             pace_ns: AtomicU64::new(0),
             allowance: AtomicU64::new(OPEN),
             waiting: AtomicU64::new(0),
+            admitted: AtomicU64::new(0),
             next_slot_ns: AtomicU64::new(0),
             pacing_turn: Mutex::new(()),
             relaxed: Notify::new(),
@@ -140,6 +143,11 @@ impl Admission {
             .is_ok()
     }
 
+    /// Admissions granted so far.
+    pub fn admitted(&self) -> u64 {
+        self.admitted.load(Ordering::Relaxed)
+    }
+
     /// Callers waiting to be admitted now.
     pub fn waiting(&self) -> u64 {
         self.waiting.load(Ordering::Relaxed)
@@ -163,9 +171,11 @@ impl Admission {
     #[inline]
     pub async fn admit(&self) -> Duration {
         if self.is_open() {
+            self.admitted.fetch_add(1, Ordering::Relaxed);
             return Duration::ZERO;
         }
         let waited = self.admit_slow().await;
+        self.admitted.fetch_add(1, Ordering::Relaxed);
         if !waited.is_zero() {
             self.wait_histogram.record(waited.as_secs_f64());
         }

@@ -105,9 +105,13 @@ pub struct Readings {
     pub delivery: RateReading,
     /// Publishing rates.
     pub publishing: RateReading,
-    /// The memory ceiling held receives back since the last tick because they would take
-    /// process memory past its threshold: the condition is acting, so it shows as active.
-    pub process_memory_held: bool,
+    /// Set when the memory ceiling held receives back since the last tick because they would
+    /// take process memory past its threshold: the condition is acting, so it shows as active.
+    /// The value is the ceiling's estimate of how many messages in process fit under the
+    /// threshold at what each one holds now; the delivery limits are cut to it, so that the
+    /// limit an operator sees is the concurrency memory allows, not a number the ceiling
+    /// quietly undercuts.
+    pub process_memory_held: Option<u64>,
 }
 
 impl Readings {
@@ -277,6 +281,11 @@ pub struct Controller {
     last_tick: Option<Duration>,
     /// When a shrinking condition last held the limits (over or above its resume line).
     last_pressure: Option<Duration>,
+    /// Each resource's value at the last tick with nothing in process: the part of a value
+    /// that does not grow with the messages in flight.
+    idle_values: BTreeMap<Condition, f64>,
+    /// Messages stored at the last tick, to tell whether the backlog grows.
+    last_database_size: Option<u64>,
 }
 
 /// For this long after a shrinking condition last held the limits, a limit grows from what is
@@ -304,6 +313,9 @@ struct LimitPressure {
     /// Above [`law::APPROACH_SHARE`] of a threshold: the share the messages in flight may grow
     /// by before a resource that scales with them reaches its resume line.
     approach: Option<f64>,
+    /// Messages in process that memory has room for, when the memory ceiling held receives
+    /// back (see [`Readings::process_memory_held`]).
+    memory_room: Option<u64>,
 }
 
 impl Controller {
@@ -317,6 +329,8 @@ impl Controller {
             limits: BTreeMap::new(),
             last_tick: None,
             last_pressure: None,
+            idle_values: BTreeMap::new(),
+            last_database_size: None,
         }
     }
 
@@ -378,6 +392,12 @@ impl Controller {
             .unwrap_or(0.0);
         self.last_tick = Some(now);
         self.evaluate(readings);
+        if readings.in_process == 0 {
+            for condition in resource_conditions() {
+                self.idle_values
+                    .insert(condition, readings.value(condition));
+            }
+        }
         let pressure = self.limit_pressure(readings);
         if pressure.over.is_some() || pressure.holding {
             self.last_pressure = Some(now);
@@ -388,6 +408,7 @@ impl Controller {
         let (queue_limits, limits_reduced) = self.limit_queues(&pressure, queues, after_pressure);
         let delivery = self.decide(Direction::Delivery, now, dt, readings, limits_reduced);
         let publishing = self.decide(Direction::Publishing, now, dt, readings, false);
+        self.last_database_size = Some(readings.database_size);
         Decision {
             at: now,
             delivery,
@@ -404,7 +425,8 @@ impl Controller {
             let threshold = self.thresholds.of(condition);
             let value = readings.value(condition);
             let active = self.resource_active.entry(condition).or_insert(false);
-            let held = condition == Condition::ProcessMemory && readings.process_memory_held;
+            let held =
+                condition == Condition::ProcessMemory && readings.process_memory_held.is_some();
             *active = match threshold {
                 None => false,
                 Some(t) => held || hysteresis(*active, value, t as f64, resume),
@@ -419,6 +441,7 @@ impl Controller {
             holding: false,
             headroom: 1.0,
             approach: None,
+            memory_room: readings.process_memory_held,
         };
         for condition in resource_conditions() {
             let Some(threshold) = self.thresholds.of(condition) else {
@@ -441,8 +464,16 @@ impl Controller {
             }
             pressure.headroom = pressure.headroom.min(1.0 - ratio / resume);
             if ratio >= law::APPROACH_SHARE {
-                let room = resume / ratio;
-                pressure.approach = Some(pressure.approach.map_or(room, |r: f64| r.min(room)));
+                // Only what the messages in process add can grow with them: the part of the
+                // value above what it read with nothing in process (a machine's memory used
+                // by everything else is not ours to shrink).
+                let base = self.idle_values.get(&condition).copied().unwrap_or(0.0);
+                let ours = readings.value(condition) - base;
+                let line = resume * threshold as f64 - base;
+                if ours > 0.0 {
+                    let room = (line / ours).max(0.0);
+                    pressure.approach = Some(pressure.approach.map_or(room, |r: f64| r.min(room)));
+                }
             }
         }
         pressure
@@ -464,17 +495,19 @@ impl Controller {
         let applies = self.applies(Direction::Delivery);
         let resume = self.config.resume_ratio;
         let total_max: u64 = queues.iter().map(|q| q.max.max(1) as u64).sum();
-        let in_process_share = |max: u32| match self.thresholds.in_process {
-            Some(t) if applies && total_max > 0 => {
-                let share = (t + 1) as f64 * max as f64 / total_max as f64;
+        // A queue's part of a bound on all queues' messages together, by its max.
+        let share = |bound: Option<u64>, max: u32| match bound {
+            Some(total) if applies && total_max > 0 => {
+                let share = total as f64 * max as f64 / total_max as f64;
                 (share.ceil() as u32).max(1)
             }
             _ => u32::MAX,
         };
+        let in_process_bound = self.thresholds.in_process.map(|t| t + 1);
         let mut limits = BTreeMap::new();
         let mut reduced = false;
         for q in queues {
-            let max = q.max.max(1).min(in_process_share(q.max.max(1)));
+            let max = q.max.max(1).min(share(in_process_bound, q.max.max(1)));
             let current = self.limits.get(&q.name).copied().unwrap_or(max).min(max);
             let next = match pressure.over {
                 _ if !applies => max,
@@ -505,7 +538,8 @@ impl Controller {
                     }
                 }
             };
-            let next = next.min(max);
+            // What memory has room for, while the ceiling has to hold receives back.
+            let next = next.min(max).min(share(pressure.memory_room, q.max.max(1)));
             reduced |= next < max;
             limits.insert(q.name.clone(), next);
         }
@@ -531,6 +565,9 @@ impl Controller {
             .max_by_key(|c| c.condition.rank())
             .copied();
         let drain = readings.database_drain_per_sec.filter(|d| *d > 0.0);
+        let backlog_growing = self
+            .last_database_size
+            .is_some_and(|last| readings.database_size > last);
         let paced_by_drain = |c: &ConditionStatus| {
             direction == Direction::Publishing && c.condition.paces_publishing() && drain.is_some()
         };
@@ -579,22 +616,30 @@ impl Controller {
             (true, Some(t), _) => Some(t),
             (true, None, Some(p)) => {
                 let mut next = p * law::PACE_RELAX_GROWTH;
+                let passes_within_a_sample =
+                    |rate: f64| rates.waiting as f64 <= rate * dt.max(0.05);
                 // After a cause that paces against the drain, the requests that waited it out
                 // are let in no faster than the backlog drains, with room to spare only as far
-                // as its resource is below the threshold (the drain law, not a free release).
+                // as its resource is below the threshold (the drain law, not a free release),
+                // while the stored backlog grows. While it does not, or once those left would
+                // pass within a sample at the pace so far, the pace opens by itself: the drain
+                // is measured from what is let in, so with the backlog keeping up a pace capped
+                // at the drain would hardly grow and never end.
                 let relaxing_from = st.cause.and_then(|cause| {
                     conditions
                         .iter()
                         .find(|c| c.condition == cause && paced_by_drain(c))
                 });
-                if let (Some(c), Some(d)) = (relaxing_from, drain) {
+                if let (Some(c), Some(d)) = (relaxing_from, drain)
+                    && backlog_growing
+                    && !passes_within_a_sample(p)
+                {
                     next = next.min(law::paced_rate(d, condition_overage(c)));
                 }
                 // Done when new requests pass with room to spare and those still waiting
                 // would pass within one sample at this pace anyway (no burst at the end).
                 let offered = rates.recent_incoming_per_sec.max(1.0);
-                let backlog_passes = rates.waiting as f64 <= next * dt.max(0.05);
-                (next < 2.0 * offered || !backlog_passes).then_some(next)
+                (next < 2.0 * offered || !passes_within_a_sample(next)).then_some(next)
             }
             (true, None, None) => None,
         };

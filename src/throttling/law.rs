@@ -41,7 +41,8 @@ pub const PACE_FACTOR_MAX: f64 = 1.25;
 pub const APPROACH_SHARE: f64 = 0.5;
 
 /// The most a queue's limit may be while a resource approaches its threshold: the messages
-/// in flight times `room` (resume line / value), at least `in_flight + step`. A step change
+/// in flight times `room` (how far the part of the value the messages add may grow before
+/// the value reaches the resume line), at least `in_flight + step`. A step change
 /// in what each message costs then shows up as a crossing of at most one tick's growth,
 /// instead of the limit letting every waiting message in at once.
 pub fn approach_cap(in_flight: u32, room: f64, step: u32) -> u32 {

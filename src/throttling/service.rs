@@ -26,7 +26,6 @@ use super::sensors::ResourceSensor;
 use super::{Clock, Direction, Throttle};
 use crate::config::{OverrideMode, ThrottlingConfig};
 use crate::metrics::{HostMetrics, Metrics};
-use crate::states::Condition;
 
 /// A receiving queue at one tick.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -199,7 +198,7 @@ pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
             &mut parts,
             &config,
             &mut loop_state,
-            ceiling.take_held_back(),
+            ceiling.take_held_room(),
         );
         ceiling.after_tick(&config, &snapshot);
         export(&host_metrics, &snapshot);
@@ -235,75 +234,74 @@ pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
 
 /// How often the memory ceiling reads RSS between ticks.
 const CEILING_INTERVAL: Duration = Duration::from_millis(5);
-/// The ceiling runs while RSS is above this share of its threshold at the last tick. Low,
-/// because what each message costs can jump at once (a new payload): from a third of the
-/// threshold, 17 receives of 4 MiB started within one 100 ms tick reached 1.34 x.
-const CEILING_SHARE: f64 = 0.25;
 /// How long a message admitted by the ceiling counts as not yet resident: its memory shows in
 /// RSS only once it has been received and its handler has allocated.
 const CEILING_SETTLE: Duration = Duration::from_millis(25);
-/// Above this share of the threshold (or while the condition is engaged), the ceiling meters
-/// admissions by the memory they will need instead of only stopping at the threshold.
-const CEILING_METERED_SHARE: f64 = 0.9;
+/// Over how long the ceiling measures what the latest messages added to RSS.
+const CEILING_MARGINAL_WINDOW: Duration = Duration::from_millis(50);
 
-/// A hard stop for delivery at the process memory threshold, checked between ticks.
+/// A hard bound on delivery at the process memory threshold, checked between ticks.
 ///
 /// The controller acts once per tick; when each message starts to cost more (a bigger
 /// payload, a handler that holds more), the receives started within one tick can carry RSS
 /// far past its threshold before the next tick cuts. The ceiling reads RSS every few
-/// milliseconds and holds new receives while it is at or above the threshold and something
-/// is in process (whose end will free memory), so it never stops the last message.
+/// milliseconds and lets through only what fits: the room left under the threshold divided
+/// by what a message in process holds, less what it admitted in the last [`CEILING_SETTLE`]
+/// and that is not resident yet. What a message holds is the larger of two measures: the
+/// average (RSS above the idle process, over the messages in process) and the margin (what
+/// RSS rose by over the last [`CEILING_MARGINAL_WINDOW`], over the receives admitted a settle
+/// time earlier). The average alone lags when messages start to cost more: with 60 cheap
+/// messages in process, the first costly ones look cheap, and a burst of them got through. A plain stop at the threshold is not enough: memory freed by one completion
+/// would let every waiting receive through at once, and their memory shows only
+/// milliseconds later. It never stops the last message (nothing else would free memory).
 ///
-/// Close to the threshold (above [`CEILING_METERED_SHARE`] of it, or while the condition is
-/// engaged), a stop alone still overshoots: memory freed by one completion lets every waiting
-/// receive through, and their memory shows in RSS only milliseconds later. There the ceiling
-/// lets through only what fits: the headroom left divided by what a message in process holds
-/// on average (RSS above the idle process, over the messages in process), less what it
-/// admitted in the last [`CEILING_SETTLE`]. Whenever receives wait on it, the controller hears
-/// of it at the next tick and shows process memory as active (state 4): throttling that acts
-/// is never reported as state 0.
+/// Whenever receives wait on it, the controller hears of it at the next tick, with how many
+/// messages memory has room for: it shows process memory as active (state 4: throttling that
+/// acts is never state 0) and cuts the delivery limits to that room.
 #[derive(Debug, Default)]
 struct Ceiling {
-    armed: Option<Armed>,
-    /// RSS at the last tick with nothing in process.
+    /// The threshold, while the ceiling runs.
+    armed: Option<u64>,
+    /// RSS at the last read with nothing in process.
     idle_rss: Option<u64>,
-    /// The allowance last given, to count what was taken from it.
-    granted: Option<u64>,
-    /// Admissions taken from allowances, by when.
-    admitted: VecDeque<(tokio::time::Instant, u64)>,
-    /// Receives waited on the ceiling since the last tick (reported to the controller, which
-    /// then shows the condition as active: throttling that acts is never state 0).
-    held_back: bool,
+    /// The queues' limits together at the last tick: the most receives that can be in
+    /// process at once, so an allowance this large could not bind.
+    limits_total: u64,
+    /// Recent reads: when, RSS, and delivery's admissions so far then.
+    reads: VecDeque<(tokio::time::Instant, u64, u64)>,
+    /// When receives waited on the ceiling since the last tick: the most messages memory was
+    /// estimated to have room for meanwhile.
+    held_room: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Armed {
-    threshold: u64,
-    /// The process memory condition is engaged in delivery.
-    engaged: bool,
+/// What the ceiling measured at one read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Fit {
+    /// How many more receives may start now.
+    allowance: u64,
+    /// How many messages in process fit under the threshold, at what one holds now.
+    room: u64,
 }
 
 impl Ceiling {
-    /// Whether receives waited on the ceiling since the last call.
-    fn take_held_back(&mut self) -> bool {
-        std::mem::take(&mut self.held_back)
+    /// When receives waited on the ceiling since the last call: the room memory had.
+    fn take_held_room(&mut self) -> Option<u64> {
+        self.held_room.take()
     }
 
     /// Arms (or disarms) the ceiling for the time until the next tick.
     fn after_tick(&mut self, config: &ThrottlingConfig, snapshot: &Snapshot) {
-        if snapshot.readings.in_process == 0 {
-            self.idle_rss = Some(snapshot.readings.process_memory);
-        }
         let applies = config.enabled && config.delivery.override_mode != OverrideMode::Never;
-        self.armed = snapshot.thresholds.process_memory.and_then(|threshold| {
-            let near = snapshot.readings.process_memory as f64 >= threshold as f64 * CEILING_SHARE;
-            let engaged = snapshot
-                .decision
-                .delivery
-                .active()
-                .any(|c| c.condition == Condition::ProcessMemory);
-            (applies && near).then_some(Armed { threshold, engaged })
-        });
+        // Always, not only once RSS is near its threshold: what each message costs can jump
+        // at once (a new payload), and from a sixth of the threshold, the receives started
+        // within one 250 ms tick carried RSS to 1.15 x before the next tick armed it.
+        self.armed = snapshot.thresholds.process_memory.filter(|_| applies);
+        self.limits_total = snapshot
+            .decision
+            .queue_limits
+            .values()
+            .map(|l| u64::from(*l))
+            .sum();
     }
 
     fn is_armed(&self) -> bool {
@@ -313,75 +311,113 @@ impl Ceiling {
     /// Reads RSS and sets delivery's allowance until the next read.
     fn enforce(&mut self, parts: &mut ServiceParts) {
         let admission = &parts.throttle.delivery;
-        let Some(armed) = self.armed else {
-            self.open(admission);
+        let Some(threshold) = self.armed else {
+            admission.allow(None);
+            self.reads.clear();
             return;
         };
         let now = tokio::time::Instant::now();
-        if let Some(granted) = self.granted {
-            let taken = granted.saturating_sub(admission.allowance().unwrap_or(granted));
-            if taken > 0 {
-                self.admitted.push_back((now, taken));
-            }
-        }
-        while self
-            .admitted
-            .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) > CEILING_SETTLE)
-        {
-            self.admitted.pop_front();
-        }
-        self.held_back |= admission.is_held() && admission.waiting() > 0;
+        let held = admission.is_held() && admission.waiting() > 0;
         let rss = parts.sensor.process_memory();
         let in_process = parts.probe.in_process();
-        let allowance = allowance(armed, rss, in_process, self.idle_rss, self.recent());
-        match allowance {
-            None => self.open(admission),
-            Some(count) => {
-                admission.allow(Some(count));
-                self.granted = Some(count);
-            }
+        if in_process == 0 {
+            // What the process holds by itself now, including memory its allocator kept
+            // from earlier messages: none of it is freed by messages ending.
+            self.idle_rss = Some(rss);
         }
+        let admitted = admission.admitted();
+        let margin = self.margin(now, rss, admitted);
+        // Receives let through within a settle time, whose memory may not show yet.
+        let recent = self
+            .reads
+            .iter()
+            .rev()
+            .find(|(at, _, _)| now.duration_since(*at) >= CEILING_SETTLE)
+            .or(self.reads.front())
+            .map_or(0, |(_, _, then)| admitted.saturating_sub(*then));
+        let estimate = Estimate {
+            idle_rss: self.idle_rss,
+            margin,
+        };
+        let allowance = match fit(threshold, rss, in_process, estimate, recent) {
+            Some(fit) => {
+                if held {
+                    self.held_room = Some(self.held_room.map_or(fit.room, |r| r.max(fit.room)));
+                }
+                // An allowance no burst could use up leaves admissions on their fast path.
+                (fit.allowance < self.limits_total).then_some(fit.allowance)
+            }
+            None => None,
+        };
+        admission.allow(allowance);
     }
 
-    fn recent(&self) -> u64 {
-        self.admitted.iter().map(|(_, n)| n).sum()
-    }
-
-    fn open(&mut self, admission: &crate::throttling::Admission) {
-        admission.allow(None);
-        self.granted = None;
-        self.admitted.clear();
+    /// Records this read and returns what RSS rose by per receive over the last window, from
+    /// the receives admitted a settle time before it (whose memory shows in it).
+    fn margin(&mut self, now: tokio::time::Instant, rss: u64, admitted: u64) -> Option<f64> {
+        let keep = CEILING_MARGINAL_WINDOW + CEILING_SETTLE + CEILING_INTERVAL;
+        while self
+            .reads
+            .front()
+            .is_some_and(|(at, _, _)| now.duration_since(*at) > keep)
+        {
+            self.reads.pop_front();
+        }
+        self.reads.push_back((now, rss, admitted));
+        // The latest read at least `ago` old.
+        let at = |ago: Duration| {
+            self.reads
+                .iter()
+                .rev()
+                .find(|(at, _, _)| now.duration_since(*at) >= ago)
+                .copied()
+        };
+        let (_, rss_before, _) = at(CEILING_MARGINAL_WINDOW)?;
+        let (_, _, admitted_until) = at(CEILING_SETTLE)?;
+        let (_, _, admitted_from) = at(CEILING_MARGINAL_WINDOW + CEILING_SETTLE)?;
+        let admitted = admitted_until.saturating_sub(admitted_from);
+        let rise = rss.saturating_sub(rss_before);
+        (admitted > 0 && rise > 0).then(|| rise as f64 / admitted as f64)
     }
 }
 
-/// How many more receives the ceiling lets through now (`None`: no limit).
-fn allowance(
-    armed: Armed,
+/// What the ceiling knows of what a message costs, besides RSS now.
+#[derive(Debug, Clone, Copy, Default)]
+struct Estimate {
+    /// RSS with nothing in process.
+    idle_rss: Option<u64>,
+    /// What RSS rose by per receive admitted lately (see [`Ceiling`]).
+    margin: Option<f64>,
+}
+
+/// What fits under the threshold now (`None`: no limit, because nothing is in process).
+fn fit(
+    threshold: u64,
     rss: u64,
     in_process: u64,
-    idle_rss: Option<u64>,
+    estimate: Estimate,
     recently_admitted: u64,
-) -> Option<u64> {
+) -> Option<Fit> {
     if in_process == 0 {
         // Never stop the last message: nothing in process would free memory.
         return None;
     }
-    if rss >= armed.threshold {
-        return Some(0);
-    }
-    let metered = armed.engaged || rss as f64 >= armed.threshold as f64 * CEILING_METERED_SHARE;
-    if !metered {
-        return None;
-    }
-    let threshold = armed.threshold as f64;
-    let per_message = match idle_rss {
-        Some(idle) if rss > idle => (rss - idle) as f64 / in_process as f64,
-        _ => threshold / 20.0,
-    }
-    .clamp(threshold / 1000.0, threshold / 10.0);
-    let fits = ((threshold - rss as f64) / per_message).floor() as u64;
-    Some(fits.saturating_sub(recently_admitted))
+    let limit = threshold as f64;
+    // RSS at or below the idle process: the messages hold nothing measurable.
+    let average = match estimate.idle_rss {
+        Some(idle) => rss.saturating_sub(idle) as f64 / in_process as f64,
+        None => limit / 20.0,
+    };
+    let per_message = average
+        .max(estimate.margin.unwrap_or(0.0))
+        .clamp(limit / 1000.0, limit / 10.0);
+    let idle = estimate.idle_rss.unwrap_or(0).min(rss);
+    let room = ((limit - idle as f64) / per_message).floor().max(1.0) as u64;
+    let fits = ((limit - rss as f64) / per_message).floor().max(0.0) as u64;
+    Some(Fit {
+        allowance: fits.saturating_sub(recently_admitted),
+        room,
+    })
 }
 
 #[derive(Default)]
@@ -393,12 +429,13 @@ struct LoopState {
 
 /// Sense, decide, apply.
 ///
-/// `memory_held`: receives waited on the memory ceiling since the last tick.
+/// `memory_held`: when receives waited on the memory ceiling since the last tick, the room it
+/// measured (see [`Ceiling`]).
 fn tick(
     parts: &mut ServiceParts,
     config: &ThrottlingConfig,
     st: &mut LoopState,
-    memory_held: bool,
+    memory_held: Option<u64>,
 ) -> Arc<Snapshot> {
     let now = parts.clock.now();
     let readings = Readings {
@@ -548,39 +585,114 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    fn idle(rss: u64) -> Estimate {
+        Estimate {
+            idle_rss: Some(rss),
+            margin: None,
+        }
+    }
+
     #[test]
     fn the_ceiling_stops_at_the_threshold_but_never_the_last_message() {
-        let armed = Armed {
-            threshold: 100 * MIB,
-            engaged: false,
-        };
-        assert_eq!(allowance(armed, 100 * MIB, 3, Some(20 * MIB), 0), Some(0));
-        assert_eq!(allowance(armed, 120 * MIB, 0, Some(20 * MIB), 0), None);
+        let threshold = 100 * MIB;
+        let at = |rss, in_process| fit(threshold, rss, in_process, idle(20 * MIB), 0);
+        assert_eq!(at(100 * MIB, 3).map(|f| f.allowance), Some(0));
+        assert_eq!(at(130 * MIB, 3).map(|f| f.allowance), Some(0));
+        assert_eq!(at(120 * MIB, 0), None, "nothing in process: no limit");
+    }
+
+    #[test]
+    fn the_ceiling_admits_what_fits_and_measures_the_room() {
+        let threshold = 100 * MIB;
+        // 10 in process hold 80 MiB above an idle 10 MiB: 8 MiB each; 10 MiB left fits one,
+        // and the threshold has room for 11 such messages above the idle process.
+        let f = fit(threshold, 90 * MIB, 10, idle(10 * MIB), 0).unwrap();
         assert_eq!(
-            allowance(armed, 50 * MIB, 3, Some(20 * MIB), 0),
-            None,
-            "far below the threshold and not engaged: no limit"
+            f,
+            Fit {
+                allowance: 1,
+                room: 11
+            }
+        );
+        // ... and none once one was admitted and is not resident yet.
+        let f = fit(threshold, 90 * MIB, 10, idle(10 * MIB), 1).unwrap();
+        assert_eq!(f.allowance, 0);
+        // Far below the threshold the same arithmetic: a burst of costly receives cannot
+        // start all at once (4 in process at 4 MiB each, 44 MiB left: 11 more).
+        let f = fit(threshold, 56 * MIB, 4, idle(40 * MIB), 0).unwrap();
+        assert_eq!(
+            f,
+            Fit {
+                allowance: 11,
+                room: 15
+            }
+        );
+        // RSS no higher than the idle process: the messages hold nothing measurable, so a
+        // burst of them is not held back (a thousandth of the threshold each).
+        let f = fit(threshold, 14 * MIB, 14, idle(14 * MIB), 15).unwrap();
+        assert_eq!(f.allowance, 860 - 15);
+        // With no idle reading the estimate is a twentieth of the threshold (5 MiB).
+        let f = fit(threshold, 80 * MIB, 4, Estimate::default(), 0).unwrap();
+        assert_eq!(
+            f,
+            Fit {
+                allowance: 4,
+                room: 20
+            }
         );
     }
 
     #[test]
-    fn close_to_the_threshold_the_ceiling_admits_what_fits() {
-        let engaged = Armed {
-            threshold: 100 * MIB,
-            engaged: true,
+    fn what_the_latest_receives_added_outweighs_a_cheap_average() {
+        let threshold = 100 * MIB;
+        // 60 cheap messages hold 12 MiB above an idle 30 MiB (0.2 MiB each), but the latest
+        // receives added 6 MiB each: 58 MiB left fits 9 of those, not 290 cheap ones.
+        let cheap = fit(threshold, 42 * MIB, 60, idle(30 * MIB), 0).unwrap();
+        assert_eq!(cheap.allowance, 290);
+        let costly = Estimate {
+            margin: Some(6.0 * MIB as f64),
+            ..idle(30 * MIB)
         };
-        // 10 in process hold 80 MiB above an idle 10 MiB: 8 MiB each; 10 MiB left fits one.
-        assert_eq!(allowance(engaged, 90 * MIB, 10, Some(10 * MIB), 0), Some(1));
-        // ... and none once one was admitted and is not resident yet.
-        assert_eq!(allowance(engaged, 90 * MIB, 10, Some(10 * MIB), 1), Some(0));
-        // Not engaged but above 90 %: metered the same way.
-        let near = Armed {
-            engaged: false,
-            ..engaged
-        };
-        assert_eq!(allowance(near, 92 * MIB, 41, Some(10 * MIB), 0), Some(4));
-        // With no idle reading the estimate is a twentieth of the threshold (5 MiB).
-        assert_eq!(allowance(engaged, 80 * MIB, 4, None, 0), Some(4));
+        let f = fit(threshold, 42 * MIB, 60, costly, 0).unwrap();
+        assert_eq!(
+            f,
+            Fit {
+                allowance: 9,
+                room: 11
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_margin_is_the_rise_over_the_receives_admitted_a_settle_time_before() {
+        let mut ceiling = Ceiling::default();
+        let step = CEILING_INTERVAL;
+        let mut rss = 40 * MIB;
+        // Two receives admitted per read for 100 ms; each shows 4 MiB a settle time later.
+        let mut last = None;
+        let mut admitted = 0;
+        for read in 0..20u64 {
+            let now = tokio::time::Instant::now();
+            let shown = read.saturating_sub(CEILING_SETTLE.as_millis() as u64 / 5);
+            rss = 40 * MIB + shown * 2 * 4 * MIB;
+            last = ceiling.margin(now, rss, admitted);
+            admitted += 2;
+            tokio::time::advance(step).await;
+        }
+        let margin = last.expect("a margin once the window is full");
+        assert!(
+            (margin - 4.0 * MIB as f64).abs() < 0.5 * MIB as f64,
+            "about 4 MiB per receive: {} MiB (rss {} MiB)",
+            margin / MIB as f64,
+            rss / MIB
+        );
+        // Receives admitted while RSS holds still (others freed as much): no margin.
+        for _ in 0..20 {
+            last = ceiling.margin(tokio::time::Instant::now(), rss, admitted);
+            admitted += 2;
+            tokio::time::advance(step).await;
+        }
+        assert_eq!(last, None);
     }
 
     #[test]

@@ -174,7 +174,7 @@ fn the_highest_ranked_active_condition_decides_and_all_stay_visible() {
         delivery: imbalanced(500.0, 10.0, 5000),
         publishing: imbalanced(500.0, 10.0, 5000),
         database_drain_per_sec: None,
-        process_memory_held: false,
+        process_memory_held: None,
     };
     let mut c = controller();
     c.set_override(Direction::Delivery, OverrideMode::Throttle);
@@ -489,9 +489,10 @@ fn a_rate_imbalance_left_behind_by_another_cause_does_not_take_over() {
     };
     let d = c.tick(secs(0.0), &flood, &queues());
     assert_eq!(d.publishing.state, 6, "the cause, not its side effect");
-    // Database size clears; 1 000 requests wait; the 15 s window still shows the flood.
+    // Database size clears (but stays near it); 1 000 requests wait; the 15 s window still
+    // shows the flood.
     let mut after = Readings {
-        database_size: 10_000,
+        database_size: 30_000,
         database_drain_per_sec: Some(400.0),
         publishing: imbalanced(300.0, 40.0, 4500),
         ..quiet()
@@ -511,6 +512,8 @@ fn a_rate_imbalance_left_behind_by_another_cause_does_not_take_over() {
         };
         released.push(passed);
         after.publishing.waiting -= passed;
+        // What passes is stored; the drain takes 400/s.
+        after.database_size = (after.database_size + passed).saturating_sub(100);
         t += 0.25;
     }
     let relaxing = seen.iter().take_while(|s| s.0 == 6).count();
@@ -518,13 +521,22 @@ fn a_rate_imbalance_left_behind_by_another_cause_does_not_take_over() {
         seen[..relaxing].iter().all(|s| s.1),
         "recovering while the pace opens: {seen:?}"
     );
-    // The pace opens x1.5 per sample up to the drain law's 1.25 x 400/s, so 1 000 waiting
-    // requests pass over about 2.5 s, and none are left for a burst when pacing ends.
+    // The pace opens x1.5 per sample while the backlog does not grow, then no faster than the
+    // drain law's 1.25 x 400/s, so 1 000 waiting requests pass over about 2.5 s, and none are
+    // left for a burst when pacing ends.
     assert!((6..=14).contains(&relaxing), "{relaxing} samples: {seen:?}");
     assert!(
-        released.iter().all(|&n| n <= 125),
-        "never more than 500/s x 0.25 s at once: {released:?}"
+        released
+            .iter()
+            .all(|&n| n as f64 <= 125.0 * law::PACE_RELAX_GROWTH),
+        "never more than one growth step above 500/s x 0.25 s at once: {released:?}"
     );
+    let capped = released
+        .windows(2)
+        .skip_while(|w| w[0] <= 100)
+        .skip(1)
+        .all(|w| w[1] <= 125);
+    assert!(capped, "drain law once the backlog grows: {released:?}");
     assert!(
         seen[relaxing..].iter().all(|s| s.0 == 0),
         "no state 2 within the sampling window after the episode: {seen:?}"
@@ -784,7 +796,7 @@ fn arb_readings() -> impl Strategy<Value = Readings> {
             delivery: imbalanced(d.0, d.1, d.2),
             publishing: imbalanced(p.0, p.1, p.2),
             database_drain_per_sec: None,
-            process_memory_held: false,
+            process_memory_held: None,
         })
 }
 
@@ -880,7 +892,7 @@ fn receives_held_by_the_memory_ceiling_show_as_memory_pressure_below_the_line() 
     let held = Readings {
         process_memory: threshold / 100 * 95,
         in_process: 10,
-        process_memory_held: true,
+        process_memory_held: Some(10),
         ..quiet()
     };
     let d = c.tick(secs(0.5), &held, &queues());
@@ -892,7 +904,7 @@ fn receives_held_by_the_memory_ceiling_show_as_memory_pressure_below_the_line() 
     );
     // Still above the resume line, no longer held: stays active (hysteresis).
     let after = Readings {
-        process_memory_held: false,
+        process_memory_held: None,
         ..held
     };
     assert_eq!(c.tick(secs(1.0), &after, &queues()).delivery.state, 4);
@@ -921,4 +933,112 @@ fn a_rate_not_yet_judged_reads_as_off() {
         .unwrap();
     assert!(!rate.active);
     assert_eq!(rate.threshold, 0.0, "too few samples: off, not over a line");
+}
+
+#[test]
+fn the_memory_ceilings_room_becomes_the_limit_shared_by_max_and_lasts_while_it_holds() {
+    let mut c = controller();
+    let threshold = c.thresholds().process_memory.unwrap();
+    let load = |orders, audit| {
+        vec![
+            QueueLoad {
+                name: "orders".into(),
+                max: 48,
+                in_flight: orders,
+            },
+            QueueLoad {
+                name: "audit".into(),
+                max: 16,
+                in_flight: audit,
+            },
+        ]
+    };
+    // Below the threshold, the ceiling held receives back: memory has room for 12 messages.
+    let held = Readings {
+        process_memory: threshold / 100 * 97,
+        in_process: 14,
+        process_memory_held: Some(12),
+        ..quiet()
+    };
+    let d = c.tick(secs(0.5), &held, &load(11, 3));
+    assert_eq!(
+        d.queue_limits["orders"], 9,
+        "three quarters of 12 by max: {d:?}"
+    );
+    assert_eq!(d.queue_limits["audit"], 3, "a quarter of 12 by max: {d:?}");
+    assert_eq!(d.delivery.state, 4);
+    // More room measured (smaller messages): the limit does not grow while memory holds...
+    let roomier = Readings {
+        process_memory_held: Some(40),
+        ..held
+    };
+    let d = c.tick(secs(1.0), &roomier, &load(9, 3));
+    assert_eq!((d.queue_limits["orders"], d.queue_limits["audit"]), (9, 3));
+    // ... and grows back once memory is below its resume line and nothing is held.
+    let mut t = 1.0;
+    let mut d = d;
+    while d.queue_limits["orders"] < 48 && t < 10.0 {
+        t += 0.5;
+        d = c.tick(secs(t), &quiet(), &load(0, 0));
+    }
+    assert_eq!(
+        (d.queue_limits["orders"], d.queue_limits["audit"]),
+        (48, 16)
+    );
+    assert_eq!(d.delivery.state, 0);
+}
+
+/// Publishing paced against the drain under memory pressure: when the cause clears far below
+/// its threshold, the requests that waited are let in at a pace that opens by half per
+/// sample, and pacing ends within seconds. (It used to stay capped at 1.25 x a drain measured
+/// from what the pace let in, which hardly grew: 900 waiting requests took 10 s and more.)
+#[test]
+fn publishing_pacing_ends_soon_after_a_memory_cause_clears_far_below_its_threshold() {
+    let mut c = controller();
+    let threshold = c.thresholds().process_memory.unwrap();
+    let mut steady = imbalanced(100.0, 100.0, 100);
+    steady.recent_incoming_per_sec = 100.0;
+    let pressure = Readings {
+        process_memory: threshold / 100 * 105,
+        in_process: 10,
+        database_drain_per_sec: Some(60.0),
+        publishing: steady,
+        ..quiet()
+    };
+    let d = c.tick(secs(0.0), &pressure, &queues());
+    assert_eq!(d.publishing.state, 4);
+    assert!(
+        d.publishing.pace.is_some(),
+        "paced against the drain: {d:?}"
+    );
+    let cleared = Readings {
+        database_drain_per_sec: Some(100.0),
+        ..quiet()
+    };
+    let cleared = Readings {
+        publishing: steady,
+        ..cleared
+    };
+    let mut cleared = cleared;
+    cleared.publishing.waiting = 900;
+    let mut t = 0.0;
+    let mut last_rate = 0.0;
+    loop {
+        t += 0.25;
+        let d = c.tick(secs(t), &cleared, &queues());
+        if d.publishing.pace.is_none() && d.publishing.delay.is_zero() {
+            assert_eq!(d.publishing.state, 0);
+            assert!(
+                cleared.publishing.waiting as f64 <= last_rate * law::PACE_RELAX_GROWTH * 0.25,
+                "no burst at the end: {} left at {last_rate}/s",
+                cleared.publishing.waiting
+            );
+            break;
+        }
+        assert!(t < 3.0, "still paced after {t} s: {d:?}");
+        // What the pace lets through in this sample leaves the waiting line.
+        last_rate = d.publishing.pace_rate.unwrap_or(0.0);
+        let passed = (last_rate * 0.25) as u64;
+        cleared.publishing.waiting = cleared.publishing.waiting.saturating_sub(passed);
+    }
 }

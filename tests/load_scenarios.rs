@@ -171,6 +171,7 @@ fn system_memory() {
     let s = scenario("system-memory", 0.6);
     assert_appeared_and_cleared("system-memory", &s, "delivery", 5);
     assert_appeared_and_cleared("system-memory", &s, "publishing", 5);
+    assert_controlled("system-memory", &s, "system_memory", 1.15);
 }
 
 #[test]
@@ -230,6 +231,9 @@ fn mixed() {
     for (direction, state) in [("delivery", 4), ("delivery", 10), ("publishing", 11)] {
         assert_appeared_and_cleared("mixed", &s, direction, state);
     }
+    // Memory is held although the handlers turn costly while 60 cheap ones are in process;
+    // the override that follows takes over from it (one flip out, not a flap).
+    assert_controlled("mixed", &s, "process_memory", 1.15);
 }
 
 #[test]

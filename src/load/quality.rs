@@ -160,9 +160,14 @@ fn next_episode(
             }
         }
     }
+    // Flips: the direction's state entering or leaving this condition's code. A hand-over to
+    // a higher-ranked cause that goes on past this one (an operator's override taking over)
+    // is one flip out, not a flap; a state swinging between causes counts every swing.
+    let own = condition.state_code(direction);
+    let shows_own = |i: usize| Some(state(i)) == own;
     let first = start.saturating_sub(1);
     let flips = (first + 1..=last)
-        .filter(|&i| state(i) != state(i - 1))
+        .filter(|&i| shows_own(i) != shows_own(i - 1))
         .count() as u32;
     *from = last + 1;
     Some(Episode {
@@ -244,6 +249,22 @@ mod tests {
         );
         let all = episodes(&t, 0.9);
         assert_eq!(all.len(), 2, "two crossings, two episodes: {all:?}");
+    }
+
+    #[test]
+    fn a_hand_over_to_a_higher_cause_is_one_flip_and_swinging_between_causes_counts() {
+        // In-process (3) engages, an override (10) takes over, then all clears: in, out.
+        let t = timeline(
+            &[50.0, 120.0, 110.0, 95.0, 40.0, 30.0, 30.0],
+            &[0, 3, 3, 10, 10, 10, 0],
+        );
+        assert_eq!(episodes(&t, 0.9)[0].flips, 2);
+        // Swinging 3 -> 4 -> 3 -> 4 -> 3 -> 0 flaps: every swing in or out of 3 counts.
+        let t = timeline(
+            &[50.0, 120.0, 110.0, 105.0, 104.0, 101.0, 40.0],
+            &[0, 3, 4, 3, 4, 3, 0],
+        );
+        assert_eq!(episodes(&t, 0.9)[0].flips, 6);
     }
 
     #[test]

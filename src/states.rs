@@ -65,7 +65,8 @@ pub enum Condition {
     Threads,
     /// Messages in this host's queues above threshold (publishing state 6).
     DatabaseSize,
-    /// Database connections in use above threshold (publishing state 8).
+    /// Database connections in use above threshold (state 8; in delivery too, see
+    /// [`Condition::state_code`]).
     DatabaseSessions,
     /// User override = throttle (delivery state 10, publishing state 11).
     Override,
@@ -99,7 +100,12 @@ impl Condition {
     }
 
     /// The BizTalk state code this condition shows in `direction`, or None where it does not
-    /// apply (in-process is delivery only; database size and sessions are publishing only).
+    /// apply (in-process is delivery only; database size is publishing only).
+    ///
+    /// BizTalk counts database sessions against publishing only. Here a receive keeps its
+    /// connection while its handler runs (`receive_only` and `sends_atomic_with_receive`), so
+    /// most sessions in use are delivery's, and only delivery can give them back: the
+    /// condition shows as state 8 in both directions.
     pub fn state_code(self, direction: Direction) -> Option<u8> {
         use Direction::*;
         match (self, direction) {
@@ -111,8 +117,7 @@ impl Condition {
             (Condition::SystemMemory, _) => Some(5),
             (Condition::DatabaseSize, Publishing) => Some(6),
             (Condition::DatabaseSize, Delivery) => None,
-            (Condition::DatabaseSessions, Publishing) => Some(8),
-            (Condition::DatabaseSessions, Delivery) => None,
+            (Condition::DatabaseSessions, _) => Some(8),
             (Condition::Threads, _) => Some(9),
             (Condition::Override, Delivery) => Some(10),
             (Condition::Override, Publishing) => Some(11),
@@ -148,7 +153,8 @@ impl Condition {
     }
 
     /// Conditions under which delivery also shrinks every queue's concurrency limit (BizTalk
-    /// shrinks its thread pools for these).
+    /// shrinks its thread pools for these; database sessions here too, because receives hold
+    /// them).
     pub fn shrinks_concurrency(self) -> bool {
         matches!(
             self,
@@ -156,6 +162,7 @@ impl Condition {
                 | Condition::SystemMemory
                 | Condition::InProcess
                 | Condition::Threads
+                | Condition::DatabaseSessions
         )
     }
 }
@@ -170,7 +177,7 @@ pub fn state_name(direction: Direction, code: u8) -> &'static str {
         (_, 4) => "process memory pressure",
         (_, 5) => "system memory pressure",
         (Direction::Publishing, 6) => "database growth",
-        (Direction::Publishing, 8) => "high database session count",
+        (_, 8) => "high database session count",
         (_, 9) => "high thread count",
         (Direction::Delivery, 10) => "user override on delivery",
         (Direction::Publishing, 11) => "user override on publishing",
@@ -202,7 +209,7 @@ mod tests {
                 (Some(3), None),
                 (Some(9), Some(9)),
                 (None, Some(6)),
-                (None, Some(8)),
+                (Some(8), Some(8)),
                 (Some(10), Some(11)),
             ]
         );

@@ -185,6 +185,7 @@ fn in_process_messages() {
 fn thread_count() {
     let s = scenario("threads", 0.6);
     assert_appeared_and_cleared("threads", &s, "delivery", 9);
+    assert_controlled("threads", &s, "threads", 1.15);
 }
 
 #[test]
@@ -354,6 +355,9 @@ fn closed_loop_producers_are_held_at_the_database_size() {
 fn database_sessions_on_postgres() {
     let s = pg_scenario("database-sessions", 0.6);
     assert_appeared_and_cleared("database-sessions", &s, "publishing", 8);
+    assert_appeared_and_cleared("database-sessions", &s, "delivery", 8);
+    // The publisher's own sends come on top of what the ceiling lets delivery hold.
+    assert_controlled("database-sessions", &s, "database_sessions", 1.35);
 }
 
 #[test]

@@ -70,7 +70,8 @@ impl Thresholds {
         }
     }
 
-    fn of(&self, condition: Condition) -> Option<u64> {
+    /// The threshold of one condition (None: off, or not a resource condition).
+    pub fn of(&self, condition: Condition) -> Option<u64> {
         match condition {
             Condition::ProcessMemory => self.process_memory,
             Condition::SystemMemory => self.system_memory,
@@ -105,13 +106,69 @@ pub struct Readings {
     pub delivery: RateReading,
     /// Publishing rates.
     pub publishing: RateReading,
-    /// Set when the memory ceiling held receives back since the last tick because they would
-    /// take process memory past its threshold: the condition is acting, so it shows as active.
-    /// The value is the ceiling's estimate of how many messages in process fit under the
-    /// threshold at what each one holds now; the delivery limits are cut to it, so that the
-    /// limit an operator sees is the concurrency memory allows, not a number the ceiling
-    /// quietly undercuts.
-    pub process_memory_held: Option<u64>,
+    /// What the delivery ceiling measured for each guarded resource on which it held receives
+    /// back since the last tick (see [`CeilingHolds`]).
+    pub held: CeilingHolds,
+}
+
+/// The resources the delivery ceiling guards between ticks: each grows with the messages in
+/// process (memory they hold, in the process and so on the machine; blocking threads they
+/// occupy; connections they keep open), so it can be bounded by how many receives start.
+pub const CEILING_GUARDED: [Condition; 4] = [
+    Condition::ProcessMemory,
+    Condition::SystemMemory,
+    Condition::Threads,
+    Condition::DatabaseSessions,
+];
+
+/// For each resource of [`CEILING_GUARDED`] on which the ceiling held receives back since the
+/// last tick, because they would take it past its threshold: how many messages in process
+/// fit under the threshold at what each one costs now.
+///
+/// A held condition is acting, so it shows as active (throttling that acts is never state
+/// 0), and the delivery limits are cut to the tightest room, so that the limit an operator
+/// sees is the concurrency the resource allows, not a number the ceiling quietly undercuts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CeilingHolds {
+    /// Messages in process that process memory has room for.
+    pub process_memory: Option<u64>,
+    /// Messages in process that the machine's memory has room for.
+    pub system_memory: Option<u64>,
+    /// Messages in process that the thread threshold has room for.
+    pub threads: Option<u64>,
+    /// Messages in process that the database session threshold has room for.
+    pub database_sessions: Option<u64>,
+}
+
+impl CeilingHolds {
+    /// The room measured for `condition`, when the ceiling held receives back on it.
+    pub fn of(&self, condition: Condition) -> Option<u64> {
+        match condition {
+            Condition::ProcessMemory => self.process_memory,
+            Condition::SystemMemory => self.system_memory,
+            Condition::Threads => self.threads,
+            Condition::DatabaseSessions => self.database_sessions,
+            _ => None,
+        }
+    }
+
+    /// Records a hold on `condition` with this room (the largest seen since the last tick:
+    /// the ceiling's estimate only grows as messages turn out cheaper).
+    pub fn record(&mut self, condition: Condition, room: u64) {
+        let slot = match condition {
+            Condition::ProcessMemory => &mut self.process_memory,
+            Condition::SystemMemory => &mut self.system_memory,
+            Condition::Threads => &mut self.threads,
+            Condition::DatabaseSessions => &mut self.database_sessions,
+            _ => return,
+        };
+        *slot = Some(slot.map_or(room, |r| r.max(room)));
+    }
+
+    /// The smallest room among the held resources.
+    pub fn tightest(&self) -> Option<u64> {
+        CEILING_GUARDED.into_iter().filter_map(|c| self.of(c)).min()
+    }
 }
 
 impl Readings {
@@ -313,9 +370,9 @@ struct LimitPressure {
     /// Above [`law::APPROACH_SHARE`] of a threshold: the share the messages in flight may grow
     /// by before a resource that scales with them reaches its resume line.
     approach: Option<f64>,
-    /// Messages in process that memory has room for, when the memory ceiling held receives
-    /// back (see [`Readings::process_memory_held`]).
-    memory_room: Option<u64>,
+    /// Messages in process that the tightest guarded resource has room for, when the delivery
+    /// ceiling held receives back (see [`CeilingHolds`]).
+    ceiling_room: Option<u64>,
 }
 
 impl Controller {
@@ -425,8 +482,7 @@ impl Controller {
             let threshold = self.thresholds.of(condition);
             let value = readings.value(condition);
             let active = self.resource_active.entry(condition).or_insert(false);
-            let held =
-                condition == Condition::ProcessMemory && readings.process_memory_held.is_some();
+            let held = readings.held.of(condition).is_some();
             *active = match threshold {
                 None => false,
                 Some(t) => held || hysteresis(*active, value, t as f64, resume),
@@ -441,7 +497,7 @@ impl Controller {
             holding: false,
             headroom: 1.0,
             approach: None,
-            memory_room: readings.process_memory_held,
+            ceiling_room: readings.held.tightest(),
         };
         for condition in resource_conditions() {
             let Some(threshold) = self.thresholds.of(condition) else {
@@ -538,8 +594,10 @@ impl Controller {
                     }
                 }
             };
-            // What memory has room for, while the ceiling has to hold receives back.
-            let next = next.min(max).min(share(pressure.memory_room, q.max.max(1)));
+            // What the guarded resources have room for, while the ceiling holds receives back.
+            let next = next
+                .min(max)
+                .min(share(pressure.ceiling_room, q.max.max(1)));
             reduced |= next < max;
             limits.insert(q.name.clone(), next);
         }

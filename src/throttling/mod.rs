@@ -7,9 +7,11 @@
 //!
 //! Data flow: [`sensors`] and [`rates`] -> [`controller`] (pure, clock injected) ->
 //! [`admission`] (the waits applied before each receive and each insert) and the queues'
-//! concurrency gates. [`service`] runs that loop inside a host.
+//! concurrency gates. [`service`] runs that loop inside a host; between ticks it runs the
+//! [`ceiling`], a hard bound on receives at the thresholds of the resources messages hold.
 
 pub mod admission;
+pub mod ceiling;
 pub mod controller;
 pub mod explain;
 pub mod law;

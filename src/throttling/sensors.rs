@@ -22,14 +22,27 @@ pub struct ResourceReadings {
     pub threads: u64,
 }
 
+/// What the process itself uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessUsage {
+    /// Resident memory, bytes.
+    pub memory: u64,
+    /// Threads.
+    pub threads: u64,
+}
+
 /// Reads process and system resources.
 pub trait ResourceSensor: Send + 'static {
     /// Reads the current values.
     fn read(&mut self) -> ResourceReadings;
-    /// Process RSS alone, as cheaply as the platform allows: the memory ceiling reads it many
-    /// times between ticks.
-    fn process_memory(&mut self) -> u64 {
-        self.read().process_memory
+    /// The process's own RSS and threads, as cheaply as the platform allows: the delivery
+    /// ceiling reads them many times between ticks.
+    fn process(&mut self) -> ProcessUsage {
+        let r = self.read();
+        ProcessUsage {
+            memory: r.process_memory,
+            threads: r.threads,
+        }
     }
     /// Memory and CPUs, for thresholds given as a share or per CPU.
     fn machine(&self) -> MachineFacts;
@@ -139,12 +152,12 @@ impl ResourceSensor for SystemSensor {
         }
     }
 
-    fn process_memory(&mut self) -> u64 {
-        std::fs::read_to_string("/proc/self/status")
+    fn process(&mut self) -> ProcessUsage {
+        let (memory, threads) = std::fs::read_to_string("/proc/self/status")
             .ok()
             .and_then(|s| parse_proc_status(&s))
-            .map(|(rss, _)| rss)
-            .unwrap_or_else(|| self.process_from_sysinfo().0)
+            .unwrap_or_else(|| self.process_from_sysinfo());
+        ProcessUsage { memory, threads }
     }
 
     fn machine(&self) -> MachineFacts {

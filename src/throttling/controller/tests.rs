@@ -131,7 +131,7 @@ fn every_state_code_of_both_directions() {
                 database_sessions: 21,
                 ..quiet()
             },
-            (0, 8),
+            (8, 8),
         ),
         (
             "delivery rate",
@@ -174,7 +174,7 @@ fn the_highest_ranked_active_condition_decides_and_all_stay_visible() {
         delivery: imbalanced(500.0, 10.0, 5000),
         publishing: imbalanced(500.0, 10.0, 5000),
         database_drain_per_sec: None,
-        process_memory_held: None,
+        held: CeilingHolds::default(),
     };
     let mut c = controller();
     c.set_override(Direction::Delivery, OverrideMode::Throttle);
@@ -183,7 +183,7 @@ fn the_highest_ranked_active_condition_decides_and_all_stay_visible() {
     assert_eq!((d.delivery.state, d.publishing.state), (4, 4));
     assert_eq!(
         d.delivery.active().count(),
-        6,
+        7,
         "{:?}",
         d.delivery.conditions
     );
@@ -239,7 +239,19 @@ fn the_highest_ranked_active_condition_decides_and_all_stay_visible() {
                 system_memory_used: 0,
                 ..everything
             },
-            (10, 8),
+            (8, 8),
+        ),
+        (
+            Readings {
+                process_memory: 0,
+                in_process: 0,
+                threads: 0,
+                database_size: 0,
+                system_memory_used: 0,
+                database_sessions: 0,
+                ..everything
+            },
+            (10, 11),
         ),
     ];
     for (readings, expected) in ladder {
@@ -602,7 +614,7 @@ fn limits_are_cut_from_what_is_in_flight_held_and_grown_back() {
 }
 
 #[test]
-fn only_memory_in_process_and_thread_pressure_shrink_limits() {
+fn only_what_messages_hold_shrinks_limits() {
     for (readings, shrinks) in [
         (
             Readings {
@@ -637,7 +649,7 @@ fn only_memory_in_process_and_thread_pressure_shrink_limits() {
                 database_sessions: 90,
                 ..quiet()
             },
-            false,
+            true,
         ),
         (
             Readings {
@@ -796,7 +808,7 @@ fn arb_readings() -> impl Strategy<Value = Readings> {
             delivery: imbalanced(d.0, d.1, d.2),
             publishing: imbalanced(p.0, p.1, p.2),
             database_drain_per_sec: None,
-            process_memory_held: None,
+            held: CeilingHolds::default(),
         })
 }
 
@@ -892,7 +904,10 @@ fn receives_held_by_the_memory_ceiling_show_as_memory_pressure_below_the_line() 
     let held = Readings {
         process_memory: threshold / 100 * 95,
         in_process: 10,
-        process_memory_held: Some(10),
+        held: CeilingHolds {
+            process_memory: Some(10),
+            ..CeilingHolds::default()
+        },
         ..quiet()
     };
     let d = c.tick(secs(0.5), &held, &queues());
@@ -904,7 +919,7 @@ fn receives_held_by_the_memory_ceiling_show_as_memory_pressure_below_the_line() 
     );
     // Still above the resume line, no longer held: stays active (hysteresis).
     let after = Readings {
-        process_memory_held: None,
+        held: CeilingHolds::default(),
         ..held
     };
     assert_eq!(c.tick(secs(1.0), &after, &queues()).delivery.state, 4);
@@ -957,7 +972,10 @@ fn the_memory_ceilings_room_becomes_the_limit_shared_by_max_and_lasts_while_it_h
     let held = Readings {
         process_memory: threshold / 100 * 97,
         in_process: 14,
-        process_memory_held: Some(12),
+        held: CeilingHolds {
+            process_memory: Some(12),
+            ..CeilingHolds::default()
+        },
         ..quiet()
     };
     let d = c.tick(secs(0.5), &held, &load(11, 3));
@@ -969,7 +987,10 @@ fn the_memory_ceilings_room_becomes_the_limit_shared_by_max_and_lasts_while_it_h
     assert_eq!(d.delivery.state, 4);
     // More room measured (smaller messages): the limit does not grow while memory holds...
     let roomier = Readings {
-        process_memory_held: Some(40),
+        held: CeilingHolds {
+            process_memory: Some(40),
+            ..CeilingHolds::default()
+        },
         ..held
     };
     let d = c.tick(secs(1.0), &roomier, &load(9, 3));

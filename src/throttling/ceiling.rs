@@ -1,0 +1,570 @@
+//! The delivery ceiling: a hard bound on receives at the thresholds of the resources that grow
+//! with the messages in process, checked every few milliseconds between ticks.
+//!
+//! The controller acts once per tick. When each message starts to cost more (a bigger
+//! payload, a handler that holds more memory, a handler that blocks a thread, a slow handler
+//! that keeps its connection), the receives started within one tick can carry the resource
+//! far past its threshold before the next tick cuts. The ceiling reads each guarded resource
+//! ([`CEILING_GUARDED`]: process and system memory, threads, database sessions) every
+//! [`CEILING_INTERVAL`] and lets through only what fits under every threshold: the room left
+//! divided by what a message in process costs, less what it admitted in the last
+//! [`CEILING_SETTLE`] and that does not show yet.
+//!
+//! What a message costs is the larger of two measures: the **average** (the value above the
+//! idle process, over the messages in process) and the **margin** (what the value rose by over
+//! the last [`CEILING_MARGINAL_WINDOW`], over the receives admitted a settle time earlier).
+//! The average alone lags when messages start to cost more: with 60 cheap messages in process,
+//! the first costly ones look cheap, and a burst of them got through. A plain stop at the
+//! threshold is not enough either: what one completion frees would let every waiting receive
+//! through at once, and what they take shows only milliseconds later. The ceiling never stops
+//! the last message (nothing else would free anything).
+//!
+//! Whenever receives wait on it, the controller hears of it at the next tick
+//! ([`CeilingHolds`]), with how many messages the resource has room for: it shows the
+//! condition as active (throttling that acts is never state 0) and cuts the delivery limits
+//! to that room.
+//!
+//! The ceiling is pure: the service reads the values and the admission's counters, hands them
+//! to [`Ceiling::enforce`] and applies the allowance it returns.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Condition;
+use super::controller::{CEILING_GUARDED, CeilingHolds, Thresholds};
+
+/// How often the ceiling reads the guarded resources between ticks.
+pub const CEILING_INTERVAL: Duration = Duration::from_millis(5);
+/// How long a message admitted by the ceiling counts as not showing yet: what it costs shows
+/// only once it has been received and its handler has allocated, blocked or kept its
+/// connection.
+pub const CEILING_SETTLE: Duration = Duration::from_millis(25);
+/// Over how long the ceiling measures what the latest messages added.
+pub const CEILING_MARGINAL_WINDOW: Duration = Duration::from_millis(50);
+
+/// The guarded resources' values at one read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Process RSS, bytes.
+    pub process_memory: u64,
+    /// The machine's used memory, bytes.
+    pub system_memory_used: u64,
+    /// Threads in the process.
+    pub threads: u64,
+    /// Database connections in use.
+    pub database_sessions: u64,
+    /// Messages in process.
+    pub in_process: u64,
+}
+
+impl Usage {
+    fn of(&self, condition: Condition) -> u64 {
+        match condition {
+            Condition::ProcessMemory => self.process_memory,
+            Condition::SystemMemory => self.system_memory_used,
+            Condition::Threads => self.threads,
+            Condition::DatabaseSessions => self.database_sessions,
+            _ => 0,
+        }
+    }
+}
+
+/// What the ceiling sees of delivery's admission at one read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdmissionCounts {
+    /// Admissions granted so far.
+    pub admitted: u64,
+    /// Receives were waiting on an allowance that had run out.
+    pub held: bool,
+}
+
+/// One guarded resource while the ceiling runs.
+#[derive(Debug)]
+struct Guard {
+    condition: Condition,
+    threshold: u64,
+    /// The value at the last read with nothing in process.
+    idle: Option<u64>,
+    /// The lowest value read with nothing in process: for threads, the process's own (the
+    /// blocking pool keeps a thread some seconds after its message, and the next message
+    /// reuses it).
+    lowest_idle: Option<u64>,
+    /// Recent reads: when, the value, and delivery's admissions so far then.
+    reads: VecDeque<(Instant, u64, u64)>,
+    /// What one message cost at the last read with messages in process.
+    last_per_message: Option<f64>,
+}
+
+impl Guard {
+    fn new(condition: Condition, threshold: u64) -> Self {
+        Guard {
+            condition,
+            threshold,
+            idle: None,
+            lowest_idle: None,
+            reads: VecDeque::new(),
+            last_per_message: None,
+        }
+    }
+
+    /// Records this read and returns what fits under the threshold now.
+    fn read(&mut self, now: Instant, value: u64, in_process: u64, admitted: u64) -> Fit {
+        if in_process == 0 {
+            // What the process holds by itself now, including what it kept from earlier
+            // messages (allocator caches, lingering blocking threads, pooled connections):
+            // none of it is freed by messages ending.
+            self.idle = Some(value);
+            self.lowest_idle = Some(self.lowest_idle.map_or(value, |l| l.min(value)));
+        }
+        let margin = self.margin(now, value, admitted);
+        // Receives let through within a settle time, whose cost may not show yet.
+        let recent = self
+            .reads
+            .iter()
+            .rev()
+            .find(|(at, _, _)| now.duration_since(*at) >= CEILING_SETTLE)
+            .or(self.reads.front())
+            .map_or(0, |(_, _, then)| admitted.saturating_sub(*then));
+        let estimate = Estimate {
+            idle: self.idle,
+            margin,
+            last: self.last_per_message,
+        };
+        let mut fit = fit(self.threshold, value, in_process, estimate, recent);
+        if in_process > 0 {
+            self.last_per_message = Some(fit.per_message);
+        }
+        if self.condition == Condition::Threads
+            && let Some(base) = self.lowest_idle
+            && value > base
+        {
+            // Some handler blocks. Threads stay in the blocking pool after their message and
+            // the next message reuses them, so the count above says little about what the
+            // messages in process hold now. At one thread per message, the threshold has
+            // room for `threshold - base` messages in process, however many idle pool
+            // threads linger; whichever bound admits more still keeps threads under it.
+            let room = self.threshold.saturating_sub(base).max(1);
+            let reuse = room.saturating_sub(in_process + recent);
+            if reuse > fit.allowance {
+                fit.allowance = reuse;
+                fit.room = fit.room.max(room);
+                fit.measured = true;
+            }
+        }
+        fit
+    }
+
+    /// Records this read and returns what the value rose by per receive over the last window,
+    /// from the receives admitted a settle time before it (whose cost shows in it).
+    fn margin(&mut self, now: Instant, value: u64, admitted: u64) -> Option<f64> {
+        let keep = CEILING_MARGINAL_WINDOW + CEILING_SETTLE + CEILING_INTERVAL;
+        while self
+            .reads
+            .front()
+            .is_some_and(|(at, _, _)| now.duration_since(*at) > keep)
+        {
+            self.reads.pop_front();
+        }
+        self.reads.push_back((now, value, admitted));
+        // The latest read at least `ago` old.
+        let at = |ago: Duration| {
+            self.reads
+                .iter()
+                .rev()
+                .find(|(at, _, _)| now.duration_since(*at) >= ago)
+                .copied()
+        };
+        let (_, before, _) = at(CEILING_MARGINAL_WINDOW)?;
+        let (_, _, admitted_until) = at(CEILING_SETTLE)?;
+        let (_, _, admitted_from) = at(CEILING_MARGINAL_WINDOW + CEILING_SETTLE)?;
+        let admitted = admitted_until.saturating_sub(admitted_from);
+        let rise = value.saturating_sub(before);
+        (admitted > 0 && rise > 0).then(|| rise as f64 / admitted as f64)
+    }
+}
+
+/// The delivery ceiling (see the module documentation).
+#[derive(Debug, Default)]
+pub struct Ceiling {
+    /// The resources guarded until the next tick, each with its threshold.
+    guards: Vec<Guard>,
+    /// The queues' limits together at the last tick: the most receives that can be in
+    /// process at once, so an allowance this large could not bind.
+    limits_total: u64,
+    /// The guard whose allowance bound delivery at the last read, and whether it bound on a
+    /// measured cost (not the cautious guess before any message was measured).
+    binding: Option<(Condition, bool)>,
+    /// What the ceiling measured where it held receives back since the last tick.
+    held: CeilingHolds,
+}
+
+impl Ceiling {
+    /// Arms the guards for the time until the next tick: every guarded resource with a
+    /// threshold, while delivery throttling applies. `limits_total` is the queues' limits
+    /// together.
+    pub fn arm(&mut self, thresholds: &Thresholds, applies: bool, limits_total: u64) {
+        self.limits_total = limits_total;
+        // Always, not only once a value is near its threshold: what each message costs can
+        // jump at once (a new payload), and from a sixth of the threshold, the receives
+        // started within one 250 ms tick carried RSS to 1.15 x before the next tick armed it.
+        let armed = |c: Condition| thresholds.of(c).filter(|&t| applies && t > 0);
+        self.guards
+            .retain(|g| armed(g.condition) == Some(g.threshold));
+        for condition in CEILING_GUARDED {
+            if let Some(threshold) = armed(condition)
+                && !self.guards.iter().any(|g| g.condition == condition)
+            {
+                self.guards.push(Guard::new(condition, threshold));
+            }
+        }
+    }
+
+    /// Whether any resource is guarded (the service then reads every [`CEILING_INTERVAL`]).
+    pub fn is_armed(&self) -> bool {
+        !self.guards.is_empty()
+    }
+
+    /// Whether the ceiling guards `condition` now (the service reads only what it needs).
+    pub fn guards(&self, condition: Condition) -> bool {
+        self.guards.iter().any(|g| g.condition == condition)
+    }
+
+    /// Where the ceiling held receives back since the last call.
+    pub fn take_holds(&mut self) -> CeilingHolds {
+        std::mem::take(&mut self.held)
+    }
+
+    /// One read: returns how many more receives may start until the next read (`None`: no
+    /// limit).
+    pub fn enforce(
+        &mut self,
+        now: Instant,
+        usage: Usage,
+        admission: AdmissionCounts,
+    ) -> Option<u64> {
+        let mut tightest: Option<(Condition, Fit)> = None;
+        let mut fits = Vec::with_capacity(self.guards.len());
+        for guard in &mut self.guards {
+            let value = usage.of(guard.condition);
+            let fit = guard.read(now, value, usage.in_process, admission.admitted);
+            fits.push((guard.condition, fit));
+            if tightest.is_none_or(|(_, t)| fit.allowance < t.allowance) {
+                tightest = Some((guard.condition, fit));
+            }
+        }
+        // The receives waiting now were held by the guard that bound at the last read. A
+        // hold on the guess made before any message was measured lasts one read and is not
+        // pressure: it is not reported (it showed as state 9 at a fifth of the threshold).
+        if admission.held
+            && let Some((condition, true)) = self.binding
+            && let Some((_, fit)) = fits.iter().find(|(c, _)| *c == condition)
+        {
+            self.held.record(condition, fit.room);
+        }
+        // An allowance no burst could use up leaves admissions on their fast path.
+        let binding = tightest.filter(|(_, fit)| fit.allowance < self.limits_total);
+        self.binding = binding.map(|(c, fit)| (c, fit.measured));
+        binding.map(|(_, fit)| fit.allowance)
+    }
+}
+
+/// What the ceiling measured for one resource at one read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Fit {
+    /// How many more receives may start now.
+    allowance: u64,
+    /// How many messages in process fit under the threshold, at what one costs now.
+    room: u64,
+    /// What one message costs, as estimated at this read.
+    per_message: f64,
+    /// The cost was measured (messages in process now, or earlier), not guessed.
+    measured: bool,
+}
+
+/// What the ceiling knows of what a message costs, besides the value now.
+#[derive(Debug, Clone, Copy, Default)]
+struct Estimate {
+    /// The value with nothing in process.
+    idle: Option<u64>,
+    /// What the value rose by per receive admitted lately.
+    margin: Option<f64>,
+    /// What one message cost at the last read with messages in process.
+    last: Option<f64>,
+}
+
+/// What fits under the threshold now.
+fn fit(
+    threshold: u64,
+    value: u64,
+    in_process: u64,
+    estimate: Estimate,
+    recently_admitted: u64,
+) -> Fit {
+    let limit = threshold as f64;
+    // With messages in process, what they hold on average (a value at or below the idle
+    // process: nothing measurable); with none, what one held when last measured.
+    let average = match estimate.idle {
+        Some(idle) if in_process > 0 => value.saturating_sub(idle) as f64 / in_process as f64,
+        _ => estimate.last.unwrap_or(limit / 20.0),
+    };
+    let per_message = average
+        .max(estimate.margin.unwrap_or(0.0))
+        .clamp(limit / 1000.0, limit / 10.0);
+    let idle = estimate.idle.unwrap_or(0).min(value);
+    let room = ((limit - idle as f64) / per_message).floor().max(1.0) as u64;
+    let fits = ((limit - value as f64) / per_message).floor().max(0.0) as u64;
+    let mut allowance = fits.saturating_sub(recently_admitted);
+    if in_process == 0 {
+        // Never stop the last message: nothing in process would free anything.
+        allowance = allowance.max(1);
+    }
+    Fit {
+        allowance,
+        room,
+        per_message,
+        measured: in_process > 0 || estimate.last.is_some() || estimate.margin.is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn idle(value: u64) -> Estimate {
+        Estimate {
+            idle: Some(value),
+            ..Estimate::default()
+        }
+    }
+
+    #[test]
+    fn the_ceiling_stops_at_the_threshold_but_never_the_last_message() {
+        let threshold = 100 * MIB;
+        let at = |value, in_process| fit(threshold, value, in_process, idle(20 * MIB), 0);
+        assert_eq!(at(100 * MIB, 3).allowance, 0);
+        assert_eq!(at(130 * MIB, 3).allowance, 0);
+        assert_eq!(
+            at(120 * MIB, 0).allowance,
+            1,
+            "nothing in process: one may start"
+        );
+    }
+
+    #[test]
+    fn the_ceiling_admits_what_fits_and_measures_the_room() {
+        let threshold = 100 * MIB;
+        // 10 in process hold 80 MiB above an idle 10 MiB: 8 MiB each; 10 MiB left fits one,
+        // and the threshold has room for 11 such messages above the idle process.
+        let f = fit(threshold, 90 * MIB, 10, idle(10 * MIB), 0);
+        assert_eq!((f.allowance, f.room), (1, 11));
+        // ... and none once one was admitted and does not show yet.
+        let f = fit(threshold, 90 * MIB, 10, idle(10 * MIB), 1);
+        assert_eq!(f.allowance, 0);
+        // Far below the threshold the same arithmetic: a burst of costly receives cannot
+        // start all at once (4 in process at 4 MiB each, 44 MiB left: 11 more).
+        let f = fit(threshold, 56 * MIB, 4, idle(40 * MIB), 0);
+        assert_eq!((f.allowance, f.room), (11, 15));
+        // A value no higher than the idle process: the messages cost nothing measurable, so
+        // a burst of them is not held back (a thousandth of the threshold each).
+        let f = fit(threshold, 14 * MIB, 14, idle(14 * MIB), 15);
+        assert_eq!(f.allowance, 860 - 15);
+        // With no idle reading the estimate is a twentieth of the threshold (5 MiB).
+        let f = fit(threshold, 80 * MIB, 4, Estimate::default(), 0);
+        assert_eq!((f.allowance, f.room), (4, 20));
+    }
+
+    #[test]
+    fn what_the_latest_receives_added_outweighs_a_cheap_average() {
+        let threshold = 100 * MIB;
+        // 60 cheap messages hold 12 MiB above an idle 30 MiB (0.2 MiB each), but the latest
+        // receives added 6 MiB each: 58 MiB left fits 9 of those, not 290 cheap ones.
+        let cheap = fit(threshold, 42 * MIB, 60, idle(30 * MIB), 0);
+        assert_eq!(cheap.allowance, 290);
+        let costly = Estimate {
+            margin: Some(6.0 * MIB as f64),
+            ..idle(30 * MIB)
+        };
+        let f = fit(threshold, 42 * MIB, 60, costly, 0);
+        assert_eq!((f.allowance, f.room), (9, 11));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_margin_is_the_rise_over_the_receives_admitted_a_settle_time_before() {
+        let mut guard = Guard::new(Condition::ProcessMemory, 1 << 30);
+        let mut rss = 40 * MIB;
+        // Two receives admitted per read for 100 ms; each shows 4 MiB a settle time later.
+        let mut last = None;
+        let mut admitted = 0;
+        for read in 0..20u64 {
+            let shown = read.saturating_sub(CEILING_SETTLE.as_millis() as u64 / 5);
+            rss = 40 * MIB + shown * 2 * 4 * MIB;
+            last = guard.margin(Instant::now(), rss, admitted);
+            admitted += 2;
+            tokio::time::advance(CEILING_INTERVAL).await;
+        }
+        let margin = last.expect("a margin once the window is full");
+        assert!(
+            (margin - 4.0 * MIB as f64).abs() < 0.5 * MIB as f64,
+            "about 4 MiB per receive: {} MiB (rss {} MiB)",
+            margin / MIB as f64,
+            rss / MIB
+        );
+        // Receives admitted while RSS holds still (others freed as much): no margin.
+        for _ in 0..20 {
+            last = guard.margin(Instant::now(), rss, admitted);
+            admitted += 2;
+            tokio::time::advance(CEILING_INTERVAL).await;
+        }
+        assert_eq!(last, None);
+    }
+
+    fn thresholds(threads: u64, sessions: u64) -> Thresholds {
+        Thresholds {
+            threads: Some(threads),
+            database_sessions: Some(sessions),
+            ..Thresholds::default()
+        }
+    }
+
+    /// Handlers that each block a thread: the thread guard lets through only as many as the
+    /// threshold has threads for, and reports the hold with its room.
+    #[tokio::test(start_paused = true)]
+    async fn blocking_handlers_are_held_at_the_thread_threshold() {
+        let mut ceiling = Ceiling::default();
+        ceiling.arm(&thresholds(26, 1000), true, 48);
+        assert!(ceiling.guards(Condition::Threads) && !ceiling.guards(Condition::ProcessMemory));
+        // The idle process has 10 threads; every admitted receive starts one more thread.
+        let (mut admitted, mut in_process) = (0u64, 0u64);
+        let mut peak_threads = 0;
+        let mut held_seen = false;
+        for _ in 0..200 {
+            let usage = Usage {
+                threads: 10 + in_process,
+                in_process,
+                ..Usage::default()
+            };
+            peak_threads = peak_threads.max(usage.threads);
+            // Everyone wants in: 48 receives wait while the limits allow 48.
+            let allowance = ceiling.enforce(
+                Instant::now(),
+                usage,
+                AdmissionCounts {
+                    admitted,
+                    held: held_seen,
+                },
+            );
+            let granted = allowance.unwrap_or(48).min(48 - in_process);
+            held_seen = allowance.is_some_and(|a| a < 48 - in_process);
+            admitted += granted;
+            in_process += granted;
+            tokio::time::advance(CEILING_INTERVAL).await;
+        }
+        assert!(peak_threads <= 26 + 1, "threads peaked at {peak_threads}");
+        assert!(
+            in_process >= 15,
+            "it lets the threshold's worth in: {in_process}"
+        );
+        let holds = ceiling.take_holds();
+        assert_eq!(holds.threads, Some(16), "{holds:?}");
+        assert_eq!(holds.database_sessions, None);
+        assert_eq!(ceiling.take_holds(), CeilingHolds::default(), "taken once");
+    }
+
+    /// After an episode of blocking handlers the pool keeps its threads for seconds: they
+    /// are reused by the next messages, so they must not hold delivery at one message.
+    #[tokio::test(start_paused = true)]
+    async fn lingering_pool_threads_are_reused_not_charged_again() {
+        let mut ceiling = Ceiling::default();
+        ceiling.arm(&thresholds(20, 1000), true, 48);
+        let idle = Usage {
+            threads: 4,
+            ..Usage::default()
+        };
+        ceiling.enforce(Instant::now(), idle, AdmissionCounts::default());
+        tokio::time::advance(CEILING_INTERVAL).await;
+        // 19 threads (15 idle in the pool), one message in process: 15 more may start.
+        let lingering = Usage {
+            threads: 19,
+            in_process: 1,
+            ..Usage::default()
+        };
+        let allowance = ceiling.enforce(Instant::now(), lingering, AdmissionCounts::default());
+        assert_eq!(allowance, Some(15));
+        // Async handlers (threads at the process's own count): the thread guard stays open.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let busy = Usage {
+            threads: 4,
+            in_process: 40,
+            ..Usage::default()
+        };
+        let allowance = ceiling.enforce(Instant::now(), busy, AdmissionCounts::default());
+        assert_eq!(allowance, None);
+    }
+
+    /// Before any message was measured, the ceiling guesses a twentieth of the threshold per
+    /// message: receives it holds on that guess are not reported as pressure.
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_on_the_first_guess_is_not_pressure() {
+        let mut ceiling = Ceiling::default();
+        ceiling.arm(&thresholds(20, 1000), true, 48);
+        let idle = Usage {
+            threads: 4,
+            ..Usage::default()
+        };
+        let first = ceiling.enforce(Instant::now(), idle, AdmissionCounts::default());
+        assert_eq!(first, Some(16), "a twentieth of 20 threads each: 16 fit");
+        tokio::time::advance(CEILING_INTERVAL).await;
+        let busy = Usage {
+            threads: 4,
+            in_process: 16,
+            ..Usage::default()
+        };
+        let held = AdmissionCounts {
+            admitted: 16,
+            held: true,
+        };
+        assert_eq!(
+            ceiling.enforce(Instant::now(), busy, held),
+            None,
+            "measured: cheap"
+        );
+        assert_eq!(ceiling.take_holds(), CeilingHolds::default());
+    }
+
+    #[test]
+    fn guards_follow_the_thresholds_and_the_override() {
+        let mut ceiling = Ceiling::default();
+        ceiling.arm(&Thresholds::default(), true, 10);
+        assert!(!ceiling.is_armed(), "no threshold: nothing guarded");
+        ceiling.arm(&thresholds(26, 12), false, 10);
+        assert!(
+            !ceiling.is_armed(),
+            "delivery throttling off: nothing guarded"
+        );
+        ceiling.arm(&thresholds(26, 12), true, 10);
+        assert!(ceiling.guards(Condition::Threads) && ceiling.guards(Condition::DatabaseSessions));
+    }
+
+    /// An allowance at least the queues' limits together could never bind: admissions stay
+    /// on their fast path.
+    #[test]
+    fn an_allowance_that_cannot_bind_leaves_delivery_open() {
+        let mut ceiling = Ceiling::default();
+        ceiling.arm(&thresholds(1000, 1000), true, 8);
+        let usage = Usage {
+            threads: 10,
+            database_sessions: 3,
+            in_process: 2,
+            ..Usage::default()
+        };
+        let now = Instant::now();
+        assert_eq!(
+            ceiling.enforce(now, usage, AdmissionCounts::default()),
+            None
+        );
+    }
+}

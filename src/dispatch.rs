@@ -169,7 +169,7 @@ async fn finish(
     match follow {
         Some(f) if (f.allowed)() => {
             let r = received.commit_and_receive(f.transport, &q.name).await;
-            (r.committed, Some(r.next))
+            (r.committed, r.next)
         }
         _ => (received.commit().await, None),
     }

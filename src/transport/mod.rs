@@ -209,8 +209,9 @@ pub trait Received: Send {
 pub struct CommitAndReceive {
     /// The commit of the current receive.
     pub committed: Result<(), TransportError>,
-    /// The next receive (not attempted, `Ok(None)`, when the commit failed).
-    pub next: Result<Option<Box<dyn Received>>, TransportError>,
+    /// The next receive: `None` when it was not attempted (after a failed commit), which
+    /// says nothing of the queue's depth.
+    pub next: Option<Result<Option<Box<dyn Received>>, TransportError>>,
 }
 
 impl CommitAndReceive {
@@ -221,8 +222,8 @@ impl CommitAndReceive {
         queue: &QueueName,
     ) -> Self {
         let next = match committed {
-            Ok(()) => transport.receive(queue).await,
-            Err(_) => Ok(None),
+            Ok(()) => Some(transport.receive(queue).await),
+            Err(_) => None,
         };
         CommitAndReceive { committed, next }
     }

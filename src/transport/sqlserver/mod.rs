@@ -752,11 +752,13 @@ impl Received for SqlReceived {
         {
             Ok(next) => CommitAndReceive {
                 committed: Ok(()),
-                next: Ok(next),
+                next: Some(Ok(next)),
             },
+            // Which statement of the batch failed is not known here: the commit is reported
+            // as failed (its message returns to the queue if it did not take effect).
             Err(e) => CommitAndReceive {
                 committed: Err(e),
-                next: Ok(None),
+                next: None,
             },
         }
     }

@@ -1,5 +1,7 @@
 //! `throttlehost status`: reads `/status` of a running host and prints a table. Exit code 0:
-//! not throttling, 1: throttling, 2: unreachable or not a throttlehost.
+//! not throttling, 1: throttling, 2: unreachable or not a throttlehost, 3: receiving impaired
+//! (a queue's receives are failing, so its circuit breaker is not closed, or the host is
+//! shutting down); 3 wins over 1, since a host that cannot receive throttles nothing.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -44,6 +46,10 @@ pub async fn status(url: &str, raw: bool) -> ExitCode {
     } else {
         print!("{}", render(&status));
     }
+    if let Some(why) = impaired(&status) {
+        eprintln!("receiving impaired: {why}");
+        return ExitCode::from(3);
+    }
     let throttling = ["delivery", "publishing"]
         .iter()
         .any(|d| status["throttling"][d]["state"].as_u64().unwrap_or(0) != 0);
@@ -52,6 +58,27 @@ pub async fn status(url: &str, raw: bool) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// Why the host is not receiving normally, from its status document.
+fn impaired(s: &Value) -> Option<String> {
+    if s["receiving"] == false {
+        return Some("the host is shutting down".into());
+    }
+    let failing: Vec<String> = s["queues"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|q| q["circuit_breaker"].as_str().is_some_and(|b| b != "closed"))
+        .map(|q| {
+            format!(
+                "queue {} (circuit breaker {})",
+                q["name"].as_str().unwrap_or("?"),
+                q["circuit_breaker"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    (!failing.is_empty()).then(|| format!("receives are failing for {}", failing.join(", ")))
 }
 
 fn render(s: &Value) -> String {
@@ -139,4 +166,34 @@ fn render(s: &Value) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_whose_receives_fail_makes_the_host_impaired() {
+        let healthy = serde_json::json!({
+            "receiving": true,
+            "queues": [{ "name": "in", "circuit_breaker": "closed" }]
+        });
+        assert_eq!(impaired(&healthy), None);
+        let failing = serde_json::json!({
+            "receiving": true,
+            "queues": [
+                { "name": "in", "circuit_breaker": "closed" },
+                { "name": "orders", "circuit_breaker": "armed" }
+            ]
+        });
+        assert_eq!(
+            impaired(&failing).as_deref(),
+            Some("receives are failing for queue orders (circuit breaker armed)")
+        );
+        let stopping = serde_json::json!({ "receiving": false, "queues": [] });
+        assert_eq!(
+            impaired(&stopping).as_deref(),
+            Some("the host is shutting down")
+        );
+    }
 }

@@ -50,6 +50,17 @@ pub enum TransportError {
     /// The connection broke or could not be opened.
     #[error("database connection failed: {0}")]
     Connection(String),
+    /// The server did not answer within the command timeout and a little more (a frozen
+    /// server or a network that drops packets): the connection was closed.
+    #[error(
+        "the database did not answer {what} within {after:?} (transport.command_timeout plus 2 s); the connection was closed"
+    )]
+    Unanswered {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        after: std::time::Duration,
+    },
     /// The database rejected a statement.
     #[error("database error: {0}")]
     Database(String),

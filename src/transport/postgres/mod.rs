@@ -47,6 +47,9 @@ struct Inner {
     mode: TransactionMode,
     pool_size: u32,
     wait_timeout: Duration,
+    /// How long the client waits for an answer before it gives the connection up (see
+    /// [`Inner::answered`]).
+    answer_deadline: Duration,
     statements: RwLock<HashMap<QueueName, Arc<QueueStatements>>>,
 }
 
@@ -112,6 +115,7 @@ impl PostgresTransport {
                 mode: config.transaction_mode,
                 pool_size: config.pool_size,
                 wait_timeout: config.connect_timeout,
+                answer_deadline: config.command_timeout + ANSWER_GRACE,
                 statements: RwLock::new(HashMap::new()),
             }),
         })
@@ -123,7 +127,30 @@ impl PostgresTransport {
     }
 }
 
+/// How much longer than `command_timeout` the client waits for an answer: the server's own
+/// `statement_timeout` error should come first whenever the server is alive.
+const ANSWER_GRACE: Duration = Duration::from_secs(2);
+
 impl Inner {
+    /// Waits for `work` on `client` at most the answer deadline. The server enforces
+    /// `command_timeout` itself (`statement_timeout`), but a frozen server or a network that
+    /// drops packets never answers, and the kernel keeps acknowledging a stopped server's
+    /// socket, so without this a receive waited forever and nothing was logged. On timeout
+    /// the caller closes the connection (its state is unknown; the server rolls back what it
+    /// had).
+    async fn answered<T>(
+        &self,
+        what: &'static str,
+        work: impl std::future::Future<Output = T>,
+    ) -> Result<T, TransportError> {
+        tokio::time::timeout(self.answer_deadline, work)
+            .await
+            .map_err(|_| TransportError::Unanswered {
+                what,
+                after: self.answer_deadline,
+            })
+    }
+
     fn statements(&self, queue: &QueueName) -> Result<Arc<QueueStatements>, TransportError> {
         if let Some(s) = self
             .statements
@@ -421,7 +448,17 @@ impl Transport for PostgresTransport {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
         let client = self.inner.client().await?;
-        self.inner.send_on(&client, queue, message).await
+        let sent = self
+            .inner
+            .answered("a send", self.inner.send_on(&client, queue, message))
+            .await;
+        match sent {
+            Ok(result) => result,
+            Err(e) => {
+                discard(client);
+                Err(e)
+            }
+        }
     }
 
     async fn receive(
@@ -430,36 +467,38 @@ impl Transport for PostgresTransport {
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
         let st = self.inner.statements(queue)?;
         let client = self.inner.client().await?;
-        let stmt = client
-            .prepare_cached(&st.receive)
-            .await
-            .map_err(|e| map_error(e, Some(queue)))?;
         let transactional = self.inner.mode != TransactionMode::None;
-        let row = if transactional {
-            // Pipelined: both requests leave in one write, the answers come back in order.
-            let (begin, row) =
-                tokio::join!(client.batch_execute("BEGIN"), client.query_opt(&stmt, &[]));
-            match (begin, row) {
-                (Ok(()), Ok(row)) => row,
-                (Err(e), Ok(Some(row))) => {
-                    // BEGIN failed yet the DELETE ran: it committed on its own. Put the row
-                    // back rather than lose it (it goes to the tail of the queue).
-                    discard(client);
-                    self.inner.reinsert_autocommitted(queue, &row).await;
-                    return Err(map_error(e, Some(queue)));
-                }
-                (Err(e), _) | (_, Err(e)) => {
-                    discard(client);
-                    return Err(map_error(e, Some(queue)));
-                }
+        let asked = self
+            .inner
+            .answered("a receive", async {
+                let stmt = client.prepare_cached(&st.receive).await?;
+                Ok::<_, tokio_postgres::Error>(if transactional {
+                    // Pipelined: both requests leave in one write, the answers come back in
+                    // order.
+                    let (begin, row) =
+                        tokio::join!(client.batch_execute("BEGIN"), client.query_opt(&stmt, &[]));
+                    (Some(begin), row)
+                } else {
+                    (None, client.query_opt(&stmt, &[]).await)
+                })
+            })
+            .await;
+        let row = match asked {
+            Ok(Ok((None | Some(Ok(())), Ok(row)))) => row,
+            Ok(Ok((Some(Err(e)), Ok(Some(row))))) => {
+                // BEGIN failed yet the DELETE ran: it committed on its own. Put the row back
+                // rather than lose it (it goes to the tail of the queue).
+                discard(client);
+                self.inner.reinsert_autocommitted(queue, &row).await;
+                return Err(map_error(e, Some(queue)));
             }
-        } else {
-            match client.query_opt(&stmt, &[]).await {
-                Ok(row) => row,
-                Err(e) => {
-                    discard(client);
-                    return Err(map_error(e, Some(queue)));
-                }
+            Ok(Ok((Some(Err(e)), _) | (_, Err(e)))) | Ok(Err(e)) => {
+                discard(client);
+                return Err(map_error(e, Some(queue)));
+            }
+            Err(unanswered) => {
+                discard(client);
+                return Err(unanswered);
             }
         };
         self.inner
@@ -471,14 +510,20 @@ impl Transport for PostgresTransport {
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
         let st = self.inner.statements(queue)?;
         let client = self.inner.client().await?;
-        let stmt = client
-            .prepare_cached(&st.peek)
-            .await
-            .map_err(|e| map_error(e, Some(queue)))?;
-        let row = client
-            .query_one(&stmt, &[])
-            .await
-            .map_err(|e| map_error(e, Some(queue)))?;
+        let asked = self
+            .inner
+            .answered("a peek", async {
+                let stmt = client.prepare_cached(&st.peek).await?;
+                client.query_one(&stmt, &[]).await
+            })
+            .await;
+        let row = match asked {
+            Ok(row) => row.map_err(|e| map_error(e, Some(queue)))?,
+            Err(unanswered) => {
+                discard(client);
+                return Err(unanswered);
+            }
+        };
         let n: i64 = row
             .try_get(0)
             .map_err(|e| TransportError::Database(e.to_string()))?;
@@ -542,11 +587,17 @@ impl Transport for PostgresTransport {
 
     async fn ping(&self) -> Result<(), TransportError> {
         let client = self.inner.client().await?;
-        client
-            .simple_query("SELECT 1")
+        match self
+            .inner
+            .answered("a ping", client.simple_query("SELECT 1"))
             .await
-            .map_err(|e| map_error(e, None))?;
-        Ok(())
+        {
+            Ok(answer) => answer.map(|_| ()).map_err(|e| map_error(e, None)),
+            Err(unanswered) => {
+                discard(client);
+                Err(unanswered)
+            }
+        }
     }
 
     async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {
@@ -599,11 +650,24 @@ impl PgReceived {
         let Some(client) = self.client.take() else {
             return Ok(());
         };
-        match client.batch_execute(statement).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
+        let what = if statement == "COMMIT" {
+            "a commit"
+        } else {
+            "a rollback"
+        };
+        match self
+            .inner
+            .answered(what, client.batch_execute(statement))
+            .await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
                 discard(client);
                 Err(map_error(e, Some(&self.queue)))
+            }
+            Err(unanswered) => {
+                discard(client);
+                Err(unanswered)
             }
         }
     }
@@ -725,8 +789,23 @@ impl Received for PgReceived {
         };
         let inner = self.inner.clone();
         // One round trip: `COMMIT; BEGIN` as one simple query, pipelined with the receive.
-        let ((committed, begun), row) =
-            tokio::join!(commit_and_begin(&client), client.query_opt(&stmt, &[]));
+        let asked = inner
+            .answered("a commit", async {
+                tokio::join!(commit_and_begin(&client), client.query_opt(&stmt, &[]))
+            })
+            .await;
+        let ((committed, begun), row) = match asked {
+            Ok(answers) => answers,
+            Err(unanswered) => {
+                // Whether the COMMIT took effect is not known: reported as failed, the
+                // message is handled again if it did not (at least once).
+                discard(client);
+                return CommitAndReceive {
+                    committed: Err(unanswered),
+                    next: None,
+                };
+            }
+        };
         let committed = committed.map_err(|e| map_error(e, Some(queue)));
         match (begun, row) {
             (Some(Ok(())), Ok(row)) => CommitAndReceive {

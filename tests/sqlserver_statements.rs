@@ -7,7 +7,7 @@ use throttlehost::config::Dialect;
 use throttlehost::transport::QueueName;
 use throttlehost::transport::sqlserver::QueueStatements;
 use throttlehost::transport::sqlserver::statements::{
-    HEADERS_TYPE, LIST_QUEUES, ROWVERSION_INDEXES,
+    HEADERS_TYPE, IS_BABELFISH, LIST_QUEUES, ROWVERSION_INDEXES,
 };
 
 fn statements(dialect: Dialect) -> QueueStatements {
@@ -95,4 +95,5 @@ fn catalog_queries() {
     insta::assert_snapshot!("rowversion_indexes", ROWVERSION_INDEXES);
     insta::assert_snapshot!("headers_type", HEADERS_TYPE);
     insta::assert_snapshot!("list_queues", LIST_QUEUES);
+    insta::assert_snapshot!("is_babelfish", IS_BABELFISH);
 }

@@ -105,9 +105,12 @@ impl SqlServerTransport {
         tiberius_config.command_timeout(Some(config.command_timeout));
         let manager = Manager::new(tiberius_config, config.connect_timeout);
         let last_connect_error = manager.last_error();
+        // A little longer than a connect may take, so that a failed or stalled connect is
+        // reported with its reason, not as a pool without a free connection.
+        let wait_timeout = config.connect_timeout + Duration::from_millis(500);
         let pool = bb8::Pool::builder()
             .max_size(config.pool_size.max(1))
-            .connection_timeout(config.connect_timeout)
+            .connection_timeout(wait_timeout)
             .test_on_check_out(false)
             .build_unchecked(manager);
         Ok(SqlServerTransport {
@@ -117,7 +120,7 @@ impl SqlServerTransport {
                 dialect: config.dialect,
                 mode: config.transaction_mode,
                 pool_size: config.pool_size,
-                wait_timeout: config.connect_timeout,
+                wait_timeout,
                 max_pool_size_in_connection_string: raw
                     .to_ascii_lowercase()
                     .contains("max pool size"),
@@ -176,13 +179,15 @@ impl Inner {
     async fn conn(&self) -> Result<Pooled, TransportError> {
         self.pool.get_owned().await.map_err(|e| match e {
             RunError::User(e) => map_error(e, None),
+            // The pool could have grown, but the last connect failed and none has worked
+            // since: that is why nothing came (a full pool is plain exhaustion).
             RunError::TimedOut => match self
                 .last_connect_error
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone()
             {
-                Some(reason) if self.pool.state().connections == 0 => {
+                Some(reason) if self.pool.state().connections < self.pool_size.max(1) => {
                     TransportError::Connection(format!("cannot connect to SQL Server: {reason}"))
                 }
                 _ => TransportError::PoolTimeout {
@@ -221,7 +226,7 @@ impl Inner {
             conn.broken |= !is_server_error(&e);
             map_error(e, Some(queue))
         })?;
-        let n: i32 = row.and_then(|r| r.get::<i32, _>(0)).unwrap_or(-1);
+        let n = row.and_then(|r| int_at(&r, 0)).unwrap_or(-1);
         if n < 0 {
             return Err(TransportError::QueueNotFound(queue.to_string()));
         }
@@ -398,7 +403,7 @@ impl Inner {
                 conn.broken |= !is_server_error(&e);
                 map_error(e, Some(queue))
             })?;
-        Ok(row.and_then(|r| r.get::<i64, _>(0)).unwrap_or(0).max(0) as u64)
+        Ok(row.and_then(|r| int_at(&r, 0)).unwrap_or(0).max(0) as u64)
     }
 }
 
@@ -578,15 +583,31 @@ impl Transport for SqlServerTransport {
                 self.inner.pool_size
             ));
         }
-        if self.inner.dialect == Dialect::Babelfish {
-            warnings.push(
-                "dialect babelfish: Babelfish ignores READPAST, so concurrent receivers on one queue wait for each other's locked row (see sql/sqlserver/README.md)".into(),
-            );
-        }
         let mut conn = match self.inner.conn().await {
             Ok(c) => c,
             Err(e) => return Ok(vec![format!("cannot run start-up checks: {e}")]),
         };
+        let server = async {
+            conn.client
+                .simple_query(statements::IS_BABELFISH)
+                .await?
+                .into_row()
+                .await
+        }
+        .await;
+        match server {
+            Ok(row) => {
+                let babelfish = row.and_then(|r| int_at(&r, 0)) == Some(1);
+                warnings.extend(dialect_check(self.inner.dialect, babelfish)?);
+            }
+            Err(e) => {
+                conn.broken |= !is_server_error(&e);
+                warnings.push(format!(
+                    "cannot tell SQL Server from Babelfish: {}",
+                    map_error(e, None)
+                ));
+            }
+        }
         for queue in queues {
             let st = self.inner.statements(queue);
             let table = st.table.as_str();
@@ -600,7 +621,7 @@ impl Transport for SqlServerTransport {
             .await;
             match indexes {
                 Ok(rows) => {
-                    let types: Vec<i32> = rows.iter().filter_map(|r| r.get::<i32, _>(0)).collect();
+                    let types: Vec<i64> = rows.iter().filter_map(|r| int_at(r, 0)).collect();
                     if types.is_empty() {
                         warnings.push(format!(
                             "queue `{queue}` has no index on RowVersion: every receive scans the table (create Index_RowVersion, see sql/sqlserver/queue.sql)"
@@ -634,6 +655,39 @@ impl Transport for SqlServerTransport {
         }
         Ok(warnings)
     }
+}
+
+/// Whether `transport.dialect` fits the server: an error that stops the start when the exact
+/// SQL Server dialect meets Babelfish (every receive would fail with `relation "message" does
+/// not exist`: Babelfish rejects DML through a CTE), warnings otherwise.
+fn dialect_check(
+    dialect: Dialect,
+    server_is_babelfish: bool,
+) -> Result<Vec<String>, TransportError> {
+    match (dialect, server_is_babelfish) {
+        (Dialect::Sqlserver, true) => Err(TransportError::Config(
+            "the server is Babelfish for PostgreSQL, which rejects the SQL Server receive statement (DELETE through a CTE); set transport.dialect = \"babelfish\"".into(),
+        )),
+        (Dialect::Babelfish, true) => Ok(vec![
+            "dialect babelfish: Babelfish ignores READPAST, so concurrent receivers on one queue wait for each other's locked row (see sql/sqlserver/README.md)".into(),
+        ]),
+        (Dialect::Babelfish, false) => Ok(vec![
+            "transport.dialect = \"babelfish\" on SQL Server: it works, but receives through a table variable cost a second statement; \"sqlserver\" is the dialect for this server".into(),
+        ]),
+        (Dialect::Sqlserver, false) => Ok(Vec::new()),
+    }
+}
+
+/// An integer column in whatever width the server sends it: SQL Server and Babelfish differ
+/// (`sys.dm_exec_sessions.session_id` is smallint on one and int on the other).
+pub fn int_at(row: &tiberius::Row, index: usize) -> Option<i64> {
+    row.try_get::<u8, _>(index)
+        .ok()
+        .flatten()
+        .map(i64::from)
+        .or_else(|| row.try_get::<i16, _>(index).ok().flatten().map(i64::from))
+        .or_else(|| row.try_get::<i32, _>(index).ok().flatten().map(i64::from))
+        .or_else(|| row.try_get::<i64, _>(index).ok().flatten())
 }
 
 /// An open SQL Server receive: the pooled connection with its transaction.
@@ -795,5 +849,60 @@ mod tests {
         let t = SqlServerTransport::new(&config).unwrap();
         assert_eq!(t.describe(), "sqlserver (schema [dbo], pool 20)");
         assert_eq!(t.connections_in_use(), 0);
+    }
+
+    /// A server that accepts the connection and never answers the login: a receive fails
+    /// within the connect timeout, naming the address, instead of waiting for ever (or for
+    /// a command timeout of a statement it never sent).
+    #[tokio::test]
+    async fn a_server_that_stalls_the_login_is_a_clear_connect_failure() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let mut sockets = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                sockets.push(socket);
+            }
+        });
+        let config = TransportConfig {
+            kind: crate::config::TransportKind::Sqlserver,
+            connection_string: crate::config::ConnectionString::new(format!(
+                "Server=tcp:127.0.0.1,{port};User Id=sa;Password=x;Encrypt=false"
+            )),
+            pool_size: 1,
+            connect_timeout: Duration::from_millis(500),
+            command_timeout: Duration::from_secs(30),
+            ..TransportConfig::default()
+        };
+        let t = SqlServerTransport::new(&config).unwrap();
+        let started = tokio::time::Instant::now();
+        let err = match t.receive(&QueueName::new("in").unwrap()).await {
+            Err(e) => e,
+            Ok(_) => panic!("nothing answers: the receive must fail"),
+        };
+        assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("cannot connect") && text.contains(&format!("127.0.0.1:{port}")),
+            "{text}"
+        );
+        held.abort();
+    }
+
+    #[test]
+    fn the_exact_dialect_on_babelfish_stops_the_start_naming_the_setting() {
+        let err = dialect_check(Dialect::Sqlserver, true).unwrap_err();
+        assert!(matches!(err, TransportError::Config(_)));
+        assert!(
+            err.to_string()
+                .contains("transport.dialect = \"babelfish\""),
+            "{err}"
+        );
+        assert_eq!(
+            dialect_check(Dialect::Sqlserver, false).unwrap(),
+            Vec::<String>::new()
+        );
+        assert!(dialect_check(Dialect::Babelfish, true).unwrap()[0].contains("READPAST"));
+        assert!(dialect_check(Dialect::Babelfish, false).unwrap()[0].contains("\"sqlserver\""));
     }
 }

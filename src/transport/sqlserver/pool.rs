@@ -49,9 +49,12 @@ impl Manager {
         self.last_error.clone()
     }
 
+    /// Connects, logs in and sets the session up, all within `connect_timeout`: a server that
+    /// accepts the TCP connection and then says nothing (a stalled login) is a connect
+    /// failure that names the address, not a wait without end.
     async fn open(&self) -> Result<Connection, tiberius::error::Error> {
         let addr = self.config.get_addr();
-        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&addr))
+        tokio::time::timeout(self.connect_timeout, self.open_unbounded(&addr))
             .await
             .map_err(|_| tiberius::error::Error::Io {
                 kind: std::io::ErrorKind::TimedOut,
@@ -59,7 +62,11 @@ impl Manager {
                     "connecting to {addr} timed out after {:?}",
                     self.connect_timeout
                 ),
-            })??;
+            })?
+    }
+
+    async fn open_unbounded(&self, addr: &str) -> Result<Connection, tiberius::error::Error> {
+        let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
         let mut client = Client::connect(self.config.clone(), tcp.compat_write()).await?;
         client

@@ -179,10 +179,15 @@ pub const HEADERS_TYPE: &str = "SELECT t.name FROM sys.columns c
 JOIN sys.types t ON t.user_type_id = c.user_type_id
 WHERE c.object_id = OBJECT_ID(@P1, N'U') AND c.name = N'Headers';";
 
-/// The queue tables in a schema: tables with the columns a queue has.
-pub const LIST_QUEUES: &str = "SELECT t.name FROM sys.tables t
-JOIN sys.schemas s ON s.schema_id = t.schema_id
-WHERE s.name = @P1
-  AND (SELECT COUNT(*) FROM sys.columns c WHERE c.object_id = t.object_id
-       AND c.name IN (N'Id', N'Expires', N'Headers', N'Body', N'RowVersion')) = 5
-ORDER BY t.name;";
+/// The queue tables in a schema: tables with the columns a queue has. Read from
+/// INFORMATION_SCHEMA, which keeps names as written on both servers (Babelfish's `sys.tables`
+/// gives them lowercased: `sales.node-1` for `Sales.Node-1`).
+pub const LIST_QUEUES: &str = "SELECT t.TABLE_NAME FROM INFORMATION_SCHEMA.TABLES t
+WHERE t.TABLE_SCHEMA = @P1 AND t.TABLE_TYPE = N'BASE TABLE'
+  AND (SELECT COUNT(*) FROM INFORMATION_SCHEMA.COLUMNS c
+       WHERE c.TABLE_SCHEMA = t.TABLE_SCHEMA AND c.TABLE_NAME = t.TABLE_NAME
+       AND c.COLUMN_NAME IN (N'Id', N'Expires', N'Headers', N'Body', N'RowVersion')) = 5
+ORDER BY t.TABLE_NAME;";
+
+/// Start-up check: 1 on Babelfish for PostgreSQL, NULL on SQL Server (an unknown property).
+pub const IS_BABELFISH: &str = "SELECT CAST(SERVERPROPERTY('babelfish') AS int);";

@@ -37,6 +37,20 @@ async fn call(
     .unwrap()
 }
 
+/// Posts one message (body `x`) to the `orders` queue.
+async fn ingest(
+    base: &str,
+    headers: Vec<(&'static str, &'static str)>,
+) -> (u16, Value, Option<String>) {
+    call(
+        "POST",
+        format!("{base}/queues/orders/messages"),
+        b"x".to_vec(),
+        headers,
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_health_and_readiness() {
     let (host, base) = start("").await;
@@ -165,13 +179,7 @@ async fn ingest_accepts_rejects_and_explains() {
         host.inner().publisher().current_wait() > Duration::from_millis(5)
     })
     .await;
-    let (status, body, retry) = call(
-        "POST",
-        format!("{base}/queues/orders/messages"),
-        b"x".to_vec(),
-        vec![],
-    )
-    .await;
+    let (status, body, retry) = ingest(&base, vec![]).await;
     assert_eq!(status, 503, "{body}");
     assert!(retry.unwrap().parse::<u64>().unwrap() >= 1);
     assert!(body["error"].as_str().unwrap().contains("throttled"));
@@ -234,13 +242,7 @@ async fn override_is_set_through_the_api_and_bad_requests_get_json_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutating_routes_need_the_bearer_token() {
     let (host, base) = start("s3cret").await;
-    let (status, body, _) = call(
-        "POST",
-        format!("{base}/queues/orders/messages"),
-        b"x".to_vec(),
-        vec![],
-    )
-    .await;
+    let (status, body, _) = ingest(&base, vec![]).await;
     assert_eq!(status, 401, "{body}");
     let (status, _, _) = call(
         "PUT",
@@ -509,13 +511,7 @@ async fn slow_and_flooding_clients_cannot_exhaust_the_admin_endpoint() {
     );
     // Receiving goes on: ingested messages are handled during the flood.
     for _ in 0..20 {
-        let (status, body, _) = call(
-            "POST",
-            format!("{base}/queues/orders/messages"),
-            b"x".to_vec(),
-            vec![],
-        )
-        .await;
+        let (status, body, _) = ingest(&base, vec![]).await;
         assert_eq!(status, 202, "{body}");
     }
     common::wait_until(

@@ -208,6 +208,17 @@ to = "out"
         }
     }
 
+    /// Waits for every message to be forwarded, stops `host`, and requires each exactly once.
+    async fn finish_exactly_once(&self, host: HostProcess) {
+        let total = self.sent.len() as i64;
+        self.wait_for("the drain ends", Duration::from_secs(120), |left, out| {
+            left == 0 && out >= total
+        })
+        .await;
+        host.stop();
+        assert_eq!(self.account().await, (0, 0), "(lost, duplicated)");
+    }
+
     /// (lost, duplicated) once everything has been forwarded.
     async fn account(&self) -> (usize, usize) {
         assert_eq!(self.count("in").await, 0, "everything was received");
@@ -505,7 +516,6 @@ async fn drain_on(cluster: &OwnCluster, messages: usize, settings: &str) -> Drai
 async fn outage_mid_drain(stop_mode: &str, outage: Duration) {
     let cluster = OwnCluster::start();
     let drain = drain_on(&cluster, 20_000, "").await;
-    let total = drain.sent.len() as i64;
     let host = HostProcess::start(&drain.config);
     drain
         .wait_for("the host drains", Duration::from_secs(60), |_, out| {
@@ -519,13 +529,7 @@ async fn outage_mid_drain(stop_mode: &str, outage: Duration) {
     eprintln!(
         "stop -m {stop_mode}, {outage:?} down: receiving resumed {resumed:?} after the server answered"
     );
-    drain
-        .wait_for("the drain ends", Duration::from_secs(120), |left, out| {
-            left == 0 && out >= total
-        })
-        .await;
-    host.stop();
-    assert_eq!(drain.account().await, (0, 0), "(lost, duplicated)");
+    drain.finish_exactly_once(host).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -550,7 +554,6 @@ async fn a_30_s_outage_mid_drain_resumes_within_10_s_and_loses_nothing() {
 async fn a_frozen_server_is_noticed_within_the_command_timeout() {
     let cluster = OwnCluster::start();
     let drain = drain_on(&cluster, 20_000, "command_timeout = \"2s\"").await;
-    let total = drain.sent.len() as i64;
     let log_path = cluster.dir.join("host.log");
     let host = HostProcess::logging_to(&drain.config, std::fs::File::create(&log_path).unwrap());
     drain
@@ -579,11 +582,5 @@ async fn a_frozen_server_is_noticed_within_the_command_timeout() {
     cluster.thaw();
     let resumed = resumed_within(&drain, Duration::from_secs(10)).await;
     eprintln!("receiving resumed {resumed:?} after the server thawed");
-    drain
-        .wait_for("the drain ends", Duration::from_secs(120), |left, out| {
-            left == 0 && out >= total
-        })
-        .await;
-    host.stop();
-    assert_eq!(drain.account().await, (0, 0), "(lost, duplicated)");
+    drain.finish_exactly_once(host).await;
 }

@@ -195,66 +195,18 @@ fn the_highest_ranked_active_condition_decides_and_all_stay_visible() {
     );
 
     // Peel conditions off one at a time, most severe first.
-    let ladder: Vec<(Readings, (u8, u8))> = vec![
-        (
-            Readings {
-                process_memory: 0,
-                ..everything
-            },
-            (3, 9),
-        ),
-        (
-            Readings {
-                process_memory: 0,
-                in_process: 0,
-                ..everything
-            },
-            (9, 9),
-        ),
-        (
-            Readings {
-                process_memory: 0,
-                in_process: 0,
-                threads: 0,
-                ..everything
-            },
-            (5, 6),
-        ),
-        (
-            Readings {
-                process_memory: 0,
-                in_process: 0,
-                threads: 0,
-                database_size: 0,
-                ..everything
-            },
-            (5, 5),
-        ),
-        (
-            Readings {
-                process_memory: 0,
-                in_process: 0,
-                threads: 0,
-                database_size: 0,
-                system_memory_used: 0,
-                ..everything
-            },
-            (8, 8),
-        ),
-        (
-            Readings {
-                process_memory: 0,
-                in_process: 0,
-                threads: 0,
-                database_size: 0,
-                system_memory_used: 0,
-                database_sessions: 0,
-                ..everything
-            },
-            (10, 11),
-        ),
+    type PeelOff = fn(&mut Readings);
+    let ladder: [(PeelOff, (u8, u8)); 6] = [
+        (|r| r.process_memory = 0, (3, 9)),
+        (|r| r.in_process = 0, (9, 9)),
+        (|r| r.threads = 0, (5, 6)),
+        (|r| r.database_size = 0, (5, 5)),
+        (|r| r.system_memory_used = 0, (8, 8)),
+        (|r| r.database_sessions = 0, (10, 11)),
     ];
-    for (readings, expected) in ladder {
+    let mut readings = everything;
+    for (peel_off, expected) in ladder {
+        peel_off(&mut readings);
         let mut c = controller();
         c.set_override(Direction::Delivery, OverrideMode::Throttle);
         c.set_override(Direction::Publishing, OverrideMode::Throttle);
@@ -896,6 +848,14 @@ fn an_idle_queue_is_not_pinned_by_a_resource_high_for_reasons_of_its_own() {
     assert_eq!(d.delivery.state, 0);
 }
 
+/// The ceiling held receives back on process memory, which had room for `room` messages.
+fn memory_held(room: u64) -> CeilingHolds {
+    CeilingHolds {
+        process_memory: Some(room),
+        ..CeilingHolds::default()
+    }
+}
+
 #[test]
 fn receives_held_by_the_memory_ceiling_show_as_memory_pressure_below_the_line() {
     let mut c = controller();
@@ -904,10 +864,7 @@ fn receives_held_by_the_memory_ceiling_show_as_memory_pressure_below_the_line() 
     let held = Readings {
         process_memory: threshold / 100 * 95,
         in_process: 10,
-        held: CeilingHolds {
-            process_memory: Some(10),
-            ..CeilingHolds::default()
-        },
+        held: memory_held(10),
         ..quiet()
     };
     let d = c.tick(secs(0.5), &held, &queues());
@@ -972,10 +929,7 @@ fn the_memory_ceilings_room_becomes_the_limit_shared_by_max_and_lasts_while_it_h
     let held = Readings {
         process_memory: threshold / 100 * 97,
         in_process: 14,
-        held: CeilingHolds {
-            process_memory: Some(12),
-            ..CeilingHolds::default()
-        },
+        held: memory_held(12),
         ..quiet()
     };
     let d = c.tick(secs(0.5), &held, &load(11, 3));
@@ -987,10 +941,7 @@ fn the_memory_ceilings_room_becomes_the_limit_shared_by_max_and_lasts_while_it_h
     assert_eq!(d.delivery.state, 4);
     // More room measured (smaller messages): the limit does not grow while memory holds...
     let roomier = Readings {
-        held: CeilingHolds {
-            process_memory: Some(40),
-            ..CeilingHolds::default()
-        },
+        held: memory_held(40),
         ..held
     };
     let d = c.tick(secs(1.0), &roomier, &load(9, 3));

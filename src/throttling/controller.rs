@@ -359,6 +359,31 @@ fn resource_conditions() -> impl Iterator<Item = Condition> {
         .filter(|c| !matches!(c, Condition::RateImbalance | Condition::Override))
 }
 
+/// What one direction's decision this tick depends on besides its conditions.
+struct DirectionTick<'a> {
+    direction: Direction,
+    now: Duration,
+    /// Seconds since the last tick.
+    dt: f64,
+    /// Throttling applies to this direction (enabled, not overridden to never).
+    applies: bool,
+    rates: RateReading,
+    /// How fast the stored backlog drains, when measured.
+    drain: Option<f64>,
+    /// The stored backlog grew since the last tick.
+    backlog_growing: bool,
+    config: &'a crate::config::DirectionConfig,
+}
+
+impl DirectionTick<'_> {
+    /// Whether `c` paces publishing against the backlog's drain instead of delaying it.
+    fn paced_by_drain(&self, c: &ConditionStatus) -> bool {
+        self.direction == Direction::Publishing
+            && c.condition.paces_publishing()
+            && self.drain.is_some()
+    }
+}
+
 /// Where the delivery limits stand this tick.
 struct LimitPressure {
     /// Worst value / threshold among shrinking conditions above their threshold.
@@ -605,6 +630,7 @@ impl Controller {
         (limits, reduced)
     }
 
+    /// One direction's decision: delay, pace and state, from its conditions.
     fn decide(
         &mut self,
         direction: Direction,
@@ -613,54 +639,70 @@ impl Controller {
         readings: &Readings,
         limits_reduced: bool,
     ) -> DirectionDecision {
-        let dir_config = self.direction_config(direction).clone();
-        let rates = readings.rates(direction);
-        let conditions = self.conditions(direction, now, readings, &dir_config);
+        let config = self.direction_config(direction).clone();
+        let conditions = self.conditions(direction, now, readings, &config);
         let applies = self.applies(direction);
+        let tick = DirectionTick {
+            direction,
+            now,
+            dt,
+            applies,
+            rates: readings.rates(direction),
+            drain: readings.database_drain_per_sec.filter(|d| *d > 0.0),
+            backlog_growing: self
+                .last_database_size
+                .is_some_and(|last| readings.database_size > last),
+            config: &config,
+        };
         let top = conditions
             .iter()
             .filter(|c| applies && c.active)
             .max_by_key(|c| c.condition.rank())
             .copied();
-        let drain = readings.database_drain_per_sec.filter(|d| *d > 0.0);
-        let backlog_growing = self
-            .last_database_size
-            .is_some_and(|last| readings.database_size > last);
-        let paced_by_drain = |c: &ConditionStatus| {
-            direction == Direction::Publishing && c.condition.paces_publishing() && drain.is_some()
-        };
+        self.update_delay(&tick, top);
+        let pace = self.update_pace(&tick, &conditions);
+        self.update_state(&tick, top, conditions, pace, limits_reduced)
+    }
 
-        // Delay: the top condition, unless it paces instead.
-        let delay_cause =
-            top.filter(|c| c.condition != Condition::RateImbalance && !paced_by_drain(c));
-        let severity = delay_cause.map_or(0, |c| self.severity(c.condition, direction));
+    /// The delay: the top condition's, unless it paces instead; relaxing when none holds.
+    fn update_delay(&mut self, tick: &DirectionTick, top: Option<ConditionStatus>) {
+        let cause =
+            top.filter(|c| c.condition != Condition::RateImbalance && !tick.paced_by_drain(c));
+        let severity = cause.map_or(0, |c| self.severity(c.condition, tick.direction));
         let initial = self.config.initial_delay;
-        let idx = direction.index();
-        let st = &mut self.directions[idx];
-        match delay_cause {
+        let st = &mut self.directions[tick.direction.index()];
+        match cause {
             Some(c) => {
                 let e = condition_overage(&c);
-                let cap = dir_config.max_delay.as_secs_f64();
-                st.integral = law::integrate(st.integral, e, dt, cap, severity);
-                st.delay = law::delay(initial, severity, e, st.integral, dir_config.max_delay);
+                let cap = tick.config.max_delay.as_secs_f64();
+                st.integral = law::integrate(st.integral, e, tick.dt, cap, severity);
+                st.delay = law::delay(initial, severity, e, st.integral, tick.config.max_delay);
             }
-            _ => {
+            None => {
                 st.integral = 0.0;
-                st.delay = if applies {
+                st.delay = if tick.applies {
                     law::relax_delay(st.delay)
                 } else {
                     Duration::ZERO
                 };
             }
         }
+    }
 
-        // Pace: the strictest of drain pacing and rate pacing, relaxing when neither holds.
+    /// The pace: the strictest of drain pacing and rate pacing, relaxing when neither holds.
+    /// Returns the interval between admissions, if any.
+    fn update_pace(
+        &mut self,
+        tick: &DirectionTick,
+        conditions: &[ConditionStatus],
+    ) -> Option<Duration> {
+        let rates = tick.rates;
         let mut target: Option<f64> = None;
-        for c in conditions.iter().filter(|c| applies && c.active) {
-            let rate = if paced_by_drain(c) {
-                drain.map(|d| law::paced_rate(d, condition_overage(c)))
+        for c in conditions.iter().filter(|c| tick.applies && c.active) {
+            let rate = if tick.paced_by_drain(c) {
+                tick.drain.map(|d| law::paced_rate(d, condition_overage(c)))
             } else if c.condition == Condition::RateImbalance {
-                Some(rates.recent_outgoing_per_sec * dir_config.overdrive_percent as f64 / 100.0)
+                Some(rates.recent_outgoing_per_sec * tick.config.overdrive_percent as f64 / 100.0)
                     .filter(|r| *r > 0.0)
             } else {
                 None
@@ -669,13 +711,14 @@ impl Controller {
                 target = Some(target.map_or(r, |t: f64| t.min(r)));
             }
         }
-        st.pace_rate = match (applies, target, st.pace_rate) {
+        let st = &mut self.directions[tick.direction.index()];
+        st.pace_rate = match (tick.applies, target, st.pace_rate) {
             (false, _, _) => None,
             (true, Some(t), _) => Some(t),
             (true, None, Some(p)) => {
                 let mut next = p * law::PACE_RELAX_GROWTH;
                 let passes_within_a_sample =
-                    |rate: f64| rates.waiting as f64 <= rate * dt.max(0.05);
+                    |rate: f64| rates.waiting as f64 <= rate * tick.dt.max(0.05);
                 // After a cause that paces against the drain, the requests that waited it out
                 // are let in no faster than the backlog drains, with room to spare only as far
                 // as its resource is below the threshold (the drain law, not a free release),
@@ -686,10 +729,10 @@ impl Controller {
                 let relaxing_from = st.cause.and_then(|cause| {
                     conditions
                         .iter()
-                        .find(|c| c.condition == cause && paced_by_drain(c))
+                        .find(|c| c.condition == cause && tick.paced_by_drain(c))
                 });
-                if let (Some(c), Some(d)) = (relaxing_from, drain)
-                    && backlog_growing
+                if let (Some(c), Some(d)) = (relaxing_from, tick.drain)
+                    && tick.backlog_growing
                     && !passes_within_a_sample(p)
                 {
                     next = next.min(law::paced_rate(d, condition_overage(c)));
@@ -701,20 +744,30 @@ impl Controller {
             }
             (true, None, None) => None,
         };
-        let pace = st
-            .pace_rate
-            .and_then(|r| law::pace_interval(r, dir_config.max_delay));
+        st.pace_rate
+            .and_then(|r| law::pace_interval(r, tick.config.max_delay))
+    }
 
-        // State: the top cause, or the last cause while its actions relax.
+    /// The state: the top cause, or the last cause while its actions relax.
+    fn update_state(
+        &mut self,
+        tick: &DirectionTick,
+        top: Option<ConditionStatus>,
+        conditions: Vec<ConditionStatus>,
+        pace: Option<Duration>,
+        limits_reduced: bool,
+    ) -> DirectionDecision {
+        let (direction, now) = (tick.direction, tick.now);
+        let st = &mut self.directions[direction.index()];
         let acting = !st.delay.is_zero() || pace.is_some() || limits_reduced;
         let (cause, recovering) = match top {
             Some(c) => (Some(c.condition), false),
-            None if applies && acting && st.cause.is_some() => (st.cause, true),
+            None if tick.applies && acting && st.cause.is_some() => (st.cause, true),
             None => (None, false),
         };
         st.cause = cause;
         if cause.is_some_and(|c| c != Condition::RateImbalance) {
-            st.rate_quiet_until = now + dir_config.sampling_window;
+            st.rate_quiet_until = now + tick.config.sampling_window;
             st.rate_active = false;
         }
         let state = cause.and_then(|c| c.state_code(direction)).unwrap_or(0);
@@ -732,7 +785,7 @@ impl Controller {
             pace,
             pace_rate: pace.and(st.pace_rate),
             state_duration: now.saturating_sub(st.since),
-            override_mode: dir_config.override_mode,
+            override_mode: tick.config.override_mode,
             conditions,
         }
     }

@@ -21,12 +21,23 @@ type Problems = Vec<(String, String)>;
 pub fn validate(config: &Config) -> Problems {
     let mut problems = Problems::new();
     let mut add = |key: String, message: String| problems.push((key, message));
+    let instance = config.host.effective_instance_id();
+    validate_host(config, &instance, &mut add);
+    validate_transport(config, &instance, &mut add);
+    let mut names = HashSet::new();
+    for (i, q) in config.queues.iter().enumerate() {
+        validate_queue(i, q, &instance, &mut names, &mut add);
+    }
+    validate_throttling(&config.throttling, &mut add);
+    problems
+}
 
+/// `[host]` and `[admin]`.
+fn validate_host(config: &Config, instance: &str, add: &mut impl FnMut(String, String)) {
     if config.host.name.trim().is_empty() {
         add("host.name".into(), "must not be empty".into());
     }
-    let instance = config.host.effective_instance_id();
-    if let Err(e) = validate_queue_name(&instance) {
+    if let Err(e) = validate_queue_name(instance) {
         add("host.instance_id".into(), e);
     }
     if config.host.worker_threads > MAX_WORKER_THREADS {
@@ -64,7 +75,10 @@ pub fn validate(config: &Config) -> Problems {
             }
         }
     }
+}
 
+/// `[transport]`, with what the queues ask of it.
+fn validate_transport(config: &Config, instance: &str, add: &mut impl FnMut(String, String)) {
     let t = &config.transport;
     if t.kind != TransportKind::Memory && t.connection_string.is_empty() {
         add(
@@ -123,7 +137,7 @@ pub fn validate(config: &Config) -> Problems {
     if t.kind == TransportKind::Postgres {
         let mut seen = HashSet::new();
         for (i, q) in config.queues.iter().enumerate() {
-            for (field, table) in q.tables(&instance) {
+            for (field, table) in q.tables(instance) {
                 if let Err(e) = validate_postgres_table_name(&table)
                     && seen.insert(table)
                 {
@@ -132,14 +146,6 @@ pub fn validate(config: &Config) -> Problems {
             }
         }
     }
-
-    let mut names = HashSet::new();
-    for (i, q) in config.queues.iter().enumerate() {
-        validate_queue(i, q, &instance, &mut names, &mut add);
-    }
-
-    validate_throttling(&config.throttling, &mut add);
-    problems
 }
 
 fn kind_name(kind: TransportKind) -> &'static str {
@@ -216,6 +222,15 @@ fn validate_queue(
             "must be at least 1".into(),
         );
     }
+    validate_handler(q, &key, add);
+}
+
+/// A queue's `[queues.handler]`.
+fn validate_handler(
+    q: &QueueConfig,
+    key: &impl Fn(&str) -> String,
+    add: &mut impl FnMut(String, String),
+) {
     match &q.handler {
         Some(HandlerConfig::Simulate(s)) => {
             if !(0.0..=1.0).contains(&s.failure_rate) {

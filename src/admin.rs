@@ -321,38 +321,10 @@ async fn ingest(
             );
         }
     };
-    let mut message = OutgoingMessage::new(body.to_vec());
-    if let Some(ttbr) = query.ttbr {
-        let parsed = humantime::parse_duration(ttbr.trim())
-            .map_err(|e| format!("`{ttbr}` is not a duration ({e}); write for example 30s or 5m"))
-            .and_then(crate::message::check_time_to_be_received);
-        match parsed {
-            Ok(d) => message = message.with_time_to_be_received(d),
-            Err(e) => return error(StatusCode::BAD_REQUEST, format!("ttbr: {e}")),
-        }
-    }
-    if let Some(ct) = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    {
-        message = message.with_header("NServiceBus.ContentType", ct);
-    }
-    for (name, value) in &headers {
-        let Some(header_name) = name.as_str().strip_prefix(HEADER_PREFIX) else {
-            continue;
-        };
-        match value.to_str() {
-            Ok(v) => message = message.with_header(header_name, v),
-            Err(_) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "header `{name}` is not visible ASCII; send UTF-8 values in the body instead"
-                    ),
-                );
-            }
-        }
-    }
+    let message = match ingested_message(body.to_vec(), query.ttbr.as_deref(), &headers) {
+        Ok(m) => m,
+        Err(denied) => return *denied,
+    };
     let id = message.logical_id();
     let (publisher, runtime) = (host.publisher(), host.runtime());
     let sent = on_host(&runtime, {
@@ -374,6 +346,53 @@ async fn ingest(
             format!("could not store the message: {e}"),
         ),
     }
+}
+
+/// The message an ingest request describes: the body, `?ttbr=`, `Content-Type` as
+/// `NServiceBus.ContentType`, and every `X-Header-<Name>` header.
+fn ingested_message(
+    body: Vec<u8>,
+    ttbr: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<OutgoingMessage, Box<Response>> {
+    let mut message = OutgoingMessage::new(body);
+    if let Some(ttbr) = ttbr {
+        let parsed = humantime::parse_duration(ttbr.trim())
+            .map_err(|e| format!("`{ttbr}` is not a duration ({e}); write for example 30s or 5m"))
+            .and_then(crate::message::check_time_to_be_received);
+        match parsed {
+            Ok(d) => message = message.with_time_to_be_received(d),
+            Err(e) => {
+                return Err(Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    format!("ttbr: {e}"),
+                )));
+            }
+        }
+    }
+    if let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
+        message = message.with_header("NServiceBus.ContentType", ct);
+    }
+    for (name, value) in headers {
+        let Some(header_name) = name.as_str().strip_prefix(HEADER_PREFIX) else {
+            continue;
+        };
+        match value.to_str() {
+            Ok(v) => message = message.with_header(header_name, v),
+            Err(_) => {
+                return Err(Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "header `{name}` is not visible ASCII; send UTF-8 values in the body instead"
+                    ),
+                )));
+            }
+        }
+    }
+    Ok(message)
 }
 
 #[derive(Debug, Deserialize)]

@@ -93,35 +93,8 @@ fn round1(x: f64) -> f64 {
 
 /// Builds the summary of a run.
 pub fn summarize(run: &RunResult) -> Summary {
-    let mut states: BTreeMap<&'static str, BTreeMap<String, f64>> = BTreeMap::new();
-    let mut max_delay: BTreeMap<&'static str, f64> = BTreeMap::new();
-    let mut min_limit: BTreeMap<String, u32> = BTreeMap::new();
-    let mut peak_rss = 0;
-    let mut previous_t = 0.0;
-    for s in &run.samples {
-        let dt = s.t - previous_t;
-        previous_t = s.t;
-        for direction in Direction::ALL {
-            let d = s.snapshot.decision.direction(direction);
-            *states
-                .entry(direction.name())
-                .or_default()
-                .entry(d.state.to_string())
-                .or_default() += dt;
-            let wait = max_delay.entry(direction.name()).or_default();
-            *wait = wait.max(d.effective_wait().as_secs_f64());
-        }
-        peak_rss = peak_rss.max(s.snapshot.readings.process_memory);
-        for (name, limit, _, _) in &s.queues {
-            let m = min_limit.entry(name.clone()).or_insert(*limit);
-            *m = (*m).min(*limit);
-        }
-    }
-    for per_direction in states.values_mut() {
-        for seconds in per_direction.values_mut() {
-            *seconds = round1(*seconds);
-        }
-    }
+    let observed = Observed::of(run);
+    let states = observed.states;
     let seen = |direction: &str, code: &u8| {
         states
             .get(direction)
@@ -147,6 +120,8 @@ pub fn summarize(run: &RunResult) -> Summary {
                 .map(|c| format!("{direction}:{c}")),
         );
     }
+    let (max_delay, peak_rss, min_limit) =
+        (observed.max_delay, observed.peak_rss, observed.min_limit);
     let a = &run.accounting;
     let done = a.processed + a.in_error_queue + a.expired + a.poison;
     let throughput = if run.busy_seconds > 0.0 {
@@ -196,6 +171,55 @@ pub fn summarize(run: &RunResult) -> Summary {
         passed: expectations_met && control_violations.is_empty() && run.cleared && a.lost == 0,
         episodes,
         control_violations,
+    }
+}
+
+/// What a run's samples show: seconds in each state per direction (rounded to 0.1 s), the
+/// longest wait per direction, peak RSS, and each queue's lowest limit.
+struct Observed {
+    states: BTreeMap<&'static str, BTreeMap<String, f64>>,
+    max_delay: BTreeMap<&'static str, f64>,
+    peak_rss: u64,
+    min_limit: BTreeMap<String, u32>,
+}
+
+impl Observed {
+    fn of(run: &RunResult) -> Self {
+        let mut states: BTreeMap<&'static str, BTreeMap<String, f64>> = BTreeMap::new();
+        let mut max_delay: BTreeMap<&'static str, f64> = BTreeMap::new();
+        let mut min_limit: BTreeMap<String, u32> = BTreeMap::new();
+        let mut peak_rss = 0;
+        let mut previous_t = 0.0;
+        for s in &run.samples {
+            let dt = s.t - previous_t;
+            previous_t = s.t;
+            for direction in Direction::ALL {
+                let d = s.snapshot.decision.direction(direction);
+                *states
+                    .entry(direction.name())
+                    .or_default()
+                    .entry(d.state.to_string())
+                    .or_default() += dt;
+                let wait = max_delay.entry(direction.name()).or_default();
+                *wait = wait.max(d.effective_wait().as_secs_f64());
+            }
+            peak_rss = peak_rss.max(s.snapshot.readings.process_memory);
+            for (name, limit, _, _) in &s.queues {
+                let m = min_limit.entry(name.clone()).or_insert(*limit);
+                *m = (*m).min(*limit);
+            }
+        }
+        for per_direction in states.values_mut() {
+            for seconds in per_direction.values_mut() {
+                *seconds = round1(*seconds);
+            }
+        }
+        Observed {
+            states,
+            max_delay,
+            peak_rss,
+            min_limit,
+        }
     }
 }
 

@@ -163,129 +163,27 @@ impl HostBuilder {
             None => transport::connect(&config.transport).await?,
         };
         let instance = config.host.effective_instance_id();
-        let identity = HostIdentity::new(&config.host.name, &instance);
         metrics.host_info(&config.host.name, &instance, &transport.describe());
-        let host_metrics = metrics.host();
-        let throttle = Arc::new(Throttle::new(
-            host_metrics.delivery.wait.clone(),
-            host_metrics.publishing.wait.clone(),
-        ));
-        let publisher = Arc::new(Publisher::new(
-            transport.clone(),
-            throttle.clone(),
-            metrics.clone(),
-        ));
-        let dispatcher = Arc::new(Dispatcher::new(
-            publisher.clone(),
-            throttle.clone(),
-            config.transport.transaction_mode,
-            identity,
-            self.observer,
-        ));
+        let identity = HostIdentity::new(&config.host.name, &instance);
+        let (throttle, publisher, dispatcher) =
+            message_path(&config, &transport, &metrics, identity, self.observer);
 
-        let mut queues = Vec::new();
-        let mut to_create: Vec<QueueName> = Vec::new();
-        let mut error_queues = HashSet::new();
-        for qc in &config.queues {
-            let (handler, simulate) = match self.handlers.get(&qc.name) {
-                Some(h) => (h.clone(), None),
-                None => match &qc.handler {
-                    Some(hc) => {
-                        let built = handlers::build(hc)?;
-                        (built.handler, built.simulate)
-                    }
-                    None => {
-                        return Err(HostError::Config(format!(
-                            "queue `{}` has no handler: set [queues.handler] in the configuration or register one with HostBuilder::handler",
-                            qc.name
-                        )));
-                    }
-                },
-            };
-            let name = QueueName::new(&qc.name)?;
-            let error_queue = QueueName::new(&qc.error_queue)?;
-            if let Some(HandlerConfig::Forward(f)) = &qc.handler {
-                to_create.push(QueueName::new(&f.to)?);
-            }
-            to_create.push(name.clone());
-            to_create.push(error_queue.clone());
-            error_queues.insert(error_queue.clone());
-            let mut receivers = vec![(name.clone(), qc.concurrency.max)];
-            if qc.instance_queue.enabled {
-                let instance_queue = QueueName::new(&qc.instance_queue_name(&instance))?;
-                to_create.push(instance_queue.clone());
-                receivers.push((instance_queue, qc.instance_queue.max_concurrency));
-            }
-            for (queue_name, max) in receivers {
-                queues.push(Arc::new(QueueRuntime::new(
-                    queue_name.clone(),
-                    error_queue.clone(),
-                    qc.concurrency.model,
-                    QueueSettings::from_config(qc, max),
-                    handler.clone(),
-                    simulate.clone(),
-                    metrics.queue(queue_name.as_str()),
-                )));
-            }
-        }
+        let QueuePlan {
+            queues,
+            mut to_create,
+            error_queues,
+        } = plan_queues(&config, &self.handlers, &metrics, &instance)?;
 
-        if config.host.create_queues {
-            to_create.sort();
-            to_create.dedup();
-            for q in &to_create {
-                transport.create_queue(q).await.map_err(|e| match e {
-                    // Not a problem with the queue: the caller may wait for the database.
-                    TransportError::Connection(_) | TransportError::PoolTimeout { .. } => {
-                        HostError::Transport(e)
-                    }
-                    e => HostError::Config(format!(
-                        "cannot create queue `{q}`: {e} (create the queues with a privileged account, then set host.create_queues = false)"
-                    )),
-                })?;
-            }
-        }
+        to_create.sort();
+        to_create.dedup();
         let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
-        let warnings = transport
-            .startup_checks(&receive_names)
-            .await
-            .map_err(|e| HostError::Config(e.to_string()))?;
-        for warning in warnings {
-            tracing::warn!("{warning}");
-        }
-        let total_concurrency: u64 = queues.iter().map(|q| q.settings().max as u64).sum();
-        if total_concurrency + 1 > config.transport.pool_size as u64 {
-            tracing::warn!(
-                pool_size = config.transport.pool_size,
-                total_concurrency,
-                "transport.pool_size is below the queues' total max concurrency + 1: receives will wait for connections"
-            );
-        }
-        if config.transport.kind == TransportKind::Memory {
-            tracing::warn!(
-                "memory transport: queues live inside this process and are lost when it exits"
-            );
-        }
-        if config.transport.purge_expired_on_startup {
-            for q in &receive_names {
-                match transport.purge_expired(q).await {
-                    Ok(n) if n > 0 => {
-                        tracing::info!(queue = %q, purged = n, "expired messages purged at start-up")
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(queue = %q, error = %e, "purging expired messages failed")
-                    }
-                }
-            }
-        }
+        prepare_transport(&config, transport.as_ref(), &to_create, &queues).await?;
 
         let sensor = self.sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
         let control = Arc::new(ThrottleControl::new(
             config.throttling.clone(),
             sensor.machine(),
         ));
-        let clock = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
-        let service_stop = CancellationToken::new();
         let adapter = Arc::new(probe::HostAdapter {
             queues: queues.clone(),
             dispatcher: dispatcher.clone(),
@@ -296,43 +194,17 @@ impl HostBuilder {
             runtime: tokio::runtime::Handle::current(),
             refreshing: Arc::default(),
         });
-        // Cancelled when the controller's loop ends for any reason, a panic included (the guard
-        // drops while unwinding): a host must not run on without its controller.
-        let controller_ended = CancellationToken::new();
-        let service_task = {
-            let ended = controller_ended.clone().drop_guard();
-            let run = service::run(
-                ServiceParts {
-                    control: control.clone(),
-                    sensor,
-                    clock,
-                    throttle: throttle.clone(),
-                    probe: adapter.clone(),
-                    limits: adapter,
-                    metrics: metrics.clone(),
-                },
-                service_stop.clone(),
-            );
-            crate::isolate::spawn_isolated("throttling", async move {
-                let _ended = ended;
-                run.await;
-            })
-        };
-
-        let receive_ctx = Arc::new(ReceiveContext {
-            transport: transport.clone(),
-            dispatcher: dispatcher.clone(),
+        let controller = start_controller(ServiceParts {
+            control: control.clone(),
+            sensor,
+            clock: self.clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
             throttle: throttle.clone(),
-            stop: CancellationToken::new(),
-            abort: CancellationToken::new(),
-            tasks: TaskTracker::new(),
+            probe: adapter.clone(),
+            limits: adapter,
+            metrics: metrics.clone(),
         });
-        for q in &queues {
-            // The publisher counts this host's sends into the queue's depth between reads.
-            publisher.track_depth(&q.name, q.depth.clone());
-            receive::start(q.clone(), receive_ctx.clone());
-        }
 
+        let receive_ctx = start_receiving(&queues, &transport, &dispatcher, &throttle, &publisher);
         let mut known_queues: HashSet<QueueName> = to_create.into_iter().collect();
         known_queues.extend(receive_names);
         // Every counter exists from the start (at 0), so a dashboard panel never says
@@ -357,41 +229,10 @@ impl HostBuilder {
             started: Instant::now(),
         });
 
-        let admin = {
-            let address = inner.config.load().host.admin_address.clone();
-            if self.serve_admin && !address.trim().eq_ignore_ascii_case("off") {
-                let addr: SocketAddr = address.parse().map_err(|_| {
-                    HostError::Config(format!("host.admin_address `{address}` is not an address"))
-                })?;
-                // Bound here (so a taken port fails the start), served on its own thread, so
-                // /status and /metrics answer while handlers saturate the workers.
-                let listener = std::net::TcpListener::bind(addr)
-                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                    .map_err(|source| HostError::Admin {
-                        address: address.clone(),
-                        source,
-                    })?;
-                let local = listener
-                    .local_addr()
-                    .map_err(|source| HostError::Admin { address, source })?;
-                let stop = CancellationToken::new();
-                let task = crate::isolate::spawn_isolated(
-                    "throttlehost-admin",
-                    crate::admin::serve(
-                        listener,
-                        inner.clone() as Arc<dyn crate::admin::AdminState>,
-                        stop.clone(),
-                    ),
-                );
-                tracing::info!(address = %local, "admin endpoint listening (/metrics /status /healthz /readyz)");
-                Some(AdminServer {
-                    address: local,
-                    stop,
-                    task,
-                })
-            } else {
-                None
-            }
+        let admin = if self.serve_admin {
+            serve_admin(&inner)?
+        } else {
+            None
         };
 
         tracing::info!(
@@ -403,12 +244,256 @@ impl HostBuilder {
         );
         Ok(Host {
             inner,
-            service_stop,
-            service_task,
-            controller_ended,
+            service_stop: controller.stop,
+            service_task: controller.task,
+            controller_ended: controller.ended,
             admin,
         })
     }
+}
+
+/// The receiving queues a configuration asks for, and the tables they need.
+struct QueuePlan {
+    /// One runtime per receiving queue (an instance queue is a queue of its own).
+    queues: Vec<Arc<QueueRuntime>>,
+    /// Input, instance, error and forward queues, to create at start.
+    to_create: Vec<QueueName>,
+    /// The error queues, whose depth counts as database size only when configured.
+    error_queues: HashSet<QueueName>,
+}
+
+/// Builds each queue's runtime with its handler: one registered with the builder, else the
+/// configured one.
+fn plan_queues(
+    config: &Config,
+    registered: &HashMap<String, Arc<dyn Handler>>,
+    metrics: &Metrics,
+    instance: &str,
+) -> Result<QueuePlan, HostError> {
+    let mut queues = Vec::new();
+    let mut to_create: Vec<QueueName> = Vec::new();
+    let mut error_queues = HashSet::new();
+    for qc in &config.queues {
+        let (handler, simulate) = match registered.get(&qc.name) {
+            Some(h) => (h.clone(), None),
+            None => match &qc.handler {
+                Some(hc) => {
+                    let built = handlers::build(hc)?;
+                    (built.handler, built.simulate)
+                }
+                None => {
+                    return Err(HostError::Config(format!(
+                        "queue `{}` has no handler: set [queues.handler] in the configuration or register one with HostBuilder::handler",
+                        qc.name
+                    )));
+                }
+            },
+        };
+        let name = QueueName::new(&qc.name)?;
+        let error_queue = QueueName::new(&qc.error_queue)?;
+        if let Some(HandlerConfig::Forward(f)) = &qc.handler {
+            to_create.push(QueueName::new(&f.to)?);
+        }
+        to_create.push(name.clone());
+        to_create.push(error_queue.clone());
+        error_queues.insert(error_queue.clone());
+        let mut receivers = vec![(name.clone(), qc.concurrency.max)];
+        if qc.instance_queue.enabled {
+            let instance_queue = QueueName::new(&qc.instance_queue_name(instance))?;
+            to_create.push(instance_queue.clone());
+            receivers.push((instance_queue, qc.instance_queue.max_concurrency));
+        }
+        for (queue_name, max) in receivers {
+            queues.push(Arc::new(QueueRuntime::new(
+                queue_name.clone(),
+                error_queue.clone(),
+                qc.concurrency.model,
+                QueueSettings::from_config(qc, max),
+                handler.clone(),
+                simulate.clone(),
+                metrics.queue(queue_name.as_str()),
+            )));
+        }
+    }
+
+    Ok(QueuePlan {
+        queues,
+        to_create,
+        error_queues,
+    })
+}
+
+/// Creates the queues (when configured), runs the transport's start-up checks, warns about
+/// settings that cannot work well, and purges expired messages (when configured).
+async fn prepare_transport(
+    config: &Config,
+    transport: &dyn Transport,
+    to_create: &[QueueName],
+    queues: &[Arc<QueueRuntime>],
+) -> Result<(), HostError> {
+    if config.host.create_queues {
+        for q in to_create {
+            transport.create_queue(q).await.map_err(|e| match e {
+                    // Not a problem with the queue: the caller may wait for the database.
+                    TransportError::Connection(_) | TransportError::PoolTimeout { .. } => {
+                        HostError::Transport(e)
+                    }
+                    e => HostError::Config(format!(
+                        "cannot create queue `{q}`: {e} (create the queues with a privileged account, then set host.create_queues = false)"
+                    )),
+                })?;
+        }
+    }
+    let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
+    let warnings = transport
+        .startup_checks(&receive_names)
+        .await
+        .map_err(|e| HostError::Config(e.to_string()))?;
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    let total_concurrency: u64 = queues.iter().map(|q| q.settings().max as u64).sum();
+    if total_concurrency + 1 > config.transport.pool_size as u64 {
+        tracing::warn!(
+            pool_size = config.transport.pool_size,
+            total_concurrency,
+            "transport.pool_size is below the queues' total max concurrency + 1: receives will wait for connections"
+        );
+    }
+    if config.transport.kind == TransportKind::Memory {
+        tracing::warn!(
+            "memory transport: queues live inside this process and are lost when it exits"
+        );
+    }
+    if config.transport.purge_expired_on_startup {
+        for q in &receive_names {
+            match transport.purge_expired(q).await {
+                Ok(n) if n > 0 => {
+                    tracing::info!(queue = %q, purged = n, "expired messages purged at start-up")
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(queue = %q, error = %e, "purging expired messages failed")
+                }
+            }
+        }
+    }
+
+    Ok(())
+}
+
+/// The path a message takes, shared by every queue: the throttle both directions wait on,
+/// the publisher every send goes through, and the dispatcher that runs handlers.
+fn message_path(
+    config: &Config,
+    transport: &Arc<dyn Transport>,
+    metrics: &Metrics,
+    identity: HostIdentity,
+    observer: Option<Arc<dyn DispatchObserver>>,
+) -> (Arc<Throttle>, Arc<Publisher>, Arc<Dispatcher>) {
+    let host_metrics = metrics.host();
+    let throttle = Arc::new(Throttle::new(
+        host_metrics.delivery.wait.clone(),
+        host_metrics.publishing.wait.clone(),
+    ));
+    let publisher = Arc::new(Publisher::new(
+        transport.clone(),
+        throttle.clone(),
+        metrics.clone(),
+    ));
+    let dispatcher = Arc::new(Dispatcher::new(
+        publisher.clone(),
+        throttle.clone(),
+        config.transport.transaction_mode,
+        identity,
+        observer,
+    ));
+    (throttle, publisher, dispatcher)
+}
+
+/// Starts every queue's receiver; returns what they share (and what stops them).
+fn start_receiving(
+    queues: &[Arc<QueueRuntime>],
+    transport: &Arc<dyn Transport>,
+    dispatcher: &Arc<Dispatcher>,
+    throttle: &Arc<Throttle>,
+    publisher: &Publisher,
+) -> Arc<ReceiveContext> {
+    let receive_ctx = Arc::new(ReceiveContext {
+        transport: transport.clone(),
+        dispatcher: dispatcher.clone(),
+        throttle: throttle.clone(),
+        stop: CancellationToken::new(),
+        abort: CancellationToken::new(),
+        tasks: TaskTracker::new(),
+    });
+    for q in queues {
+        // The publisher counts this host's sends into the queue's depth between reads.
+        publisher.track_depth(&q.name, q.depth.clone());
+        receive::start(q.clone(), receive_ctx.clone());
+    }
+    receive_ctx
+}
+
+/// The throttling service of a running host.
+struct RunningController {
+    /// Stops the service.
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    /// Cancelled when the service's loop ends for any reason, a panic included.
+    ended: CancellationToken,
+}
+
+/// Starts the throttling service on a thread of its own.
+fn start_controller(parts: ServiceParts) -> RunningController {
+    let stop = CancellationToken::new();
+    // Cancelled when the controller's loop ends for any reason, a panic included (the guard
+    // drops while unwinding): a host must not run on without its controller.
+    let ended = CancellationToken::new();
+    let guard = ended.clone().drop_guard();
+    let run = service::run(parts, stop.clone());
+    let task = crate::isolate::spawn_isolated("throttling", async move {
+        let _ended = guard;
+        run.await;
+    });
+    RunningController { stop, task, ended }
+}
+
+/// Binds the admin endpoint (a taken port fails the start) and serves it on a thread of its
+/// own, so /status and /metrics answer while handlers saturate the workers. None when
+/// `host.admin_address` is "off".
+fn serve_admin(inner: &Arc<HostInner>) -> Result<Option<AdminServer>, HostError> {
+    let address = inner.config.load().host.admin_address.clone();
+    if address.trim().eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let addr: SocketAddr = address.parse().map_err(|_| {
+        HostError::Config(format!("host.admin_address `{address}` is not an address"))
+    })?;
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|source| HostError::Admin {
+            address: address.clone(),
+            source,
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| HostError::Admin { address, source })?;
+    let stop = CancellationToken::new();
+    let task = crate::isolate::spawn_isolated(
+        "throttlehost-admin",
+        crate::admin::serve(
+            listener,
+            inner.clone() as Arc<dyn crate::admin::AdminState>,
+            stop.clone(),
+        ),
+    );
+    tracing::info!(address = %local, "admin endpoint listening (/metrics /status /healthz /readyz)");
+    Ok(Some(AdminServer {
+        address: local,
+        stop,
+        task,
+    }))
 }
 
 struct AdminServer {

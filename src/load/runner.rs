@@ -344,21 +344,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     let sample_interval = config.throttling.sample_interval;
     let resume_ratio = config.throttling.resume_ratio;
     let transport: Arc<dyn Transport> = transport::connect(&config.transport).await?;
-    let queue_names: Vec<QueueName> = scenario
-        .queues
-        .iter()
-        .map(|q| QueueName::new(&q.name))
-        .collect::<Result<_, _>>()?;
-    let mut error_queues: Vec<QueueName> = Vec::new();
-    for q in &scenario.queues {
-        error_queues.push(QueueName::new(&q.error_queue)?);
-    }
-    // A database keeps what earlier runs left: start from fresh, empty tables.
-    if config.transport.kind != TransportKind::Memory {
-        for q in queue_names.iter().chain(error_queues.iter()) {
-            transport.reset_queue(q).await?;
-        }
-    }
+    let queue_names = fresh_tables(scenario, &config, transport.as_ref()).await?;
     let ledger = Arc::new(Ledger::new(options.track_ids));
     let body = vec![b'x'; scenario.message_size.bytes() as usize];
     if scenario.prefill > 0 {
@@ -376,152 +362,26 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     if let Some(addr) = host.admin_address() {
         tracing::info!("status: http://{addr}/status  metrics: http://{addr}/metrics");
     }
-
     let started = Instant::now();
-    let recorder = Recorder::start(&inner, started, ledger.clone());
-    let mut shown_at = f64::NEG_INFINITY;
-    let mut spans: Vec<PhaseSpan> = Vec::new();
-    let sends = TaskTracker::new();
-    let outstanding = Arc::new(Semaphore::new(MAX_OUTSTANDING_SENDS));
-    let total = options.repeat_for;
-    let mut round = 0u32;
-    'rounds: loop {
-        for (index, phase) in scenario.phases.iter().enumerate() {
-            if options.stop.is_cancelled() || total.is_some_and(|t| started.elapsed() >= t) {
-                break 'rounds;
-            }
-            let queue = first_queue(scenario, phase);
-            apply_phase(&inner, phase, &queue);
-            let phase_stop = options.stop.child_token();
-            let length = phase.duration.mul_f64(options.duration_scale.max(0.0));
-            let length = match total {
-                Some(t) => length.min(t.saturating_sub(started.elapsed())),
-                None => length,
-            };
-            let generator = tokio::spawn(generate(
-                inner.clone(),
-                queue,
-                phase.clone(),
-                length,
-                body.clone(),
-                ledger.clone(),
-                sends.clone(),
-                outstanding.clone(),
-                phase_stop.clone(),
-            ));
-            let start = started.elapsed().as_secs_f64();
-            let label = if round > 0 {
-                format!("{} (round {})", phase.name, round + 1)
-            } else {
-                phase.name.clone()
-            };
-            recorder.set_phase(&label);
-            let phase_end = Instant::now() + length;
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(sample_interval) => {}
-                    _ = options.stop.cancelled() => {}
-                }
-                show(
-                    options.display,
-                    &inner,
-                    &recorder,
-                    &label,
-                    (index, scenario.phases.len()),
-                    &ledger,
-                    host.admin_address(),
-                    &mut shown_at,
-                );
-                if options.stop.is_cancelled() || Instant::now() >= phase_end {
-                    break;
-                }
-                if phase.until_drained && generator.is_finished() && drained(&inner).await {
-                    break;
-                }
-            }
-            phase_stop.cancel();
-            let _ = generator.await;
-            spans.push(PhaseSpan {
-                name: label,
-                start,
-                end: started.elapsed().as_secs_f64(),
-            });
-        }
-        round += 1;
-        if !(options.repeat_forever || total.is_some()) && round >= scenario.rounds {
-            break;
-        }
-    }
-
-    // Offered sends finish (or fail) before draining starts.
-    sends.close();
-    if tokio::time::timeout(scenario.drain_timeout, sends.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("some sends did not finish within the drain timeout");
-    }
-    for direction in Direction::ALL {
-        inner.set_override(direction, OverrideMode::None);
-    }
-    // Stop holding memory and threads so the resource conditions can clear while the backlog
-    // drains; latency and failure rate stay as the last phase left them.
-    for q in inner.queues() {
-        if let Some(sim) = &q.simulate {
-            let mut knobs = sim.knobs();
-            knobs.memory_per_message = crate::config::ByteSize(0);
-            knobs.blocking = false;
-            sim.set_knobs(knobs);
-        }
-    }
-    let drain_start = started.elapsed().as_secs_f64();
-    recorder.set_phase("drain");
-    let drain_deadline = Instant::now() + scenario.drain_timeout;
-    while options.drain
-        && !drained(&inner).await
-        && Instant::now() < drain_deadline
-        && !options.stop.is_cancelled()
-    {
-        tokio::time::sleep(sample_interval).await;
-        show(
-            options.display,
-            &inner,
-            &recorder,
-            "drain",
-            (0, 0),
-            &ledger,
-            host.admin_address(),
-            &mut shown_at,
-        );
-    }
-    spans.push(PhaseSpan {
-        name: "drain".into(),
-        start: drain_start,
-        end: started.elapsed().as_secs_f64(),
-    });
-    let last_done = *ledger.last_done.lock().unwrap_or_else(|e| e.into_inner());
-    let busy_seconds = last_done
-        .map(|t| t.duration_since(started).as_secs_f64())
-        .unwrap_or(0.0);
-
-    let settle_start = started.elapsed().as_secs_f64();
-    recorder.set_phase("settle");
-    let cleared = if options.drain {
-        settle(
-            &recorder,
-            sample_interval,
-            scenario.settle_timeout,
-            &options.stop,
-        )
-        .await
-    } else {
-        false
+    let mut session = Session {
+        scenario,
+        options,
+        recorder: Recorder::start(&inner, started, ledger.clone()),
+        inner,
+        admin: host.admin_address(),
+        ledger,
+        body,
+        started,
+        sample_interval,
+        sends: TaskTracker::new(),
+        outstanding: Arc::new(Semaphore::new(MAX_OUTSTANDING_SENDS)),
+        shown_at: f64::NEG_INFINITY,
+        spans: Vec::new(),
     };
-    spans.push(PhaseSpan {
-        name: "settle".into(),
-        start: settle_start,
-        end: started.elapsed().as_secs_f64(),
-    });
+    session.play().await;
+    session.stop_load().await;
+    let busy_seconds = session.drain().await;
+    let cleared = session.settle().await;
     if options.display == Display::Progress {
         eprintln!();
     }
@@ -531,6 +391,12 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         remaining += transport.peek_depth(q).await.unwrap_or(0);
     }
     let description = transport.describe();
+    let Session {
+        recorder,
+        spans,
+        ledger,
+        ..
+    } = session;
     let samples = recorder.finish().await;
     host.shutdown().await;
     let phase_start = spans.first().map(|s| s.start).unwrap_or(0.0);
@@ -545,6 +411,216 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         expect: scenario.expect.clone(),
         resume_ratio,
     })
+}
+
+/// The scenario's queues; on a database, their tables (and their error queues') dropped and
+/// made anew, since a database keeps what earlier runs left.
+async fn fresh_tables(
+    scenario: &Scenario,
+    config: &Config,
+    transport: &dyn Transport,
+) -> Result<Vec<QueueName>, LoadError> {
+    let queue_names: Vec<QueueName> = scenario
+        .queues
+        .iter()
+        .map(|q| QueueName::new(&q.name))
+        .collect::<Result<_, _>>()?;
+    if config.transport.kind != TransportKind::Memory {
+        for q in &scenario.queues {
+            let error_queue = QueueName::new(&q.error_queue)?;
+            transport.reset_queue(&QueueName::new(&q.name)?).await?;
+            transport.reset_queue(&error_queue).await?;
+        }
+    }
+    Ok(queue_names)
+}
+
+/// One load run in progress: the host under load, what it records, and the phases so far.
+struct Session<'a> {
+    scenario: &'a Scenario,
+    options: &'a LoadOptions,
+    inner: Arc<HostInner>,
+    admin: Option<std::net::SocketAddr>,
+    recorder: Recorder,
+    ledger: Arc<Ledger>,
+    body: Vec<u8>,
+    started: Instant,
+    sample_interval: Duration,
+    /// Sends in flight, waited for before the drain.
+    sends: TaskTracker,
+    outstanding: Arc<Semaphore>,
+    /// When the progress line was last shown.
+    shown_at: f64,
+    spans: Vec<PhaseSpan>,
+}
+
+impl Session<'_> {
+    /// Shows progress for `phase` (the `index`-th of `phases`).
+    fn show(&mut self, phase: &str, position: (usize, usize)) {
+        show(
+            self.options.display,
+            &self.inner,
+            &self.recorder,
+            phase,
+            position,
+            &self.ledger,
+            self.admin,
+            &mut self.shown_at,
+        );
+    }
+
+    fn out_of_time(&self) -> bool {
+        self.options.stop.is_cancelled()
+            || self
+                .options
+                .repeat_for
+                .is_some_and(|t| self.started.elapsed() >= t)
+    }
+
+    /// Plays the phases, `rounds` times (or for as long as the options say).
+    async fn play(&mut self) {
+        let total = self.options.repeat_for;
+        let mut round = 0u32;
+        'rounds: loop {
+            for (index, phase) in self.scenario.phases.iter().enumerate() {
+                if self.out_of_time() {
+                    break 'rounds;
+                }
+                let label = if round > 0 {
+                    format!("{} (round {})", phase.name, round + 1)
+                } else {
+                    phase.name.clone()
+                };
+                self.play_phase(phase, label, index).await;
+            }
+            round += 1;
+            if !(self.options.repeat_forever || total.is_some()) && round >= self.scenario.rounds {
+                break;
+            }
+        }
+    }
+
+    /// One phase: its settings applied, its load offered, shown every sample interval.
+    async fn play_phase(&mut self, phase: &Phase, label: String, index: usize) {
+        let queue = first_queue(self.scenario, phase);
+        apply_phase(&self.inner, phase, &queue);
+        let phase_stop = self.options.stop.child_token();
+        let length = phase.duration.mul_f64(self.options.duration_scale.max(0.0));
+        let length = match self.options.repeat_for {
+            Some(t) => length.min(t.saturating_sub(self.started.elapsed())),
+            None => length,
+        };
+        let generator = tokio::spawn(generate(
+            self.inner.clone(),
+            queue,
+            phase.clone(),
+            length,
+            self.body.clone(),
+            self.ledger.clone(),
+            self.sends.clone(),
+            self.outstanding.clone(),
+            phase_stop.clone(),
+        ));
+        let start = self.started.elapsed().as_secs_f64();
+        self.recorder.set_phase(&label);
+        let phase_end = Instant::now() + length;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(self.sample_interval) => {}
+                _ = self.options.stop.cancelled() => {}
+            }
+            self.show(&label, (index, self.scenario.phases.len()));
+            if self.options.stop.is_cancelled() || Instant::now() >= phase_end {
+                break;
+            }
+            if phase.until_drained && generator.is_finished() && drained(&self.inner).await {
+                break;
+            }
+        }
+        phase_stop.cancel();
+        let _ = generator.await;
+        self.spans.push(PhaseSpan {
+            name: label,
+            start,
+            end: self.started.elapsed().as_secs_f64(),
+        });
+    }
+
+    /// Lets offered sends finish (or fail), lifts the overrides, and stops the simulate
+    /// handlers holding memory and threads, so the resource conditions can clear while the
+    /// backlog drains; latency and failure rate stay as the last phase left them.
+    async fn stop_load(&mut self) {
+        self.sends.close();
+        if tokio::time::timeout(self.scenario.drain_timeout, self.sends.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some sends did not finish within the drain timeout");
+        }
+        for direction in Direction::ALL {
+            self.inner.set_override(direction, OverrideMode::None);
+        }
+        for q in self.inner.queues() {
+            if let Some(sim) = &q.simulate {
+                let mut knobs = sim.knobs();
+                knobs.memory_per_message = crate::config::ByteSize(0);
+                knobs.blocking = false;
+                sim.set_knobs(knobs);
+            }
+        }
+    }
+
+    /// Waits for the queues to drain (when asked to); returns when the last message was done,
+    /// in seconds from the start.
+    async fn drain(&mut self) -> f64 {
+        let drain_start = self.started.elapsed().as_secs_f64();
+        self.recorder.set_phase("drain");
+        let drain_deadline = Instant::now() + self.scenario.drain_timeout;
+        while self.options.drain
+            && !drained(&self.inner).await
+            && Instant::now() < drain_deadline
+            && !self.options.stop.is_cancelled()
+        {
+            tokio::time::sleep(self.sample_interval).await;
+            self.show("drain", (0, 0));
+        }
+        self.spans.push(PhaseSpan {
+            name: "drain".into(),
+            start: drain_start,
+            end: self.started.elapsed().as_secs_f64(),
+        });
+        let last_done = *self
+            .ledger
+            .last_done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        last_done
+            .map(|t| t.duration_since(self.started).as_secs_f64())
+            .unwrap_or(0.0)
+    }
+
+    /// Waits for both directions to return to state 0; whether they did.
+    async fn settle(&mut self) -> bool {
+        let settle_start = self.started.elapsed().as_secs_f64();
+        self.recorder.set_phase("settle");
+        let cleared = if self.options.drain {
+            settle(
+                &self.recorder,
+                self.sample_interval,
+                self.scenario.settle_timeout,
+                &self.options.stop,
+            )
+            .await
+        } else {
+            false
+        };
+        self.spans.push(PhaseSpan {
+            name: "settle".into(),
+            start: settle_start,
+            end: self.started.elapsed().as_secs_f64(),
+        });
+        cleared
+    }
 }
 
 fn first_queue(scenario: &Scenario, phase: &Phase) -> QueueName {

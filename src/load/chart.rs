@@ -90,8 +90,17 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
     let (bottom, rest) = rest.split_vertically(330);
     let (concurrency, flow) = rest.split_vertically(290);
 
-    // 1. State bands.
-    let mut chart = ChartBuilder::on(&top)
+    draw_states(run, &top, end)?;
+    draw_waits(run, &middle, end)?;
+    draw_causes(run, &bottom, end)?;
+    draw_concurrency(run, &concurrency, end)?;
+    draw_flow(run, &flow, end)?;
+    Ok(())
+}
+
+/// Panel 1: each direction's state over time, in its colour, with the phases marked.
+fn draw_states(run: &RunResult, area: &Area, end: f64) -> Result<(), Box<dyn std::error::Error>> {
+    let mut chart = ChartBuilder::on(area)
         .margin(10)
         .x_label_area_size(25)
         .y_label_area_size(90)
@@ -162,8 +171,11 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
         )))?;
     }
     legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+    Ok(())
+}
 
-    // 2. Waits.
+/// Panel 2: the wait each admission saw (delay and pacing interval), log scale.
+fn draw_waits(run: &RunResult, area: &Area, end: f64) -> Result<(), Box<dyn std::error::Error>> {
     let max_wait = run
         .samples
         .iter()
@@ -177,7 +189,7 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
             })
         })
         .fold(0.01f64, f64::max);
-    let mut chart = ChartBuilder::on(&middle)
+    let mut chart = ChartBuilder::on(area)
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(90)
@@ -227,8 +239,11 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
         }
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+    Ok(())
+}
 
-    // 3. Causes: every condition that became active, in % of its threshold.
+/// Panel 3, what triggered it: every condition that became active, in % of its threshold.
+fn draw_causes(run: &RunResult, area: &Area, end: f64) -> Result<(), Box<dyn std::error::Error>> {
     let mut causes: Vec<(Condition, Direction)> = Vec::new();
     for s in &run.samples {
         for direction in Direction::ALL {
@@ -257,7 +272,7 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
         .iter()
         .flat_map(|s| causes.iter().filter_map(move |(c, d)| percent(s, *c, *d)))
         .fold(150.0f64, f64::max);
-    let mut chart = ChartBuilder::on(&bottom)
+    let mut chart = ChartBuilder::on(area)
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(90)
@@ -304,8 +319,15 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
             });
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+    Ok(())
+}
 
-    // 4. Concurrency per queue.
+/// Panel 4: each queue's effective limit and messages in flight.
+fn draw_concurrency(
+    run: &RunResult,
+    area: &Area,
+    end: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
     let queues: Vec<String> = run
         .samples
         .first()
@@ -318,7 +340,7 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
         .max()
         .unwrap_or(1)
         .max(1) as f64;
-    let mut chart = ChartBuilder::on(&concurrency)
+    let mut chart = ChartBuilder::on(area)
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(90)
@@ -359,7 +381,6 @@ fn draw(run: &RunResult, root: &Area) -> Result<(), Box<dyn std::error::Error>> 
         chart.draw_series(LineSeries::new(in_flight, color.mix(0.5).stroke_width(1)))?;
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
-    draw_flow(run, &flow, end)?;
     Ok(())
 }
 

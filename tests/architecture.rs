@@ -1,6 +1,7 @@
-//! The data flow goes one way: no two top-level modules of `src/` import each other, directly
-//! or around a circle. Read from the code itself: every `crate::<module>` path outside comments
-//! and unit-test modules is an edge.
+//! The code stays walkable. The data flow goes one way: no two top-level modules of `src/`
+//! import each other, directly or around a circle (read from the code itself: every
+//! `crate::<module>` path outside comments and unit-test modules is an edge). And no function
+//! outside unit tests is longer than 100 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -112,4 +113,71 @@ fn the_scan_sees_an_import_and_ignores_comments_and_tests() {
     let text = "use crate::{config::X, states};\n// crate::admin in a comment\nfn f() { crate::publish::send(); }\n#[cfg(test)]\nmod tests {\n    use crate::host;\n}\n";
     let found: Vec<String> = imports(text).into_iter().collect();
     assert_eq!(found, vec!["config", "publish", "states"]);
+}
+
+/// Functions longer than this (outside unit tests) are split into named steps.
+const MAX_FUNCTION_LINES: usize = 100;
+
+/// Every function of a file's code (not its unit tests) with its first line and length: from
+/// the line that starts it to the line that closes its body (braces counted; strings with
+/// braces in them are rare enough in this code base not to matter).
+fn functions(text: &str) -> Vec<(String, usize, usize)> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let Some(fn_at) = words.iter().position(|w| *w == "fn") else {
+            continue;
+        };
+        let qualifiers_only = words[..fn_at]
+            .iter()
+            .all(|w| matches!(*w, "pub" | "async" | "const" | "unsafe") || w.starts_with("pub("));
+        if !qualifiers_only || line.trim_start().starts_with("//") {
+            continue;
+        }
+        let name: String = words
+            .get(fn_at + 1)
+            .map(|w| {
+                w.chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut depth = 0i64;
+        let mut opened = false;
+        for (offset, l) in lines[start..].iter().enumerate() {
+            depth += l.matches('{').count() as i64 - l.matches('}').count() as i64;
+            opened |= l.contains('{');
+            if !opened && l.trim_end().ends_with(';') {
+                break; // a declaration without a body
+            }
+            if opened && depth <= 0 {
+                found.push((name.clone(), start + 1, offset + 1));
+                break;
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_scan_measures_a_function_from_its_line_to_its_closing_brace() {
+    let text = "pub async fn short() {\n    let x = { 1 };\n}\n\nfn decl(&self);\n#[cfg(test)]\nfn in_tests() {\n}\n";
+    assert_eq!(functions(text), vec![("short".to_string(), 1, 3)]);
+}
+
+#[test]
+fn no_function_outside_tests_is_longer_than_100_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut long = Vec::new();
+    for file in rust_files(&src) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (name, line, length) in functions(&text) {
+            if length > MAX_FUNCTION_LINES {
+                long.push(format!("{}:{line} {name} ({length} lines)", file.display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these into named steps: {long:#?}");
 }

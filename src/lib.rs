@@ -39,6 +39,7 @@ pub mod dispatch;
 pub mod handlers;
 pub mod host;
 pub mod isolate;
+#[cfg(feature = "load")]
 pub mod load;
 pub mod message;
 pub mod metrics;

@@ -266,7 +266,7 @@ pub async fn a_killed_connection_fails_cleanly_and_the_next_receive_works(h: &dy
     assert!(
         matches!(
             err,
-            TransportError::Connection(_) | TransportError::Database(_)
+            TransportError::Connection { .. } | TransportError::Database { .. }
         ),
         "{err}"
     );

@@ -73,7 +73,7 @@ impl HostError {
         matches!(
             self,
             HostError::Transport(
-                TransportError::Connection(_) | TransportError::PoolTimeout { .. }
+                TransportError::Connection { .. } | TransportError::PoolTimeout { .. }
             )
         )
     }
@@ -335,7 +335,7 @@ async fn prepare_transport(
         for q in to_create {
             transport.create_queue(q).await.map_err(|e| match e {
                     // Not a problem with the queue: the caller may wait for the database.
-                    TransportError::Connection(_) | TransportError::PoolTimeout { .. } => {
+                    TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
                         HostError::Transport(e)
                     }
                     e => HostError::Config(format!(

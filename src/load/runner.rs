@@ -680,7 +680,7 @@ async fn prefill(
     }
     for w in writers {
         w.await
-            .map_err(|e| TransportError::Connection(e.to_string()))??;
+            .map_err(|e| TransportError::connection(e.to_string()))??;
     }
     Ok(())
 }

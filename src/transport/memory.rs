@@ -132,7 +132,7 @@ impl MemoryTransport {
                 waited: db.wait_timeout,
                 pool_size: db.pool_size,
             })?
-            .map_err(|_| TransportError::Connection("the simulated database is closed".into()))?;
+            .map_err(|_| TransportError::connection("the simulated database is closed"))?;
         if !db.latency.is_zero() {
             tokio::time::sleep(db.latency).await;
         }
@@ -327,7 +327,7 @@ impl Received for MemoryReceived {
 
     async fn dead_letter(&mut self, queue: &QueueName) -> Result<(), TransportError> {
         let Some(stored) = &self.stored else {
-            return Err(TransportError::Database("receive already ended".into()));
+            return Err(TransportError::database("receive already ended"));
         };
         let mut copy = stored.clone();
         copy.expires = None;

@@ -48,8 +48,15 @@ pub enum TransportError {
     #[error("deadlock victim: {0}")]
     Deadlock(String),
     /// The connection broke or could not be opened.
-    #[error("database connection failed: {0}")]
-    Connection(String),
+    #[error("database connection failed: {message}")]
+    Connection {
+        /// What happened, in words.
+        message: String,
+        /// The driver's error, when there was one: kept so error chains (the ExceptionInfo
+        /// headers of a failed message) carry it.
+        #[source]
+        source: Option<DriverError>,
+    },
     /// The server did not answer within the command timeout and a little more (a frozen
     /// server or a network that drops packets): the connection was closed.
     #[error(
@@ -62,14 +69,57 @@ pub enum TransportError {
         after: std::time::Duration,
     },
     /// The database rejected a statement.
-    #[error("database error: {0}")]
-    Database(String),
+    #[error("database error: {message}")]
+    Database {
+        /// What happened, in words.
+        message: String,
+        /// The driver's error, when there was one.
+        #[source]
+        source: Option<DriverError>,
+    },
     /// The transport's configuration cannot work.
     #[error("transport configuration: {0}")]
     Config(String),
     /// A message to send cannot be stored as it is (nothing was written).
     #[error("message not sent: {0}")]
     InvalidMessage(String),
+}
+
+/// A database driver's own error, kept as the source of a [`TransportError`].
+pub type DriverError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+impl TransportError {
+    /// A broken or unopenable connection, said in words.
+    pub fn connection(message: impl Into<String>) -> Self {
+        TransportError::Connection {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A statement the database rejected, said in words.
+    pub fn database(message: impl Into<String>) -> Self {
+        TransportError::Database {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The same error with the driver's error behind it.
+    pub fn caused_by(self, driver: impl std::error::Error + Send + Sync + 'static) -> Self {
+        let driver: Option<DriverError> = Some(Box::new(driver));
+        match self {
+            TransportError::Connection { message, .. } => TransportError::Connection {
+                message,
+                source: driver,
+            },
+            TransportError::Database { message, .. } => TransportError::Database {
+                message,
+                source: driver,
+            },
+            other => other,
+        }
+    }
 }
 
 /// A message's time to be received in milliseconds, as the transports store it; refused when
@@ -88,7 +138,7 @@ pub(crate) fn ttbr_millis(message: &OutgoingMessage) -> Result<Option<i64>, Tran
 impl TransportError {
     /// A unit of work that a failed statement aborted: committing it rolled it back instead.
     pub fn aborted(queue: &QueueName) -> Self {
-        TransportError::Database(format!(
+        TransportError::database(format!(
             "the receive transaction on `{queue}` was aborted by an earlier error and has been rolled back"
         ))
     }
@@ -172,7 +222,7 @@ pub(crate) fn dead_letter_row(
         (Payload::Message(m), None) => {
             Ok((m.id, headers::serialize_headers(&m.headers), m.body.clone()))
         }
-        (other, None) => Err(TransportError::Database(format!(
+        (other, None) => Err(TransportError::database(format!(
             "cannot dead-letter {other:?}: its row was not kept"
         ))),
     }
@@ -311,5 +361,36 @@ pub async fn connect(config: &TransportConfig) -> Result<Arc<dyn Transport>, Tra
 impl From<crate::names::InvalidName> for TransportError {
     fn from(e: crate::names::InvalidName) -> Self {
         TransportError::InvalidName(e.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    /// The driver's error stays behind a transport error, so the chain a failed message
+    /// carries in its ExceptionInfo headers names it.
+    #[test]
+    fn a_driver_error_stays_the_source() {
+        let driver = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = TransportError::connection("the connection was closed").caused_by(driver);
+        assert_eq!(
+            e.to_string(),
+            "database connection failed: the connection was closed"
+        );
+        assert_eq!(
+            e.source().map(|s| s.to_string()).as_deref(),
+            Some("reset by peer")
+        );
+        assert!(TransportError::database("x").source().is_none());
+        assert!(
+            TransportError::Deadlock("d".into())
+                .caused_by(std::io::Error::other("y"))
+                .source()
+                .is_none(),
+            "only connection and database errors carry one"
+        );
     }
 }

@@ -177,7 +177,7 @@ impl Inner {
                 pool_size: self.pool_size,
             },
             PoolError::Backend(e) => map_error(e, None),
-            other => TransportError::Connection(other.to_string()),
+            other => TransportError::connection(other.to_string()),
         })
     }
 
@@ -231,7 +231,7 @@ impl Inner {
             Ok(d) => d,
             Err(e) => {
                 discard(client);
-                return Err(TransportError::Database(format!(
+                return Err(TransportError::database(format!(
                     "queue `{queue}` has columns of unexpected types: {e}"
                 )));
             }
@@ -258,13 +258,13 @@ impl Inner {
             let st = self.statements(queue)?;
             let id: Uuid = row
                 .try_get(0)
-                .map_err(|e| TransportError::Database(e.to_string()))?;
+                .map_err(|e| TransportError::database(e.to_string()))?;
             let headers: String = row
                 .try_get(2)
-                .map_err(|e| TransportError::Database(e.to_string()))?;
+                .map_err(|e| TransportError::database(e.to_string()))?;
             let body: Option<Vec<u8>> = row
                 .try_get(3)
-                .map_err(|e| TransportError::Database(e.to_string()))?;
+                .map_err(|e| TransportError::database(e.to_string()))?;
             let client = self.client().await?;
             client
                 .execute(&st.send_raw, &[&id, &headers, &body])
@@ -373,19 +373,20 @@ fn map_error(e: tokio_postgres::Error, queue: Option<&QueueName>) -> TransportEr
             return TransportError::Deadlock(db.message().to_string());
         }
         let class = &code.code()[..2];
-        if class == "08" || class == "57" {
-            return TransportError::Connection(format!(
-                "{} (SQLSTATE {})",
-                db.message(),
-                code.code()
-            ));
-        }
-        return TransportError::Database(format!("{} (SQLSTATE {})", db.message(), code.code()));
+        let message = format!("{} (SQLSTATE {})", db.message(), code.code());
+        let mapped = if class == "08" || class == "57" {
+            TransportError::connection(message)
+        } else {
+            TransportError::database(message)
+        };
+        return mapped.caused_by(e);
     }
-    if e.is_closed() {
-        return TransportError::Connection("the connection was closed".into());
-    }
-    TransportError::Connection(e.to_string())
+    let mapped = if e.is_closed() {
+        TransportError::connection("the connection was closed")
+    } else {
+        TransportError::connection(e.to_string())
+    };
+    mapped.caused_by(e)
 }
 
 /// Drops a pooled connection instead of returning it: used whenever its state is unknown
@@ -526,7 +527,7 @@ impl Transport for PostgresTransport {
         };
         let n: i64 = row
             .try_get(0)
-            .map_err(|e| TransportError::Database(e.to_string()))?;
+            .map_err(|e| TransportError::database(e.to_string()))?;
         Ok(n.max(0) as u64)
     }
 

@@ -143,12 +143,14 @@ fn map_error(e: tiberius::error::Error, queue: Option<&QueueName>) -> TransportE
                     .unwrap_or_else(|| token.message().to_string()),
             ),
             1205 => TransportError::Deadlock(token.message().to_string()),
-            code => TransportError::Database(format!("{} (error {code})", token.message())),
+            code => {
+                TransportError::database(format!("{} (error {code})", token.message())).caused_by(e)
+            }
         },
         Error::Io { .. } | Error::Tls(_) | Error::Routing { .. } | Error::Protocol(_) => {
-            TransportError::Connection(e.to_string())
+            TransportError::connection(e.to_string()).caused_by(e)
         }
-        _ => TransportError::Database(e.to_string()),
+        _ => TransportError::database(e.to_string()).caused_by(e),
     }
 }
 
@@ -188,7 +190,7 @@ impl Inner {
                 .clone()
             {
                 Some(reason) if self.pool.state().connections < self.pool_size.max(1) => {
-                    TransportError::Connection(format!("cannot connect to SQL Server: {reason}"))
+                    TransportError::connection(format!("cannot connect to SQL Server: {reason}"))
                 }
                 _ => TransportError::PoolTimeout {
                     waited: self.wait_timeout,
@@ -367,7 +369,7 @@ impl Inner {
             }
             Ok((None, ..)) | Err(_) => {
                 conn.broken = true;
-                return Err(TransportError::Database(format!(
+                return Err(TransportError::database(format!(
                     "queue `{queue}` returned a row of unexpected shape; is it an NServiceBus queue table?"
                 )));
             }

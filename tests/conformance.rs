@@ -70,6 +70,40 @@ pub async fn fifo_order(h: &dyn Harness) {
     assert!(t.receive(&q("in")).await.unwrap().is_none());
 }
 
+pub async fn a_batch_is_stored_in_order_with_each_expiry(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    t.send_batch(&q("in"), &[]).await.unwrap();
+    let batch: Vec<OutgoingMessage> = (0..50u8)
+        .map(|i| {
+            let m = OutgoingMessage::new(vec![i]);
+            if i == 10 {
+                m.with_time_to_be_received(Duration::from_millis(1))
+            } else {
+                m.with_time_to_be_received(Duration::from_secs(3600))
+            }
+        })
+        .collect();
+    t.send_batch(&q("in"), &batch).await.unwrap();
+    assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 50);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 0..50u8 {
+        let r = t.receive(&q("in")).await.unwrap().expect("a message");
+        match r.payload() {
+            Payload::Expired { id } => {
+                assert_eq!(i, 10, "only the 1 ms message expired");
+                assert_eq!(*id, batch[10].id);
+            }
+            Payload::Message(m) => {
+                assert_eq!(m.body, vec![i], "stored in the order given");
+                assert_eq!(m.logical_id(), batch[i as usize].logical_id());
+            }
+            other => panic!("{other:?}"),
+        }
+        r.commit().await.unwrap();
+    }
+    assert!(t.receive(&q("in")).await.unwrap().is_none());
+}
+
 pub async fn rollback_returns_the_message_to_the_head(h: &dyn Harness) {
     let t = setup(h, &["in"]).await;
     for i in 0..3u8 {
@@ -452,6 +486,7 @@ macro_rules! conformance {
     (@common $harness:expr, { $(#[$attr:meta])* }) => {
             conformance!(@tests $harness, { $(#[$attr])* };
                 fifo_order,
+                a_batch_is_stored_in_order_with_each_expiry,
                 rollback_returns_the_message_to_the_head,
                 dropping_a_receive_rolls_it_back,
                 eight_receivers_drain_ten_thousand_exactly_once,

@@ -26,7 +26,9 @@ pub struct SendArgs {
 }
 
 /// Concurrent writers for `--count` above one.
-const WRITERS: u64 = 8;
+const WRITERS: u64 = 4;
+/// Messages per statement: PostgreSQL stores a batch with one INSERT.
+const BATCH: u64 = 1000;
 
 /// Sends `count` messages.
 pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
@@ -78,25 +80,33 @@ pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
     let template = Arc::new((body, headers, args.ttbr));
     let started = Instant::now();
     let mut writers = Vec::new();
-    for w in 0..WRITERS.min(args.count) {
+    let batches = args.count.div_ceil(BATCH);
+    for w in 0..WRITERS.min(batches) {
         let (transport, queue, template) = (transport.clone(), queue.clone(), template.clone());
         let count = args.count;
         writers.push(tokio::spawn(async move {
-            let mut i = w;
-            while i < count {
+            // Writer w stores batches w, w + WRITERS, ...
+            let mut batch = w;
+            while batch * BATCH < count {
                 let (body, headers, ttbr) = &*template;
-                let mut m = OutgoingMessage::new(body.clone());
-                for (name, value) in headers {
-                    m = m.with_header(name.clone(), value.clone());
-                }
-                if let Some(t) = ttbr {
-                    m = m.with_time_to_be_received(*t);
-                }
-                transport.send(&queue, &m).await?;
+                let size = BATCH.min(count - batch * BATCH);
+                let messages: Vec<OutgoingMessage> = (0..size)
+                    .map(|_| {
+                        let mut m = OutgoingMessage::new(body.clone());
+                        for (name, value) in headers {
+                            m = m.with_header(name.clone(), value.clone());
+                        }
+                        if let Some(t) = ttbr {
+                            m = m.with_time_to_be_received(*t);
+                        }
+                        m
+                    })
+                    .collect();
+                transport.send_batch(&queue, &messages).await?;
                 if count == 1 {
-                    println!("{}", m.logical_id());
+                    println!("{}", messages[0].logical_id());
                 }
-                i += WRITERS;
+                batch += WRITERS;
             }
             Ok::<(), throttlehost::transport::TransportError>(())
         }));

@@ -651,6 +651,7 @@ fn apply_phase(host: &HostInner, phase: &Phase, queue: &QueueName) {
     }
 }
 
+/// Stores the backlog a scenario starts with, in batches, each message in the ledger.
 async fn prefill(
     transport: &Arc<dyn Transport>,
     queue: &QueueName,
@@ -658,29 +659,18 @@ async fn prefill(
     body: &[u8],
     ledger: &Arc<Ledger>,
 ) -> Result<(), TransportError> {
-    const WRITERS: u64 = 8;
-    let mut writers = Vec::new();
-    for w in 0..WRITERS {
-        let (transport, queue, body, ledger) = (
-            transport.clone(),
-            queue.clone(),
-            body.to_vec(),
-            ledger.clone(),
-        );
-        writers.push(tokio::spawn(async move {
-            let mut i = w;
-            while i < count {
-                let message = OutgoingMessage::new(body.clone());
-                transport.send(&queue, &message).await?;
-                ledger.sent(&message);
-                i += WRITERS;
-            }
-            Ok::<(), TransportError>(())
-        }));
-    }
-    for w in writers {
-        w.await
-            .map_err(|e| TransportError::connection(e.to_string()))??;
+    /// Messages per statement (PostgreSQL stores a batch with one INSERT).
+    const BATCH: u64 = 1000;
+    let mut stored = 0;
+    while stored < count {
+        let messages: Vec<OutgoingMessage> = (0..BATCH.min(count - stored))
+            .map(|_| OutgoingMessage::new(body.to_vec()))
+            .collect();
+        transport.send_batch(queue, &messages).await?;
+        for message in &messages {
+            ledger.sent(message);
+        }
+        stored += messages.len() as u64;
     }
     Ok(())
 }

@@ -306,6 +306,19 @@ pub trait Transport: Send + Sync + 'static {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError>;
 
+    /// Inserts `messages` in the order given. PostgreSQL writes them with one statement (all
+    /// or none); the default sends them one by one (on an error, those before it are stored).
+    async fn send_batch(
+        &self,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), TransportError> {
+        for message in messages {
+            self.send(queue, message).await?;
+        }
+        Ok(())
+    }
+
     /// Removes the oldest message not locked by another receiver, inside an open unit of work.
     /// `None` when no such message exists.
     async fn receive(&self, queue: &QueueName)

@@ -462,6 +462,44 @@ impl Transport for PostgresTransport {
         }
     }
 
+    async fn send_batch(
+        &self,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), TransportError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let st = self.inner.statements(queue)?;
+        let ids: Vec<Uuid> = messages.iter().map(|m| m.id).collect();
+        let ttbrs = messages
+            .iter()
+            .map(super::ttbr_millis)
+            .collect::<Result<Vec<Option<i64>>, _>>()?;
+        let headers: Vec<String> = messages
+            .iter()
+            .map(|m| serialize_headers(&m.headers))
+            .collect();
+        let bodies: Vec<&[u8]> = messages.iter().map(|m| m.body.as_slice()).collect();
+        let client = self.inner.client().await?;
+        let sent = self
+            .inner
+            .answered("a batch send", async {
+                let stmt = client.prepare_cached(&st.send_batch).await?;
+                client
+                    .execute(&stmt, &[&ids, &ttbrs, &headers, &bodies])
+                    .await
+            })
+            .await;
+        match sent {
+            Ok(result) => result.map(|_| ()).map_err(|e| map_error(e, Some(queue))),
+            Err(unanswered) => {
+                discard(client);
+                Err(unanswered)
+            }
+        }
+    }
+
     async fn receive(
         &self,
         queue: &QueueName,

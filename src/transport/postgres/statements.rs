@@ -22,6 +22,9 @@ pub struct QueueStatements {
     /// Inserts a row; `$1` id, `$2` time-to-be-received in ms (NULL = never expires),
     /// `$3` headers, `$4` body. Expiry is computed from the server's clock.
     pub send: String,
+    /// Inserts many messages in one statement, in the order given: arrays of ids, times to be
+    /// received (ms, NULL for none), headers and bodies.
+    pub send_batch: String,
     /// Inserts a row unchanged with no expiry (dead-lettering poison rows).
     pub send_raw: String,
     /// Deletes the oldest row not locked by another receiver; returns id, expired flag,
@@ -54,6 +57,12 @@ impl QueueStatements {
             send: format!(
                 "INSERT INTO {table} (Id, Expires, Headers, Body) \
                  VALUES ($1, (now() AT TIME ZONE 'UTC') + ($2::bigint * interval '1 millisecond'), $3, $4)"
+            ),
+            send_batch: format!(
+                "INSERT INTO {table} (Id, Expires, Headers, Body) \
+                 SELECT m.id, (now() AT TIME ZONE 'UTC') + (m.ttbr * interval '1 millisecond'), m.headers, m.body \
+                 FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bytea[]) WITH ORDINALITY AS m(id, ttbr, headers, body, n) \
+                 ORDER BY m.n"
             ),
             send_raw: format!(
                 "INSERT INTO {table} (Id, Expires, Headers, Body) VALUES ($1, NULL, $2, $3)"

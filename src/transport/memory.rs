@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
-use super::{Payload, QueueName, Received, Transport, TransportError};
+use super::{Payload, QueueAdmin, QueueName, Received, Transport, TransportError};
 use crate::config::TransactionMode;
 use crate::message::{Headers, Message, OutgoingMessage};
 
@@ -155,11 +155,6 @@ impl Transport for MemoryTransport {
         "memory (in-process; messages are lost when the process exits)".into()
     }
 
-    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
-        lock(&self.shared.queues).entry(queue.clone()).or_default();
-        Ok(())
-    }
-
     async fn send(
         &self,
         queue: &QueueName,
@@ -222,6 +217,27 @@ impl Transport for MemoryTransport {
         Ok(depth)
     }
 
+    fn connections_in_use(&self) -> u64 {
+        match &self.database {
+            Some(db) => {
+                (db.pool_size as usize).saturating_sub(db.sessions.available_permits()) as u64
+            }
+            None => self.shared.open_receives.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), TransportError> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl QueueAdmin for MemoryTransport {
+    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        lock(&self.shared.queues).entry(queue.clone()).or_default();
+        Ok(())
+    }
+
     async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
         let state = self.shared.queue(queue)?;
         let mut state = lock(&state);
@@ -246,19 +262,6 @@ impl Transport for MemoryTransport {
             .collect();
         names.sort();
         Ok(names)
-    }
-
-    fn connections_in_use(&self) -> u64 {
-        match &self.database {
-            Some(db) => {
-                (db.pool_size as usize).saturating_sub(db.sessions.available_permits()) as u64
-            }
-            None => self.shared.open_receives.load(Ordering::Relaxed),
-        }
-    }
-
-    async fn ping(&self) -> Result<(), TransportError> {
-        Ok(())
     }
 }
 

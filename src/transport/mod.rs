@@ -1,6 +1,9 @@
-//! Queue tables behind one trait.
+//! Queue tables behind two traits.
 //!
-//! A [`Transport`] creates queues, sends, receives, peeks and purges. A receive returns a
+//! A [`Transport`] is the message path: it sends, receives and peeks (and reports the
+//! connections in use and whether the database answers). Every transport also implements
+//! [`QueueAdmin`], the administration the message path never calls: create, purge, reset and
+//! list queue tables, and check their layout at start. A receive returns a
 //! [`Received`]: the message plus the open unit of work that removed it from the queue. The
 //! caller ends it with [`Received::commit`] (the message is gone) or [`Received::rollback`]
 //! (the message is back at its place in the queue). Dropping a `Received` without either rolls
@@ -290,14 +293,44 @@ impl CommitAndReceive {
     }
 }
 
-/// A queue store.
+/// Administration of queue tables: what set-up commands, host start-up and tests call,
+/// never the message path.
 #[async_trait]
-pub trait Transport: Send + Sync + 'static {
-    /// A human-readable description without secrets, e.g. `postgres (schema "public")`.
-    fn describe(&self) -> String;
-
+pub trait QueueAdmin: Send + Sync + 'static {
     /// Creates the queue table if it does not exist. Safe when hosts do it at the same time.
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError>;
+
+    /// Deletes expired messages; returns how many.
+    async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError>;
+
+    /// Deletes every message; returns how many.
+    async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError>;
+
+    /// Drops and recreates a queue, empty. Load tests use it to start from a fresh table (a
+    /// purged table keeps its dead rows until vacuumed, which slows receives). The host never
+    /// calls it. Default: purge.
+    async fn reset_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        self.purge(queue).await.map(|_| ())
+    }
+
+    /// Names of the queue tables in the transport's schema.
+    async fn list_queues(&self) -> Result<Vec<String>, TransportError>;
+
+    /// Warnings about the setup of these queues (missing indexes, column types, pool size);
+    /// an error when a queue cannot be received from at all (a column of the wrong type).
+    async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {
+        let _ = queues;
+        Ok(Vec::new())
+    }
+}
+
+/// A queue store: the message path (send, receive, peek, and through [`Received`] commit and
+/// rollback) and the two readings the controller takes of it. Every store also administers
+/// its tables ([`QueueAdmin`]), kept apart so the hot path reads on its own.
+#[async_trait]
+pub trait Transport: QueueAdmin {
+    /// A human-readable description without secrets, e.g. `postgres (schema "public")`.
+    fn describe(&self) -> String;
 
     /// Inserts one message. Expiry is computed by the server from `time_to_be_received`.
     async fn send(
@@ -327,34 +360,11 @@ pub trait Transport: Send + Sync + 'static {
     /// Estimates the number of messages waiting, skipping rows locked by in-flight receives.
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError>;
 
-    /// Deletes expired messages; returns how many.
-    async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError>;
-
-    /// Deletes every message; returns how many.
-    async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError>;
-
-    /// Drops and recreates a queue, empty. Load tests use it to start from a fresh table (a
-    /// purged table keeps its dead rows until vacuumed, which slows receives). The host never
-    /// calls it. Default: purge.
-    async fn reset_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
-        self.purge(queue).await.map(|_| ())
-    }
-
-    /// Names of the queue tables in the transport's schema.
-    async fn list_queues(&self) -> Result<Vec<String>, TransportError>;
-
     /// Database connections in use right now (the database sessions sensor).
     fn connections_in_use(&self) -> u64;
 
     /// Checks that the database answers (readiness).
     async fn ping(&self) -> Result<(), TransportError>;
-
-    /// Warnings about the setup of these queues (missing indexes, column types, pool size);
-    /// an error when a queue cannot be received from at all (a column of the wrong type).
-    async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {
-        let _ = queues;
-        Ok(Vec::new())
-    }
 }
 
 /// Opens the transport a configuration describes.

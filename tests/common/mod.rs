@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use throttlehost::config::{ConnectionString, TransactionMode, TransportConfig, TransportKind};
 use throttlehost::message::OutgoingMessage;
 use throttlehost::transport::postgres::PostgresTransport;
-use throttlehost::transport::{QueueName, Received, Transport, TransportError};
+use throttlehost::transport::{QueueAdmin, QueueName, Received, Transport, TransportError};
 
 /// The PostgreSQL the tests use (DATABASE_URL, else the local server).
 pub fn database_url() -> String {
@@ -183,9 +183,6 @@ impl Transport for Counting {
     fn describe(&self) -> String {
         self.inner.describe()
     }
-    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
-        self.inner.create_queue(queue).await
-    }
     async fn send(
         &self,
         queue: &QueueName,
@@ -205,20 +202,30 @@ impl Transport for Counting {
         self.peeks.fetch_add(1, Ordering::Relaxed);
         self.inner.peek_depth(queue).await
     }
-    async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
-        self.inner.purge_expired(queue).await
-    }
-    async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError> {
-        self.inner.purge(queue).await
-    }
-    async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
-        self.inner.list_queues().await
-    }
     fn connections_in_use(&self) -> u64 {
         self.inner.connections_in_use()
     }
     async fn ping(&self) -> Result<(), TransportError> {
         self.inner.ping().await
+    }
+}
+
+#[async_trait]
+impl QueueAdmin for Counting {
+    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        self.inner.create_queue(queue).await
+    }
+
+    async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        self.inner.purge_expired(queue).await
+    }
+
+    async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        self.inner.purge(queue).await
+    }
+
+    async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
+        self.inner.list_queues().await
     }
 }
 

@@ -26,7 +26,7 @@ pub use statements::{QueueStatements, quote_ident};
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
 use super::{
-    CommitAndReceive, Payload, QueueName, RawRow, Received, Transport, TransportError,
+    CommitAndReceive, Payload, QueueAdmin, QueueName, RawRow, Received, Transport, TransportError,
     dead_letter_row, payload_of,
 };
 use crate::config::{TransactionMode, TransportConfig};
@@ -404,45 +404,6 @@ impl Transport for PostgresTransport {
         )
     }
 
-    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
-        let st = self.inner.statements(queue)?;
-        let mut client = self.inner.client().await?;
-        let schema = quote_ident(&self.inner.schema);
-        // Two hosts creating the same table at once can still collide inside
-        // CREATE ... IF NOT EXISTS; an advisory lock keyed by the table serialises them and the
-        // remaining "already exists" codes are harmless.
-        let result: Result<(), tokio_postgres::Error> = async {
-            let tx = client.transaction().await?;
-            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&st.table])
-                .await?;
-            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
-                .await?;
-            tx.batch_execute(&st.create).await?;
-            tx.commit().await
-        }
-        .await;
-        let created = match result {
-            Ok(()) => Ok(()),
-            Err(e)
-                if e.code().is_some_and(|c| {
-                    [
-                        SqlState::DUPLICATE_TABLE,
-                        SqlState::DUPLICATE_OBJECT,
-                        SqlState::UNIQUE_VIOLATION,
-                        SqlState::DUPLICATE_SCHEMA,
-                    ]
-                    .contains(c)
-                }) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(map_error(e, Some(queue))),
-        };
-        created?;
-        // CREATE TABLE IF NOT EXISTS leaves a table of another layout in place.
-        check_layout(&client, &self.inner.schema, queue).await
-    }
-
     async fn send(
         &self,
         queue: &QueueName,
@@ -569,6 +530,68 @@ impl Transport for PostgresTransport {
         Ok(n.max(0) as u64)
     }
 
+    fn connections_in_use(&self) -> u64 {
+        let s = self.inner.pool.status();
+        s.size.saturating_sub(s.available) as u64
+    }
+
+    async fn ping(&self) -> Result<(), TransportError> {
+        let client = self.inner.client().await?;
+        match self
+            .inner
+            .answered("a ping", client.simple_query("SELECT 1"))
+            .await
+        {
+            Ok(answer) => answer.map(|_| ()).map_err(|e| map_error(e, None)),
+            Err(unanswered) => {
+                discard(client);
+                Err(unanswered)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl QueueAdmin for PostgresTransport {
+    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue)?;
+        let mut client = self.inner.client().await?;
+        let schema = quote_ident(&self.inner.schema);
+        // Two hosts creating the same table at once can still collide inside
+        // CREATE ... IF NOT EXISTS; an advisory lock keyed by the table serialises them and the
+        // remaining "already exists" codes are harmless.
+        let result: Result<(), tokio_postgres::Error> = async {
+            let tx = client.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&st.table])
+                .await?;
+            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+                .await?;
+            tx.batch_execute(&st.create).await?;
+            tx.commit().await
+        }
+        .await;
+        let created = match result {
+            Ok(()) => Ok(()),
+            Err(e)
+                if e.code().is_some_and(|c| {
+                    [
+                        SqlState::DUPLICATE_TABLE,
+                        SqlState::DUPLICATE_OBJECT,
+                        SqlState::UNIQUE_VIOLATION,
+                        SqlState::DUPLICATE_SCHEMA,
+                    ]
+                    .contains(c)
+                }) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(map_error(e, Some(queue))),
+        };
+        created?;
+        // CREATE TABLE IF NOT EXISTS leaves a table of another layout in place.
+        check_layout(&client, &self.inner.schema, queue).await
+    }
+
     async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
         let st = self.inner.statements(queue)?;
         let client = self.inner.client().await?;
@@ -617,26 +640,6 @@ impl Transport for PostgresTransport {
             .await
             .map_err(|e| map_error(e, None))?;
         Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
-    }
-
-    fn connections_in_use(&self) -> u64 {
-        let s = self.inner.pool.status();
-        s.size.saturating_sub(s.available) as u64
-    }
-
-    async fn ping(&self) -> Result<(), TransportError> {
-        let client = self.inner.client().await?;
-        match self
-            .inner
-            .answered("a ping", client.simple_query("SELECT 1"))
-            .await
-        {
-            Ok(answer) => answer.map(|_| ()).map_err(|e| map_error(e, None)),
-            Err(unanswered) => {
-                discard(client);
-                Err(unanswered)
-            }
-        }
     }
 
     async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {

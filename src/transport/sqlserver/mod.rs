@@ -29,7 +29,7 @@ use self::pool::{Connection, Manager};
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
 use super::{
-    CommitAndReceive, Payload, QueueName, RawRow, Received, Transport, TransportError,
+    CommitAndReceive, Payload, QueueAdmin, QueueName, RawRow, Received, Transport, TransportError,
     dead_letter_row, payload_of,
 };
 use crate::config::{Dialect, TransactionMode, TransportConfig};
@@ -422,31 +422,6 @@ impl Transport for SqlServerTransport {
         )
     }
 
-    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
-        let st = self.inner.statements(queue);
-        let mut conn = self.inner.conn().await?;
-        let result = async {
-            conn.client
-                .simple_query(st.create.as_str())
-                .await?
-                .into_results()
-                .await
-        }
-        .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                // The script's transaction was aborted: do not reuse the connection.
-                conn.broken = true;
-                match e {
-                    // "Already exists" from a host that won a race the lock did not cover.
-                    tiberius::error::Error::Server(t) if matches!(t.code(), 2714 | 1913) => Ok(()),
-                    e => Err(map_error(e, Some(queue))),
-                }
-            }
-        }
-    }
-
     async fn send(
         &self,
         queue: &QueueName,
@@ -486,6 +461,55 @@ impl Transport for SqlServerTransport {
         let st = self.inner.statements(queue);
         let mut conn = self.inner.conn().await?;
         self.inner.count(&mut conn, queue, &st.peek, &[]).await
+    }
+
+    fn connections_in_use(&self) -> u64 {
+        let s = self.inner.pool.state();
+        s.connections.saturating_sub(s.idle_connections) as u64
+    }
+
+    async fn ping(&self) -> Result<(), TransportError> {
+        let mut conn = self.inner.conn().await?;
+        let result = async {
+            conn.client
+                .simple_query("SELECT 1")
+                .await?
+                .into_results()
+                .await
+        }
+        .await;
+        result.map(|_| ()).map_err(|e| {
+            conn.broken = true;
+            map_error(e, None)
+        })
+    }
+}
+
+#[async_trait]
+impl QueueAdmin for SqlServerTransport {
+    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue);
+        let mut conn = self.inner.conn().await?;
+        let result = async {
+            conn.client
+                .simple_query(st.create.as_str())
+                .await?
+                .into_results()
+                .await
+        }
+        .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // The script's transaction was aborted: do not reuse the connection.
+                conn.broken = true;
+                match e {
+                    // "Already exists" from a host that won a race the lock did not cover.
+                    tiberius::error::Error::Server(t) if matches!(t.code(), 2714 | 1913) => Ok(()),
+                    e => Err(map_error(e, Some(queue))),
+                }
+            }
+        }
     }
 
     async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
@@ -554,27 +578,6 @@ impl Transport for SqlServerTransport {
             .iter()
             .filter_map(|r| r.get::<&str, _>(0).map(str::to_string))
             .collect())
-    }
-
-    fn connections_in_use(&self) -> u64 {
-        let s = self.inner.pool.state();
-        s.connections.saturating_sub(s.idle_connections) as u64
-    }
-
-    async fn ping(&self) -> Result<(), TransportError> {
-        let mut conn = self.inner.conn().await?;
-        let result = async {
-            conn.client
-                .simple_query("SELECT 1")
-                .await?
-                .into_results()
-                .await
-        }
-        .await;
-        result.map(|_| ()).map_err(|e| {
-            conn.broken = true;
-            map_error(e, None)
-        })
     }
 
     async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use throttlehost::config::TransportKind;
 use throttlehost::message::OutgoingMessage;
-use throttlehost::transport::{self, QueueName};
+use throttlehost::transport::{self, QueueName, Transport};
 
 /// Arguments of `send`.
 pub struct SendArgs {
@@ -29,6 +29,63 @@ pub struct SendArgs {
 const WRITERS: u64 = 4;
 /// Messages per statement: PostgreSQL stores a batch with one INSERT.
 const BATCH: u64 = 1000;
+
+/// What every message of a `send` holds.
+struct Template {
+    body: Vec<u8>,
+    headers: Vec<(String, String)>,
+    ttbr: Option<Duration>,
+}
+
+impl Template {
+    fn message(&self) -> OutgoingMessage {
+        let mut m = OutgoingMessage::new(self.body.clone());
+        for (name, value) in &self.headers {
+            m = m.with_header(name.clone(), value.clone());
+        }
+        if let Some(t) = self.ttbr {
+            m = m.with_time_to_be_received(t);
+        }
+        m
+    }
+}
+
+/// Stores `count` copies of the template in batches of [`BATCH`], [`WRITERS`] at a time;
+/// prints the id when there is one message.
+async fn store(
+    transport: Arc<dyn Transport>,
+    queue: QueueName,
+    template: Arc<Template>,
+    count: u64,
+) -> Result<(), String> {
+    let mut writers = Vec::new();
+    for w in 0..WRITERS.min(count.div_ceil(BATCH)) {
+        let (transport, queue, template) = (transport.clone(), queue.clone(), template.clone());
+        writers.push(tokio::spawn(async move {
+            // Writer w stores batches w, w + WRITERS, ...
+            let mut batch = w;
+            while batch * BATCH < count {
+                let size = BATCH.min(count - batch * BATCH);
+                let messages: Vec<OutgoingMessage> =
+                    (0..size).map(|_| template.message()).collect();
+                transport.send_batch(&queue, &messages).await?;
+                if count == 1 {
+                    println!("{}", messages[0].logical_id());
+                }
+                batch += WRITERS;
+            }
+            Ok::<(), throttlehost::transport::TransportError>(())
+        }));
+    }
+    for w in writers {
+        match w.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(e) => return Err(format!("a sender failed: {e}")),
+        }
+    }
+    Ok(())
+}
 
 /// Sends `count` messages.
 pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
@@ -77,52 +134,15 @@ pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let template = Arc::new((body, headers, args.ttbr));
+    let template = Arc::new(Template {
+        body,
+        headers,
+        ttbr: args.ttbr,
+    });
     let started = Instant::now();
-    let mut writers = Vec::new();
-    let batches = args.count.div_ceil(BATCH);
-    for w in 0..WRITERS.min(batches) {
-        let (transport, queue, template) = (transport.clone(), queue.clone(), template.clone());
-        let count = args.count;
-        writers.push(tokio::spawn(async move {
-            // Writer w stores batches w, w + WRITERS, ...
-            let mut batch = w;
-            while batch * BATCH < count {
-                let (body, headers, ttbr) = &*template;
-                let size = BATCH.min(count - batch * BATCH);
-                let messages: Vec<OutgoingMessage> = (0..size)
-                    .map(|_| {
-                        let mut m = OutgoingMessage::new(body.clone());
-                        for (name, value) in headers {
-                            m = m.with_header(name.clone(), value.clone());
-                        }
-                        if let Some(t) = ttbr {
-                            m = m.with_time_to_be_received(*t);
-                        }
-                        m
-                    })
-                    .collect();
-                transport.send_batch(&queue, &messages).await?;
-                if count == 1 {
-                    println!("{}", messages[0].logical_id());
-                }
-                batch += WRITERS;
-            }
-            Ok::<(), throttlehost::transport::TransportError>(())
-        }));
-    }
-    for w in writers {
-        match w.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(1);
-            }
-            Err(e) => {
-                eprintln!("error: a sender failed: {e}");
-                return ExitCode::from(1);
-            }
-        }
+    if let Err(e) = store(transport, queue.clone(), template, args.count).await {
+        eprintln!("error: {e}");
+        return ExitCode::from(1);
     }
     let secs = started.elapsed().as_secs_f64();
     eprintln!(

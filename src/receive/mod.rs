@@ -1,6 +1,6 @@
 //! Per-queue receivers: the three MaximumConcurrencyLevel models of the NServiceBus SQL
 //! transport ([`fixed`], [`adaptive`], [`monitor`]), all bounded by the queue's
-//! [`ConcurrencyGate`] and all waiting the delivery throttle before each receive.
+//! [`crate::queue::gate::ConcurrencyGate`] and all waiting the delivery throttle before each receive.
 //!
 //! Invariant: the throttling wait happens *before* the receive statement, so no row is ever
 //! locked while a delay is waited out.

@@ -9,10 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{
-    Backoff, IdlePolling, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_then_acquire, pause,
-    process, receive,
-};
+use super::{Backoff, IdlePolling, QueueRuntime, ReceiveContext, Turn, pause, turn};
 
 struct Adaptive {
     q: Arc<QueueRuntime>,
@@ -68,36 +65,23 @@ async fn receive_loop(a: Arc<Adaptive>) {
         if ctx.stop.is_cancelled() {
             break;
         }
-        let Some(permit) = admit_then_acquire(q, ctx).await else {
-            break;
+        let got = || {
+            empties = 0;
+            backoff.reset();
+            a.idle.work_found();
         };
-        let mut succeeded = || {
+        let succeeded = || {
             successes += 1;
             if successes > q.settings().ramp_up_after {
                 successes = 0;
                 a.ramp_up();
             }
         };
-        let outcome = match receive(q, ctx).await {
-            ReceiveOutcome::Got(received) => {
-                empties = 0;
-                backoff.reset();
-                a.idle.work_found();
-                succeeded();
-                let end = process(q, ctx, received, succeeded).await;
-                drop(permit);
-                match end {
-                    Some(outcome) => outcome,
-                    None => continue,
-                }
-            }
-            other => {
-                drop(permit);
-                other
-            }
-        };
-        match outcome {
-            ReceiveOutcome::Empty => {
+        let step = turn(q, ctx, got, succeeded).await;
+        let go_on = match step {
+            Turn::Stop => false,
+            Turn::Handled => true,
+            Turn::Empty => {
                 successes = 0;
                 empties += 1;
                 if empties > q.settings().ramp_down_after {
@@ -105,19 +89,15 @@ async fn receive_loop(a: Arc<Adaptive>) {
                         return;
                     }
                     // The last loop: poll cheaply until messages show up.
-                    if !a.idle.wait_for_work(q, ctx).await {
-                        break;
-                    }
-                } else if !pause(ctx, backoff.next(q.settings().peek_interval)).await {
-                    break;
+                    a.idle.wait_for_work(q, ctx).await
+                } else {
+                    pause(ctx, backoff.next(q.settings().peek_interval)).await
                 }
             }
-            ReceiveOutcome::Failed(wait) => {
-                if !pause(ctx, wait).await {
-                    break;
-                }
-            }
-            ReceiveOutcome::Got(_) => unreachable!("process ends a chain only on a non-message"),
+            Turn::Failed(wait) => pause(ctx, wait).await,
+        };
+        if !go_on {
+            break;
         }
     }
     q.loops.fetch_sub(1, Ordering::Relaxed);

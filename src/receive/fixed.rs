@@ -10,10 +10,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::task::JoinHandle;
 
-use super::{
-    IdlePolling, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_then_acquire, pause, process,
-    receive,
-};
+use super::{IdlePolling, QueueRuntime, ReceiveContext, Turn, pause, turn};
 
 /// Starts the loops and the supervisor that follows `max`.
 pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
@@ -48,36 +45,14 @@ async fn receive_loop(
         if ctx.stop.is_cancelled() || index >= q.settings().max {
             break;
         }
-        let Some(permit) = admit_then_acquire(&q, &ctx).await else {
+        let go_on = match turn(&q, &ctx, || idle.work_found(), || {}).await {
+            Turn::Stop => false,
+            Turn::Handled => true,
+            Turn::Empty => idle.wait_for_work(&q, &ctx).await,
+            Turn::Failed(wait) => pause(&ctx, wait).await,
+        };
+        if !go_on {
             break;
-        };
-        let outcome = match receive(&q, &ctx).await {
-            ReceiveOutcome::Got(received) => {
-                idle.work_found();
-                let end = process(&q, &ctx, received, || {}).await;
-                drop(permit);
-                match end {
-                    Some(outcome) => outcome,
-                    None => continue,
-                }
-            }
-            other => {
-                drop(permit);
-                other
-            }
-        };
-        match outcome {
-            ReceiveOutcome::Empty => {
-                if !idle.wait_for_work(&q, &ctx).await {
-                    break;
-                }
-            }
-            ReceiveOutcome::Failed(wait) => {
-                if !pause(&ctx, wait).await {
-                    break;
-                }
-            }
-            ReceiveOutcome::Got(_) => unreachable!("process ends a chain only on a non-message"),
         }
     }
     q.loops.fetch_sub(1, Ordering::Relaxed);

@@ -81,6 +81,55 @@ pub(crate) enum ReceiveOutcome {
     Failed(Duration),
 }
 
+/// What one turn of a receive loop came to.
+pub(crate) enum Turn {
+    /// The host is stopping.
+    Stop,
+    /// Messages were handled; the loop receives again at once.
+    Handled,
+    /// The queue had nothing for us.
+    Empty,
+    /// The transport failed; pause this long before trying again.
+    Failed(Duration),
+}
+
+/// One turn of a receive loop, the same in every model: wait the delivery admission, take a
+/// gate permit, receive, and handle the message and those its commits bring along. `got`
+/// runs once when a receive found a message, `on_message` for every message handled. The
+/// permit is given back before the turn ends. What to do after an empty or failed receive is
+/// the model's policy.
+pub(crate) async fn turn(
+    q: &QueueRuntime,
+    ctx: &ReceiveContext,
+    got: impl FnOnce(),
+    mut on_message: impl FnMut(),
+) -> Turn {
+    let Some(permit) = admit_then_acquire(q, ctx).await else {
+        return Turn::Stop;
+    };
+    let outcome = match receive(q, ctx).await {
+        ReceiveOutcome::Got(received) => {
+            got();
+            on_message();
+            let end = process(q, ctx, received, &mut on_message).await;
+            drop(permit);
+            match end {
+                Some(outcome) => outcome,
+                None => return Turn::Handled,
+            }
+        }
+        other => {
+            drop(permit);
+            other
+        }
+    };
+    match outcome {
+        ReceiveOutcome::Empty => Turn::Empty,
+        ReceiveOutcome::Failed(wait) => Turn::Failed(wait),
+        ReceiveOutcome::Got(_) => unreachable!("process ends a chain only on a non-message"),
+    }
+}
+
 /// Waits the delivery throttle, then takes a permit of the queue's gate: a receiver waiting
 /// out a delay holds no slot and does not count as in flight, and when a delay ends, only as
 /// many receivers as the (possibly reduced) limit allows go on. None when shutdown began.

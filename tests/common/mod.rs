@@ -127,28 +127,29 @@ pub async fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bo
     }
 }
 
-/// Sends `n` messages with 8 concurrent writers; returns their logical ids.
+/// Sends `n` messages in batches of 500 (one statement each on PostgreSQL), 8 batches at a
+/// time (a transport that sends a batch one by one still has 8 writers); returns their
+/// logical ids.
 pub async fn fill(transport: &Arc<dyn Transport>, queue: &QueueName, n: usize) -> Vec<String> {
+    const BATCH: usize = 500;
+    let messages: Arc<Vec<OutgoingMessage>> = Arc::new(
+        (0..n)
+            .map(|i| OutgoingMessage::new(format!("message {i}")))
+            .collect(),
+    );
     let mut writers = Vec::new();
     for w in 0..8 {
-        let (t, queue) = (transport.clone(), queue.clone());
+        let (t, queue, messages) = (transport.clone(), queue.clone(), messages.clone());
         writers.push(tokio::spawn(async move {
-            let mut ids = Vec::new();
-            let mut i = w;
-            while i < n {
-                let m = OutgoingMessage::new(format!("message {i}"));
-                t.send(&queue, &m).await.unwrap();
-                ids.push(m.logical_id());
-                i += 8;
+            for batch in messages.chunks(BATCH).skip(w).step_by(8) {
+                t.send_batch(&queue, batch).await.unwrap();
             }
-            ids
         }));
     }
-    let mut ids = Vec::new();
     for w in writers {
-        ids.extend(w.await.unwrap());
+        w.await.unwrap();
     }
-    ids
+    messages.iter().map(|m| m.logical_id()).collect()
 }
 
 /// Counts the statements a host sends to its transport.

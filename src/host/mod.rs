@@ -42,7 +42,7 @@ use crate::receive::{self, QueueRuntime, QueueSettings, ReceiveContext};
 use crate::throttling::sensors::{ResourceSensor, SystemSensor};
 use crate::throttling::service::{self, ServiceParts, ThrottleControl};
 use crate::throttling::{Clock, Direction, Throttle, TokioClock};
-use crate::transport::{self, QueueName, Transport, TransportError};
+use crate::transport::{self, QueueAdmin, QueueName, Transport, TransportError};
 
 /// Why a host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -177,7 +177,14 @@ impl HostBuilder {
         to_create.sort();
         to_create.dedup();
         let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
-        prepare_transport(&config, transport.as_ref(), &to_create, &queues).await?;
+        prepare_transport(
+            &config,
+            transport.as_ref(),
+            &to_create,
+            &receive_names,
+            &queues,
+        )
+        .await?;
 
         let sensor = self.sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
         let control = Arc::new(ThrottleControl::new(
@@ -327,8 +334,9 @@ fn plan_queues(
 /// settings that cannot work well, and purges expired messages (when configured).
 async fn prepare_transport(
     config: &Config,
-    transport: &dyn Transport,
+    transport: &dyn QueueAdmin,
     to_create: &[QueueName],
+    receive_names: &[QueueName],
     queues: &[Arc<QueueRuntime>],
 ) -> Result<(), HostError> {
     if config.host.create_queues {
@@ -344,9 +352,8 @@ async fn prepare_transport(
                 })?;
         }
     }
-    let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
     let warnings = transport
-        .startup_checks(&receive_names)
+        .startup_checks(receive_names)
         .await
         .map_err(|e| HostError::Config(e.to_string()))?;
     for warning in warnings {
@@ -366,7 +373,7 @@ async fn prepare_transport(
         );
     }
     if config.transport.purge_expired_on_startup {
-        for q in &receive_names {
+        for q in receive_names {
             match transport.purge_expired(q).await {
                 Ok(n) if n > 0 => {
                     tracing::info!(queue = %q, purged = n, "expired messages purged at start-up")

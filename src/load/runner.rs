@@ -22,7 +22,7 @@ use crate::host::{HostBuilder, HostError, HostInner};
 use crate::message::OutgoingMessage;
 use crate::throttling::Direction;
 use crate::throttling::sensors::{ResourceSensor, SystemSensor};
-use crate::transport::{self, QueueName, Transport, TransportError};
+use crate::transport::{self, QueueAdmin, QueueName, Transport, TransportError};
 
 /// Most sends of a phase waiting at once; beyond this the generator stops offering more (it
 /// would otherwise turn a throttled publish path into unbounded memory).
@@ -418,19 +418,18 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
 async fn fresh_tables(
     scenario: &Scenario,
     config: &Config,
-    transport: &dyn Transport,
+    transport: &dyn QueueAdmin,
 ) -> Result<Vec<QueueName>, LoadError> {
-    let queue_names: Vec<QueueName> = scenario
-        .queues
-        .iter()
-        .map(|q| QueueName::new(&q.name))
-        .collect::<Result<_, _>>()?;
-    if config.transport.kind != TransportKind::Memory {
-        for q in &scenario.queues {
-            let error_queue = QueueName::new(&q.error_queue)?;
-            transport.reset_queue(&QueueName::new(&q.name)?).await?;
-            transport.reset_queue(&error_queue).await?;
+    let mut queue_names = Vec::new();
+    for q in &scenario.queues {
+        let name = QueueName::new(&q.name)?;
+        if config.transport.kind != TransportKind::Memory {
+            transport.reset_queue(&name).await?;
+            transport
+                .reset_queue(&QueueName::new(&q.error_queue)?)
+                .await?;
         }
+        queue_names.push(name);
     }
     Ok(queue_names)
 }

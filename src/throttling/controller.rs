@@ -143,26 +143,26 @@ pub struct CeilingHolds {
 impl CeilingHolds {
     /// The room measured for `condition`, when the ceiling held receives back on it.
     pub fn of(&self, condition: Condition) -> Option<u64> {
-        match condition {
-            Condition::ProcessMemory => self.process_memory,
-            Condition::SystemMemory => self.system_memory,
-            Condition::Threads => self.threads,
-            Condition::DatabaseSessions => self.database_sessions,
-            _ => None,
-        }
+        let mut copy = *self;
+        copy.slot(condition).and_then(|slot| *slot)
     }
 
     /// Records a hold on `condition` with this room (the largest seen since the last tick:
     /// the ceiling's estimate only grows as messages turn out cheaper).
     pub fn record(&mut self, condition: Condition, room: u64) {
-        let slot = match condition {
-            Condition::ProcessMemory => &mut self.process_memory,
-            Condition::SystemMemory => &mut self.system_memory,
-            Condition::Threads => &mut self.threads,
-            Condition::DatabaseSessions => &mut self.database_sessions,
-            _ => return,
-        };
-        *slot = Some(slot.map_or(room, |r| r.max(room)));
+        if let Some(slot) = self.slot(condition) {
+            *slot = Some(slot.map_or(room, |r| r.max(room)));
+        }
+    }
+
+    fn slot(&mut self, condition: Condition) -> Option<&mut Option<u64>> {
+        match condition {
+            Condition::ProcessMemory => Some(&mut self.process_memory),
+            Condition::SystemMemory => Some(&mut self.system_memory),
+            Condition::Threads => Some(&mut self.threads),
+            Condition::DatabaseSessions => Some(&mut self.database_sessions),
+            _ => None,
+        }
     }
 
     /// The smallest room among the held resources.

@@ -25,7 +25,7 @@ use super::controller::{
     CeilingHolds, Controller, Decision, MachineFacts, QueueLoad, Readings, Thresholds,
 };
 use super::rates::RateWindow;
-use super::sensors::{ProcessUsage, ResourceSensor};
+use super::sensors::ResourceSensor;
 use super::{Clock, Condition, Direction, Throttle};
 use crate::config::{OverrideMode, ThrottlingConfig};
 use crate::metrics::{HostMetrics, Metrics};
@@ -247,22 +247,19 @@ fn enforce_ceiling(ceiling: &mut Ceiling, parts: &mut ServiceParts) {
     }
     // Only what is guarded: the process's own numbers cost one read of a small file; the
     // machine's memory one more.
-    let (process, system_memory_used) = if ceiling.guards(Condition::SystemMemory) {
+    let (process_memory, threads, system_memory_used) = if ceiling.guards(Condition::SystemMemory) {
         let r = parts.sensor.read();
-        let process = ProcessUsage {
-            memory: r.process_memory,
-            threads: r.threads,
-        };
-        (process, r.system_memory_used)
+        (r.process_memory, r.threads, r.system_memory_used)
     } else if ceiling.guards(Condition::ProcessMemory) || ceiling.guards(Condition::Threads) {
-        (parts.sensor.process(), 0)
+        let p = parts.sensor.process();
+        (p.memory, p.threads, 0)
     } else {
-        (ProcessUsage::default(), 0)
+        (0, 0, 0)
     };
     let usage = Usage {
-        process_memory: process.memory,
+        process_memory,
         system_memory_used,
-        threads: process.threads,
+        threads,
         database_sessions: parts.probe.database_sessions(),
         in_process: parts.probe.in_process(),
     };

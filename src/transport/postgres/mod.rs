@@ -132,23 +132,28 @@ impl PostgresTransport {
 const ANSWER_GRACE: Duration = Duration::from_secs(2);
 
 impl Inner {
-    /// Waits for `work` on `client` at most the answer deadline. The server enforces
-    /// `command_timeout` itself (`statement_timeout`), but a frozen server or a network that
-    /// drops packets never answers, and the kernel keeps acknowledging a stopped server's
-    /// socket, so without this a receive waited forever and nothing was logged. On timeout
-    /// the caller closes the connection (its state is unknown; the server rolls back what it
-    /// had).
+    /// Runs `work` on `client`, waiting at most the answer deadline, and hands the client
+    /// back with what the work returned. The server enforces `command_timeout` itself
+    /// (`statement_timeout`), but a frozen server or a network that drops packets never
+    /// answers, and the kernel keeps acknowledging a stopped server's socket, so without this
+    /// a receive waited forever and nothing was logged. On timeout the connection is closed
+    /// (its state is unknown; the server rolls back what it had).
     async fn answered<T>(
         &self,
         what: &'static str,
-        work: impl std::future::Future<Output = T>,
-    ) -> Result<T, TransportError> {
-        tokio::time::timeout(self.answer_deadline, work)
-            .await
-            .map_err(|_| TransportError::Unanswered {
-                what,
-                after: self.answer_deadline,
-            })
+        client: Object,
+        work: impl AsyncFnOnce(&Object) -> T,
+    ) -> Result<(Object, T), TransportError> {
+        match tokio::time::timeout(self.answer_deadline, work(&client)).await {
+            Ok(answer) => Ok((client, answer)),
+            Err(_) => {
+                discard(client);
+                Err(TransportError::Unanswered {
+                    what,
+                    after: self.answer_deadline,
+                })
+            }
+        }
     }
 
     fn statements(&self, queue: &QueueName) -> Result<Arc<QueueStatements>, TransportError> {
@@ -410,17 +415,13 @@ impl Transport for PostgresTransport {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
         let client = self.inner.client().await?;
-        let sent = self
+        let (_, sent) = self
             .inner
-            .answered("a send", self.inner.send_on(&client, queue, message))
-            .await;
-        match sent {
-            Ok(result) => result,
-            Err(e) => {
-                discard(client);
-                Err(e)
-            }
-        }
+            .answered("a send", client, async |c| {
+                self.inner.send_on(c, queue, message).await
+            })
+            .await?;
+        sent
     }
 
     async fn send_batch(
@@ -443,22 +444,14 @@ impl Transport for PostgresTransport {
             .collect();
         let bodies: Vec<&[u8]> = messages.iter().map(|m| m.body.as_slice()).collect();
         let client = self.inner.client().await?;
-        let sent = self
+        let (_, sent) = self
             .inner
-            .answered("a batch send", async {
-                let stmt = client.prepare_cached(&st.send_batch).await?;
-                client
-                    .execute(&stmt, &[&ids, &ttbrs, &headers, &bodies])
-                    .await
+            .answered("a batch send", client, async |c| {
+                let stmt = c.prepare_cached(&st.send_batch).await?;
+                c.execute(&stmt, &[&ids, &ttbrs, &headers, &bodies]).await
             })
-            .await;
-        match sent {
-            Ok(result) => result.map(|_| ()).map_err(|e| map_error(e, Some(queue))),
-            Err(unanswered) => {
-                discard(client);
-                Err(unanswered)
-            }
-        }
+            .await?;
+        sent.map(|_| ()).map_err(|e| map_error(e, Some(queue)))
     }
 
     async fn receive(
@@ -468,37 +461,33 @@ impl Transport for PostgresTransport {
         let st = self.inner.statements(queue)?;
         let client = self.inner.client().await?;
         let transactional = self.inner.mode != TransactionMode::None;
-        let asked = self
+        let (client, asked) = self
             .inner
-            .answered("a receive", async {
-                let stmt = client.prepare_cached(&st.receive).await?;
+            .answered("a receive", client, async |c| {
+                let stmt = c.prepare_cached(&st.receive).await?;
                 Ok::<_, tokio_postgres::Error>(if transactional {
                     // Pipelined: both requests leave in one write, the answers come back in
                     // order.
                     let (begin, row) =
-                        tokio::join!(client.batch_execute("BEGIN"), client.query_opt(&stmt, &[]));
+                        tokio::join!(c.batch_execute("BEGIN"), c.query_opt(&stmt, &[]));
                     (Some(begin), row)
                 } else {
-                    (None, client.query_opt(&stmt, &[]).await)
+                    (None, c.query_opt(&stmt, &[]).await)
                 })
             })
-            .await;
+            .await?;
         let row = match asked {
-            Ok(Ok((None | Some(Ok(())), Ok(row)))) => row,
-            Ok(Ok((Some(Err(e)), Ok(Some(row))))) => {
+            Ok((None | Some(Ok(())), Ok(row))) => row,
+            Ok((Some(Err(e)), Ok(Some(row)))) => {
                 // BEGIN failed yet the DELETE ran: it committed on its own. Put the row back
                 // rather than lose it (it goes to the tail of the queue).
                 discard(client);
                 self.inner.reinsert_autocommitted(queue, &row).await;
                 return Err(map_error(e, Some(queue)));
             }
-            Ok(Ok((Some(Err(e)), _) | (_, Err(e)))) | Ok(Err(e)) => {
+            Ok((Some(Err(e)), _) | (_, Err(e))) | Err(e) => {
                 discard(client);
                 return Err(map_error(e, Some(queue)));
-            }
-            Err(unanswered) => {
-                discard(client);
-                return Err(unanswered);
             }
         };
         self.inner
@@ -510,20 +499,14 @@ impl Transport for PostgresTransport {
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
         let st = self.inner.statements(queue)?;
         let client = self.inner.client().await?;
-        let asked = self
+        let (_, row) = self
             .inner
-            .answered("a peek", async {
-                let stmt = client.prepare_cached(&st.peek).await?;
-                client.query_one(&stmt, &[]).await
+            .answered("a peek", client, async |c| {
+                let stmt = c.prepare_cached(&st.peek).await?;
+                c.query_one(&stmt, &[]).await
             })
-            .await;
-        let row = match asked {
-            Ok(row) => row.map_err(|e| map_error(e, Some(queue)))?,
-            Err(unanswered) => {
-                discard(client);
-                return Err(unanswered);
-            }
-        };
+            .await?;
+        let row = row.map_err(|e| map_error(e, Some(queue)))?;
         let n: i64 = row
             .try_get(0)
             .map_err(|e| TransportError::database(e.to_string()))?;
@@ -537,17 +520,11 @@ impl Transport for PostgresTransport {
 
     async fn ping(&self) -> Result<(), TransportError> {
         let client = self.inner.client().await?;
-        match self
+        let (_, answer) = self
             .inner
-            .answered("a ping", client.simple_query("SELECT 1"))
-            .await
-        {
-            Ok(answer) => answer.map(|_| ()).map_err(|e| map_error(e, None)),
-            Err(unanswered) => {
-                discard(client);
-                Err(unanswered)
-            }
-        }
+            .answered("a ping", client, async |c| c.simple_query("SELECT 1").await)
+            .await?;
+        answer.map(|_| ()).map_err(|e| map_error(e, None))
     }
 }
 
@@ -697,21 +674,14 @@ impl PgReceived {
         } else {
             "a rollback"
         };
-        match self
+        let (client, ended) = self
             .inner
-            .answered(what, client.batch_execute(statement))
-            .await
-        {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => {
-                discard(client);
-                Err(map_error(e, Some(&self.queue)))
-            }
-            Err(unanswered) => {
-                discard(client);
-                Err(unanswered)
-            }
-        }
+            .answered(what, client, async |c| c.batch_execute(statement).await)
+            .await?;
+        ended.map_err(|e| {
+            discard(client);
+            map_error(e, Some(&self.queue))
+        })
     }
 }
 
@@ -832,16 +802,15 @@ impl Received for PgReceived {
         let inner = self.inner.clone();
         // One round trip: `COMMIT; BEGIN` as one simple query, pipelined with the receive.
         let asked = inner
-            .answered("a commit", async {
-                tokio::join!(commit_and_begin(&client), client.query_opt(&stmt, &[]))
+            .answered("a commit", client, async |c| {
+                tokio::join!(commit_and_begin(c), c.query_opt(&stmt, &[]))
             })
             .await;
-        let ((committed, begun), row) = match asked {
+        let (client, ((committed, begun), row)) = match asked {
             Ok(answers) => answers,
+            // Whether the COMMIT took effect is not known: reported as failed, the message
+            // is handled again if it did not (at least once).
             Err(unanswered) => {
-                // Whether the COMMIT took effect is not known: reported as failed, the
-                // message is handled again if it did not (at least once).
-                discard(client);
                 return CommitAndReceive {
                     committed: Err(unanswered),
                     next: None,
@@ -849,26 +818,28 @@ impl Received for PgReceived {
             }
         };
         let committed = committed.map_err(|e| map_error(e, Some(queue)));
-        match (begun, row) {
-            (Some(Ok(())), Ok(row)) => CommitAndReceive {
-                committed,
-                next: Some(inner.received(queue, client, true, row).await),
-            },
+        let next = match (begun, row) {
+            (Some(Ok(())), Ok(row)) => Some(inner.received(queue, client, true, row).await),
             (begun, row) => {
                 discard(client);
-                if let Ok(Some(row)) = &row {
+                let receive_failed = match row {
                     // BEGIN did not run, so the DELETE committed on its own: put that row
                     // back rather than lose it.
-                    inner.reinsert_autocommitted(queue, row).await;
-                }
-                let next = match (begun, row) {
-                    // The COMMIT failed: the next receive counts as not attempted.
-                    (None, _) => None,
-                    (Some(Err(e)), _) | (_, Err(e)) => Some(Err(map_error(e, Some(queue)))),
-                    (Some(Ok(())), Ok(_)) => unreachable!("matched above"),
+                    Ok(Some(row)) => {
+                        inner.reinsert_autocommitted(queue, &row).await;
+                        None
+                    }
+                    Ok(None) => None,
+                    Err(e) => Some(e),
                 };
-                CommitAndReceive { committed, next }
+                match begun {
+                    // The COMMIT failed: the next receive counts as not attempted.
+                    None => None,
+                    Some(Err(e)) => Some(Err(map_error(e, Some(queue)))),
+                    Some(Ok(())) => receive_failed.map(|e| Err(map_error(e, Some(queue)))),
+                }
             }
-        }
+        };
+        CommitAndReceive { committed, next }
     }
 }

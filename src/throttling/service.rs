@@ -20,7 +20,7 @@ use serde::Serialize;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::ceiling::{AdmissionCounts, CEILING_INTERVAL, Ceiling, Usage};
+use super::ceiling::{AdmissionCounts, Ceiling, Usage};
 use super::controller::{
     CeilingHolds, Controller, Decision, MachineFacts, QueueLoad, Readings, Thresholds,
 };
@@ -221,7 +221,7 @@ pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
         loop {
             enforce_ceiling(&mut ceiling, &mut parts);
             let step = if ceiling.is_armed() {
-                CEILING_INTERVAL
+                ceiling.next_read_in()
             } else {
                 config.sample_interval
             };

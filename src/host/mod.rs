@@ -170,12 +170,10 @@ impl HostBuilder {
 
         let QueuePlan {
             queues,
-            mut to_create,
+            to_create,
             error_queues,
         } = plan_queues(&config, &self.handlers, &metrics, &instance)?;
 
-        to_create.sort();
-        to_create.dedup();
         let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
         prepare_transport(
             &config,
@@ -263,7 +261,7 @@ impl HostBuilder {
 struct QueuePlan {
     /// One runtime per receiving queue (an instance queue is a queue of its own).
     queues: Vec<Arc<QueueRuntime>>,
-    /// Input, instance, error and forward queues, to create at start.
+    /// Input, instance, error and forward queues, to create at start (each once).
     to_create: Vec<QueueName>,
     /// The error queues, whose depth counts as database size only when configured.
     error_queues: HashSet<QueueName>,
@@ -323,6 +321,8 @@ fn plan_queues(
         }
     }
 
+    to_create.sort();
+    to_create.dedup();
     Ok(QueuePlan {
         queues,
         to_create,

@@ -559,13 +559,11 @@ impl Session<'_> {
         for direction in Direction::ALL {
             self.inner.set_override(direction, OverrideMode::None);
         }
-        for q in self.inner.queues() {
-            if let Some(sim) = &q.simulate {
-                let mut knobs = sim.knobs();
-                knobs.memory_per_message = crate::config::ByteSize(0);
-                knobs.blocking = false;
-                sim.set_knobs(knobs);
-            }
+        for sim in self.inner.simulated() {
+            let mut knobs = sim.knobs();
+            knobs.memory_per_message = crate::config::ByteSize(0);
+            knobs.blocking = false;
+            sim.set_knobs(knobs);
         }
     }
 
@@ -636,10 +634,8 @@ fn apply_phase(host: &HostInner, phase: &Phase, queue: &QueueName) {
         q.reconfigure(settings);
     }
     if let Some(change) = &phase.handler {
-        for q in host.queues() {
-            if let Some(sim) = &q.simulate {
-                sim.set_knobs(change.apply(sim.knobs()));
-            }
+        for sim in host.simulated() {
+            sim.set_knobs(change.apply(sim.knobs()));
         }
     }
     if let Some(mode) = phase.delivery_override {

@@ -466,6 +466,151 @@ pub async fn concurrent_creation_is_safe_and_listed(h: &dyn Harness) {
     assert_eq!(t.purge(&q("Sales.Node-1")).await.unwrap(), 1);
 }
 
+/// Ends every message of a batch at once (a batch ends when all its messages have): `how`
+/// picks commit (true) or rollback (false) per position; returns each result.
+async fn end_batch(
+    batch: Vec<Box<dyn Received>>,
+    how: impl Fn(usize) -> bool,
+) -> Vec<Result<(), TransportError>> {
+    let ends: Vec<_> = batch
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let commit = how(i);
+            tokio::spawn(async move {
+                match commit {
+                    true => r.commit().await,
+                    false => r.rollback().await,
+                }
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for end in ends {
+        results.push(
+            tokio::time::timeout(Duration::from_secs(30), end)
+                .await
+                .expect("a batch ends once all its messages have")
+                .unwrap(),
+        );
+    }
+    results
+}
+
+async fn send_numbered(t: &dyn Transport, queue: &str, n: u8) {
+    for i in 0..n {
+        t.send(&q(queue), &OutgoingMessage::new(vec![i]))
+            .await
+            .unwrap();
+    }
+}
+
+pub async fn a_batch_receive_takes_the_oldest_unlocked_in_order(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    assert!(t.receive_batch(&q("in"), 8).await.unwrap().is_empty());
+    send_numbered(t.as_ref(), "in", 10).await;
+    let first = t.receive_batch(&q("in"), 4).await.unwrap();
+    let bodies: Vec<_> = first.iter().map(|r| body_of(r.as_ref())).collect();
+    assert_eq!(bodies, vec![vec![0], vec![1], vec![2], vec![3]]);
+    // The first batch's rows are locked: the next batch takes the rest, in order.
+    let rest = t.receive_batch(&q("in"), 100).await.unwrap();
+    let bodies: Vec<_> = rest.iter().map(|r| body_of(r.as_ref())).collect();
+    assert_eq!(bodies, (4..10u8).map(|i| vec![i]).collect::<Vec<_>>());
+    for result in end_batch(first, |_| true).await {
+        result.unwrap();
+    }
+    for result in end_batch(rest, |_| true).await {
+        result.unwrap();
+    }
+    assert!(t.receive(&q("in")).await.unwrap().is_none());
+}
+
+pub async fn one_rollback_returns_the_whole_batch_to_its_place(h: &dyn Harness) {
+    let t = setup(h, &["in", "out"]).await;
+    send_numbered(t.as_ref(), "in", 5).await;
+    let mut batch = t.receive_batch(&q("in"), 5).await.unwrap();
+    assert_eq!(batch.len(), 5);
+    batch[0]
+        .send(&q("out"), &OutgoingMessage::new("from a batch"))
+        .await
+        .unwrap();
+    let results = end_batch(batch, |i| i != 2).await;
+    assert!(results[2].is_ok(), "the rollback itself worked");
+    for (i, result) in results.iter().enumerate().filter(|(i, _)| *i != 2) {
+        assert!(
+            result.is_err(),
+            "message {i} reports that its commit did not happen"
+        );
+    }
+    assert!(
+        t.receive(&q("out")).await.unwrap().is_none(),
+        "sends vanish"
+    );
+    for i in 0..5u8 {
+        let r = t
+            .receive(&q("in"))
+            .await
+            .unwrap()
+            .expect("back in the queue");
+        assert_eq!(body_of(r.as_ref()), vec![i], "at its place");
+        r.commit().await.unwrap();
+    }
+}
+
+pub async fn a_failing_message_of_a_batch_goes_to_the_error_queue_while_the_rest_commit(
+    h: &dyn Harness,
+) {
+    let t = setup(h, &["in", "out", "error"]).await;
+    send_numbered(t.as_ref(), "in", 3).await;
+    let mut batch = t.receive_batch(&q("in"), 3).await.unwrap();
+    batch[0]
+        .send(&q("out"), &OutgoingMessage::new("handled"))
+        .await
+        .unwrap();
+    let failed = OutgoingMessage::new(body_of(batch[1].as_ref()));
+    batch[1].send(&q("error"), &failed).await.unwrap();
+    for result in end_batch(batch, |_| true).await {
+        result.unwrap();
+    }
+    assert!(
+        t.receive(&q("in")).await.unwrap().is_none(),
+        "all three left"
+    );
+    let moved = t
+        .receive(&q("error"))
+        .await
+        .unwrap()
+        .expect("the failed one");
+    assert_eq!(body_of(moved.as_ref()), vec![1]);
+    moved.commit().await.unwrap();
+    let sent = t
+        .receive(&q("out"))
+        .await
+        .unwrap()
+        .expect("the handled one's send");
+    assert_eq!(body_of(sent.as_ref()), b"handled".to_vec());
+    sent.commit().await.unwrap();
+}
+
+pub async fn a_batch_dropped_mid_way_returns_every_message(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    send_numbered(t.as_ref(), "in", 4).await;
+    let mut batch = t.receive_batch(&q("in"), 4).await.unwrap();
+    // Two messages commit (they wait for the batch), then the process "dies": the rest drop.
+    let tail = batch.split_off(2);
+    let waiting = tokio::spawn(end_batch(batch, |_| true));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(tail);
+    for result in waiting.await.unwrap() {
+        assert!(result.is_err(), "a dropped message takes its batch back");
+    }
+    for i in 0..4u8 {
+        let r = t.receive(&q("in")).await.unwrap().expect("returned");
+        assert_eq!(body_of(r.as_ref()), vec![i]);
+        r.commit().await.unwrap();
+    }
+}
+
 macro_rules! conformance {
     ($module:ident, $harness:expr, { $(#[$attr:meta])* }, database) => {
         mod $module {
@@ -499,7 +644,11 @@ macro_rules! conformance {
                 a_failed_send_inside_a_receive_fails_its_commit,
                 mode_none_deletes_before_the_handler,
                 a_missing_queue_is_named_in_the_error,
-                concurrent_creation_is_safe_and_listed
+                concurrent_creation_is_safe_and_listed,
+                a_batch_receive_takes_the_oldest_unlocked_in_order,
+                one_rollback_returns_the_whole_batch_to_its_place,
+                a_failing_message_of_a_batch_goes_to_the_error_queue_while_the_rest_commit,
+                a_batch_dropped_mid_way_returns_every_message
             );
     };
     (@tests $harness:expr, $attrs:tt; $($name:ident),*) => {

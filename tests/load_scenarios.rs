@@ -366,6 +366,32 @@ fn drain_on_postgres() {
     assert_eq!(s["messages_processed"], 20000);
 }
 
+/// Batch receive on PostgreSQL: everything drained once, in a small process.
+#[test]
+fn batch_drain_on_postgres() {
+    let s = pg_scenario("drain-postgres-batch", 1.0);
+    assert_eq!(s["messages_processed"], 20000);
+    assert_eq!(s["messages_duplicated"], 0);
+    let rss = s["peak_rss_bytes"].as_u64().unwrap();
+    assert!(
+        rss <= 40 << 20,
+        "peak RSS {rss} bytes while draining in batches"
+    );
+}
+
+/// A memory condition on a batch queue: every receive turns single while delivery is
+/// throttled, the limit shrinks, memory stays under its bound and the state clears.
+#[test]
+fn process_memory_with_batch_receive() {
+    let s = scenario("process-memory-batch", 0.6);
+    assert_appeared_and_cleared("process-memory-batch", &s, "delivery", 4);
+    assert_controlled("process-memory-batch", &s, "process_memory", 1.15);
+    assert!(
+        s["min_concurrency_limit"]["orders"].as_u64().unwrap() < 32,
+        "the limit shrank"
+    );
+}
+
 /// Runs `throttlehost load` on a scenario text that must be rejected; returns its stderr.
 fn rejected(text: &str) -> String {
     let path = std::env::temp_dir().join(format!("th-rejected-{}.toml", uuid::Uuid::new_v4()));

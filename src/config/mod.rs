@@ -309,6 +309,11 @@ pub struct ConcurrencyConfig {
     pub ramp_up_after: u32,
     /// Adaptive: a loop with more consecutive empty receives than this retires (never the last).
     pub ramp_down_after: u32,
+    /// Messages one receive may take in one transaction (1: one per transaction). A batch
+    /// takes only messages that may be in flight now (free places under the effective limit)
+    /// and only while delivery is not throttled; it commits once, after every message of it
+    /// has ended, and a crash returns all of it (duplicates after a crash: up to this many).
+    pub receive_batch: u32,
 }
 
 impl Default for ConcurrencyConfig {
@@ -319,6 +324,7 @@ impl Default for ConcurrencyConfig {
             peek_interval: Duration::from_secs(1),
             ramp_up_after: 5,
             ramp_down_after: 2,
+            receive_batch: 1,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{Config, HandlerConfig, QueueConfig, ThrottlingConfig, TransportKind};
+use super::{Config, HandlerConfig, QueueConfig, ThrottlingConfig, TransactionMode, TransportKind};
 use crate::names::{validate_postgres_table_name, validate_queue_name, validate_schema_name};
 
 /// The most async worker threads a host may ask for; each costs a stack and a run queue.
@@ -27,6 +27,14 @@ pub fn validate(config: &Config) -> Problems {
     let mut names = HashSet::new();
     for (i, q) in config.queues.iter().enumerate() {
         validate_queue(i, q, &instance, &mut names, &mut add);
+        if q.concurrency.receive_batch > 1
+            && config.transport.transaction_mode == TransactionMode::None
+        {
+            add(
+                format!("queues[{i}].concurrency.receive_batch"),
+                "must be 1 with transport.transaction_mode = \"none\": that mode deletes each message before its handler runs, so a batch would delete all of it before the first handler ran".into(),
+            );
+        }
     }
     validate_throttling(&config.throttling, &mut add);
     problems
@@ -207,6 +215,12 @@ fn validate_queue(
             format!("{} is more than 10000 messages in flight per queue", c.max),
         );
     }
+    if !(1..=1000).contains(&c.receive_batch) {
+        add(
+            key("concurrency.receive_batch"),
+            format!("{} is not between 1 and 1000", c.receive_batch),
+        );
+    }
     if c.peek_interval < Duration::from_millis(100) {
         add(
             key("concurrency.peek_interval"),
@@ -362,6 +376,27 @@ mod tests {
         assert!(p[0].starts_with("2: `throttling.resume_ratio`"), "{p:?}");
         assert!(
             p[1].starts_with("4: `throttling.severity.threads`"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn batch_sizes_are_bounded_and_refused_in_mode_none() {
+        let queue = "[[queues]]\nname = \"q\"\n[queues.concurrency]\n";
+        let p = problems(&format!("{queue}receive_batch = 0\n"));
+        assert!(
+            p.iter()
+                .any(|m| m.contains("queues[0].concurrency.receive_batch")
+                    && m.contains("between 1 and 1000")),
+            "{p:?}"
+        );
+        assert!(problems(&format!("{queue}receive_batch = 32\n")).is_empty());
+        let p = problems(&format!(
+            "[transport]\ntransaction_mode = \"none\"\n{queue}receive_batch = 32\n"
+        ));
+        assert!(
+            p.iter()
+                .any(|m| m.contains("receive_batch") && m.contains("transaction_mode = \"none\"")),
             "{p:?}"
         );
     }

@@ -34,7 +34,7 @@ pub use crate::status::{
 
 use crate::config::{Config, HandlerConfig, TransportKind};
 use crate::dispatch::{DispatchObserver, Dispatcher, HostIdentity};
-use crate::handlers::{self, Handler};
+use crate::handlers::{self, Handler, SimulateHandler};
 use crate::message::OutgoingMessage;
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
@@ -172,17 +172,10 @@ impl HostBuilder {
             queues,
             to_create,
             error_queues,
+            simulated,
         } = plan_queues(&config, &self.handlers, &metrics, &instance)?;
 
-        let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
-        prepare_transport(
-            &config,
-            transport.as_ref(),
-            &to_create,
-            &receive_names,
-            &queues,
-        )
-        .await?;
+        prepare_transport(&config, transport.as_ref(), &to_create, &queues).await?;
 
         let sensor = self.sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
         let control = Arc::new(ThrottleControl::new(
@@ -210,19 +203,14 @@ impl HostBuilder {
         });
 
         let receive_ctx = start_receiving(&queues, &transport, &dispatcher, &throttle, &publisher);
-        let mut known_queues: HashSet<QueueName> = to_create.into_iter().collect();
-        known_queues.extend(receive_names);
-        // Every counter exists from the start (at 0), so a dashboard panel never says
-        // "No data" on a fresh host: published counts of every queue this host knows.
-        for queue in &known_queues {
-            let _registered = metrics.published(queue.as_str());
-        }
+        let known_queues = known_queues(to_create, &queues, &metrics);
         let inner = Arc::new(HostInner {
             config: ArcSwap::from_pointee(config),
             config_path: self.config_path,
             instance,
             transport,
             queues,
+            simulated,
             known_queues,
             dispatcher,
             publisher,
@@ -265,6 +253,8 @@ struct QueuePlan {
     to_create: Vec<QueueName>,
     /// The error queues, whose depth counts as database size only when configured.
     error_queues: HashSet<QueueName>,
+    /// The receiving queues handled by the built-in simulate handler, with its knobs.
+    simulated: Vec<(QueueName, Arc<SimulateHandler>)>,
 }
 
 /// Builds each queue's runtime with its handler: one registered with the builder, else the
@@ -276,6 +266,7 @@ fn plan_queues(
     instance: &str,
 ) -> Result<QueuePlan, HostError> {
     let mut queues = Vec::new();
+    let mut simulated = Vec::new();
     let mut to_create: Vec<QueueName> = Vec::new();
     let mut error_queues = HashSet::new();
     for qc in &config.queues {
@@ -315,9 +306,11 @@ fn plan_queues(
                 qc.concurrency.model,
                 QueueSettings::from_config(qc, max),
                 handler.clone(),
-                simulate.clone(),
                 metrics.queue(queue_name.as_str()),
             )));
+            if let Some(sim) = &simulate {
+                simulated.push((queue_name.clone(), sim.clone()));
+            }
         }
     }
 
@@ -327,7 +320,24 @@ fn plan_queues(
         queues,
         to_create,
         error_queues,
+        simulated,
     })
+}
+
+/// Every queue this host receives from, sends errors to or forwards to (what ingest accepts).
+/// Their published counters are registered at 0, so a dashboard panel never says "No data"
+/// on a fresh host.
+fn known_queues(
+    to_create: Vec<QueueName>,
+    queues: &[Arc<QueueRuntime>],
+    metrics: &Metrics,
+) -> HashSet<QueueName> {
+    let mut known: HashSet<QueueName> = to_create.into_iter().collect();
+    known.extend(queues.iter().map(|q| q.name.clone()));
+    for queue in &known {
+        let _registered = metrics.published(queue.as_str());
+    }
+    known
 }
 
 /// Creates the queues (when configured), runs the transport's start-up checks, warns about
@@ -336,9 +346,9 @@ async fn prepare_transport(
     config: &Config,
     transport: &dyn QueueAdmin,
     to_create: &[QueueName],
-    receive_names: &[QueueName],
     queues: &[Arc<QueueRuntime>],
 ) -> Result<(), HostError> {
+    let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
     if config.host.create_queues {
         for q in to_create {
             transport.create_queue(q).await.map_err(|e| match e {
@@ -353,7 +363,7 @@ async fn prepare_transport(
         }
     }
     let warnings = transport
-        .startup_checks(receive_names)
+        .startup_checks(&receive_names)
         .await
         .map_err(|e| HostError::Config(e.to_string()))?;
     for warning in warnings {
@@ -373,7 +383,7 @@ async fn prepare_transport(
         );
     }
     if config.transport.purge_expired_on_startup {
-        for q in receive_names {
+        for q in &receive_names {
             match transport.purge_expired(q).await {
                 Ok(n) if n > 0 => {
                     tracing::info!(queue = %q, purged = n, "expired messages purged at start-up")
@@ -516,6 +526,8 @@ pub struct HostInner {
     instance: String,
     transport: Arc<dyn Transport>,
     queues: Vec<Arc<QueueRuntime>>,
+    /// The simulate handlers' knobs by receiving queue (load tests and reloads turn them).
+    simulated: Vec<(QueueName, Arc<SimulateHandler>)>,
     known_queues: HashSet<QueueName>,
     dispatcher: Arc<Dispatcher>,
     publisher: Arc<Publisher>,
@@ -567,6 +579,11 @@ impl HostInner {
     /// Receiving queues (input and instance queues).
     pub fn queues(&self) -> &[Arc<QueueRuntime>] {
         &self.queues
+    }
+
+    /// The built-in simulate handlers by receiving queue: the knobs load tests turn.
+    pub fn simulated(&self) -> impl Iterator<Item = &Arc<SimulateHandler>> {
+        self.simulated.iter().map(|(_, sim)| sim)
     }
 
     /// A receiving queue by name.
@@ -640,7 +657,8 @@ impl HostInner {
                     continue;
                 };
                 q.reconfigure(QueueSettings::from_config(qc, max));
-                match (&qc.handler, &q.simulate) {
+                let sim = self.simulated.iter().find(|(name, _)| *name == q.name);
+                match (&qc.handler, sim.map(|(_, sim)| sim)) {
                     (Some(HandlerConfig::Simulate(knobs)), Some(sim)) => {
                         sim.set_knobs(knobs.clone())
                     }

@@ -19,12 +19,31 @@ pub use self::breaker::CircuitBreaker;
 pub use self::gate::{ConcurrencyGate, Permit};
 use crate::config::{ConcurrencyModel, QueueConfig};
 pub use crate::depth::DepthCell;
-use crate::handlers::{Handler, SimulateHandler};
+use crate::handlers::Handler;
 use crate::metrics::QueueMetrics;
 use crate::names::QueueName;
 
 /// Message ids whose failure counts are remembered (NServiceBus `FailureInfoStorage`).
 const FAILURE_MEMORY: usize = 10_000;
+
+/// How many of a queue's next receives take one message instead of a batch: set after a
+/// batch failed to commit, so a message that cannot commit fails on its own.
+#[derive(Debug, Default)]
+pub struct SingleReceives(AtomicU32);
+
+impl SingleReceives {
+    /// True (and one fewer left) while single receives are due.
+    pub fn take_one(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// At least the next `n` receives take one message each.
+    pub fn set(&self, n: u32) {
+        self.0.fetch_max(n, Ordering::AcqRel);
+    }
+}
 
 /// The settings of a queue that may change while it runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,9 +60,21 @@ pub struct QueueSettings {
     pub immediate_retries: u32,
     /// Handler attempt time limit.
     pub handler_timeout: Option<Duration>,
+    /// Messages one receive may take in one transaction.
+    pub receive_batch: u32,
 }
 
 impl QueueSettings {
+    /// Receivers needed to keep `limit` messages in flight: one per batch while batches can
+    /// form (`batching`: nothing throttles delivery), else one per message, since every
+    /// throttled receive takes a single message after its own wait.
+    pub fn receivers_for(&self, limit: u32, batching: bool) -> u32 {
+        match batching {
+            true => limit.div_ceil(self.receive_batch.max(1)).max(1),
+            false => limit.max(1),
+        }
+    }
+
     /// Settings of a configured queue; `max` overrides the concurrency (instance queues).
     pub fn from_config(config: &QueueConfig, max: u32) -> Self {
         QueueSettings {
@@ -53,6 +84,7 @@ impl QueueSettings {
             ramp_down_after: config.concurrency.ramp_down_after,
             immediate_retries: config.immediate_retries,
             handler_timeout: config.handler_timeout,
+            receive_batch: config.concurrency.receive_batch,
         }
     }
 }
@@ -76,12 +108,12 @@ pub struct QueueRuntime {
     pub metrics: QueueMetrics,
     /// The handler.
     pub handler: Arc<dyn Handler>,
-    /// Set when the handler is the built-in simulate handler (load tests turn its knobs).
-    pub simulate: Option<Arc<SimulateHandler>>,
     /// Transport-error circuit breaker.
     pub breaker: CircuitBreaker,
     /// Failure counts per message id.
     pub failures: FailureMemory,
+    /// Receives still to take one message each after a batch failed to commit.
+    pub single_receives: SingleReceives,
     reconfigured: Notify,
     receiver_alive: AtomicBool,
 }
@@ -94,7 +126,6 @@ impl QueueRuntime {
         model: ConcurrencyModel,
         settings: QueueSettings,
         handler: Arc<dyn Handler>,
-        simulate: Option<Arc<SimulateHandler>>,
         metrics: QueueMetrics,
     ) -> Self {
         metrics.concurrency_max.set(settings.max as f64);
@@ -110,8 +141,8 @@ impl QueueRuntime {
             depth: Arc::default(),
             metrics,
             handler,
-            simulate,
             failures: FailureMemory::default(),
+            single_receives: SingleReceives::default(),
             reconfigured: Notify::new(),
             receiver_alive: AtomicBool::new(false),
         }

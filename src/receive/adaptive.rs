@@ -31,7 +31,11 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
 impl Adaptive {
     /// Adds a loop if below the effective limit; true if it did.
     fn ramp_up(self: &Arc<Self>) -> bool {
-        let limit = self.q.gate.effective();
+        let open = self.ctx.throttle.delivery.is_open();
+        let limit = self
+            .q
+            .settings()
+            .receivers_for(self.q.gate.effective(), open);
         let grew = self
             .q
             .loops

@@ -45,6 +45,9 @@ async fn receive_loop(
         if ctx.stop.is_cancelled() || index >= q.settings().max {
             break;
         }
+        if !standby(index, &q, &ctx).await {
+            break;
+        }
         let go_on = match turn(&q, &ctx, || idle.work_found(), || {}).await {
             Turn::Stop => false,
             Turn::Handled => true,
@@ -57,3 +60,22 @@ async fn receive_loop(
     }
     q.loops.fetch_sub(1, Ordering::Relaxed);
 }
+
+/// With batch receive, a loop beyond those the batches need waits while delivery is open
+/// (its permits would split the batches) and takes part while delivery is throttled (each
+/// receive is then a single one, waited for alone). Polled every 100 ms: no statement, and a
+/// throttled host has all its loops within a tick. False when shutdown began.
+async fn standby(index: u32, q: &QueueRuntime, ctx: &ReceiveContext) -> bool {
+    loop {
+        let settings = q.settings();
+        let open = ctx.throttle.delivery.is_open();
+        if index < settings.receivers_for(settings.max, open) {
+            return true;
+        }
+        if !pause(ctx, STANDBY_POLL).await {
+            return false;
+        }
+    }
+}
+
+const STANDBY_POLL: std::time::Duration = std::time::Duration::from_millis(100);

@@ -11,6 +11,7 @@
 //! empty.
 
 pub mod adaptive;
+mod batch;
 pub mod fixed;
 pub mod monitor;
 
@@ -99,15 +100,15 @@ pub(crate) enum Turn {
 /// permit is given back before the turn ends. What to do after an empty or failed receive is
 /// the model's policy.
 pub(crate) async fn turn(
-    q: &QueueRuntime,
-    ctx: &ReceiveContext,
+    q: &Arc<QueueRuntime>,
+    ctx: &Arc<ReceiveContext>,
     got: impl FnOnce(),
     mut on_message: impl FnMut(),
 ) -> Turn {
     let Some(permit) = admit_then_acquire(q, ctx).await else {
         return Turn::Stop;
     };
-    let outcome = match receive(q, ctx).await {
+    let outcome = match batch::receive_some(q, ctx).await {
         ReceiveOutcome::Got(received) => {
             got();
             on_message();
@@ -188,7 +189,9 @@ pub(crate) fn account(
 
 /// Whether the next receive may go out with a commit: only when it would not have to wait.
 fn may_follow_on(q: &QueueRuntime, ctx: &ReceiveContext) -> bool {
-    ctx.throttle.delivery.is_open()
+    // A batch queue's next receive is a batch: it goes out from the loop, not with a commit.
+    q.settings().receive_batch <= 1
+        && ctx.throttle.delivery.is_open()
         && !ctx.stop.is_cancelled()
         && q.gate.in_flight() <= q.gate.effective()
 }

@@ -13,56 +13,64 @@
 //! current limit.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
+use super::batch::receive_some;
 use super::{
     Backoff, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_then_acquire, pause, process,
-    receive,
 };
 
 /// Counts receive tasks of one batch until each has run its receive, or one found nothing.
-#[derive(Default)]
-struct Batch {
-    pending: AtomicUsize,
-    exhausted: AtomicBool,
-    changed: Notify,
+struct Batch(watch::Sender<BatchState>);
+
+#[derive(Debug, Default, Clone, Copy)]
+struct BatchState {
+    /// Started tasks that have not run their receive yet.
+    pending: usize,
+    /// A receive found the queue empty: start no more receives in this batch.
+    exhausted: bool,
 }
 
 impl Batch {
+    fn new() -> Self {
+        Batch(watch::Sender::new(BatchState::default()))
+    }
+
     fn start_one(&self) {
-        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.0.send_modify(|s| s.pending += 1);
     }
 
     fn received(&self, found_nothing: bool) {
-        if found_nothing {
-            self.exhausted.store(true, Ordering::Release);
-        }
-        self.pending.fetch_sub(1, Ordering::AcqRel);
-        self.changed.notify_waiters();
+        self.0.send_modify(|s| {
+            s.pending -= 1;
+            s.exhausted |= found_nothing;
+        });
     }
 
     /// A follow-on receive found the queue empty: start no more receives in this batch.
     fn exhaust(&self) {
-        self.exhausted.store(true, Ordering::Release);
-        self.changed.notify_waiters();
+        self.0
+            .send_if_modified(|s| !std::mem::replace(&mut s.exhausted, true));
     }
 
     fn exhausted(&self) -> bool {
-        self.exhausted.load(Ordering::Acquire)
+        self.0.borrow().exhausted
     }
 
+    /// Returns once every started task has received, or the batch is exhausted.
     async fn wait(&self) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.exhausted() || self.pending.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            changed.await;
-        }
+        self.wait_until(|s| s.exhausted || s.pending == 0).await;
+    }
+
+    async fn wait_exhausted(&self) {
+        self.wait_until(|s| s.exhausted).await;
+    }
+
+    async fn wait_until(&self, done: impl FnMut(&BatchState) -> bool) {
+        // The sender lives in `self`, so the channel cannot close while this waits.
+        let _ = self.0.subscribe().wait_for(done).await;
     }
 }
 
@@ -79,7 +87,6 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     // instead of collecting for a whole interval and starting all at once.
     let backoff = Backoff::idle();
     while !ctx.stop.is_cancelled() {
-        slot_count = resize(&slots, slot_count, q.settings().max);
         let start = q.depth.read_started();
         let depth = match ctx.transport.peek_depth(&q.name).await {
             Ok(depth) => {
@@ -107,8 +114,26 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
         }
         backoff.reset();
         // While the breaker is triggered, one receive per peek.
-        let size = if q.breaker.is_triggered() { 1 } else { depth };
-        let batch = Arc::new(Batch::default());
+        // While batches can form, a receive takes up to receive_batch messages, and fewer
+        // receive tasks are outstanding, or their permits would split the batches.
+        let settings = q.settings();
+        let batching = settings.receive_batch > 1 && ctx.throttle.delivery.is_open();
+        slot_count = resize(
+            &slots,
+            slot_count,
+            settings.receivers_for(settings.max, batching),
+        );
+        let batch_size = if batching {
+            u64::from(settings.receive_batch)
+        } else {
+            1
+        };
+        let size = if q.breaker.is_triggered() {
+            1
+        } else {
+            depth.div_ceil(batch_size)
+        };
+        let batch = Arc::new(Batch::new());
         for _ in 0..size {
             if batch.exhausted() {
                 break;
@@ -122,7 +147,9 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
                     _ = batch.wait_exhausted() => break None,
                     _ = ctx.stop.cancelled() => break None,
                     _ = reconfigured => {
-                        slot_count = resize(&slots, slot_count, q.settings().max);
+                        let settings = q.settings();
+                        let target = settings.receivers_for(settings.max, batching);
+                        slot_count = resize(&slots, slot_count, target);
                     }
                 }
             };
@@ -152,20 +179,6 @@ fn resize(slots: &Semaphore, current: u32, max: u32) -> u32 {
     }
 }
 
-impl Batch {
-    async fn wait_exhausted(&self) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.exhausted() {
-                return;
-            }
-            changed.await;
-        }
-    }
-}
-
 async fn receive_task(
     q: Arc<QueueRuntime>,
     ctx: Arc<ReceiveContext>,
@@ -176,7 +189,7 @@ async fn receive_task(
         batch.received(true);
         return;
     };
-    match receive(&q, &ctx).await {
+    match receive_some(&q, &ctx).await {
         ReceiveOutcome::Got(received) => {
             batch.received(false);
             match process(&q, &ctx, received, || {}).await {

@@ -166,6 +166,18 @@ impl Admission {
         self.allowance.load(Ordering::Acquire) == 0
     }
 
+    /// Admits one more message if that needs no wait (nothing throttles this direction);
+    /// false otherwise, and then nothing was admitted. A batch receive takes its second and
+    /// later messages this way, so any wait makes it a receive of one.
+    #[inline]
+    pub fn try_admit(&self) -> bool {
+        let open = self.is_open();
+        if open {
+            self.admitted.fetch_add(1, Ordering::Relaxed);
+        }
+        open
+    }
+
     /// Waits until this direction admits one more message; returns how long it waited.
     /// Cancel-safe: dropping the future gives up the wait and its place in the pacing queue.
     #[inline]
@@ -194,55 +206,71 @@ impl Admission {
         let _waiting = Waiting(&self.waiting);
         let start = self.now_ns();
         // The delay: every caller waits it, concurrently.
-        loop {
-            let relaxed = self.relaxed.notified();
-            tokio::pin!(relaxed);
-            relaxed.as_mut().enable();
+        self.until_relaxed(|| {
             let delay_until = start.saturating_add(self.delay_ns.load(Ordering::Relaxed));
-            if self.now_ns() >= delay_until {
-                break;
+            match self.now_ns() >= delay_until {
+                true => Ready(()),
+                false => RecheckAt(delay_until),
             }
-            tokio::select! {
-                _ = tokio::time::sleep_until(self.instant_at(delay_until)) => {}
-                _ = &mut relaxed => {}
-            }
-        }
-        loop {
-            let relaxed = self.relaxed.notified();
-            tokio::pin!(relaxed);
-            relaxed.as_mut().enable();
-            if self.take_allowance() {
-                break;
-            }
-            relaxed.await;
-        }
+        })
+        .await;
+        self.until_relaxed(|| match self.take_allowance() {
+            true => Ready(()),
+            false => RecheckWhenRelaxed,
+        })
+        .await;
         if self.pace_ns.load(Ordering::Relaxed) == 0 {
             return Duration::from_nanos(self.now_ns() - start);
         }
         // Pacing: one caller at a time waits for the next slot.
         let _turn = self.pacing_turn.lock().await;
+        self.until_relaxed(|| {
+            let now = self.now_ns();
+            let pace = self.pace_ns.load(Ordering::Relaxed);
+            let slot = self.next_slot_ns.load(Ordering::Relaxed);
+            if pace == 0 {
+                return Ready(Duration::from_nanos(now - start));
+            }
+            if slot > now {
+                return RecheckAt(slot);
+            }
+            self.next_slot_ns
+                .store(now.saturating_add(pace), Ordering::Relaxed);
+            Ready(Duration::from_nanos(now - start))
+        })
+        .await
+    }
+
+    /// Calls `check` until it is ready: again at the time it names, and whenever the
+    /// controller relaxes a setting (so a delay shortened or a hold lifted takes effect for
+    /// callers already waiting). The wake-up is registered before each check, so a
+    /// relaxation between the check and the wait is not missed.
+    async fn until_relaxed<T>(&self, mut check: impl FnMut() -> Check<T>) -> T {
         loop {
             let relaxed = self.relaxed.notified();
             tokio::pin!(relaxed);
             relaxed.as_mut().enable();
-            let now = self.now_ns();
-            let pace = self.pace_ns.load(Ordering::Relaxed);
-            if pace == 0 {
-                return Duration::from_nanos(now - start);
-            }
-            let slot = self.next_slot_ns.load(Ordering::Relaxed);
-            if slot <= now {
-                self.next_slot_ns
-                    .store(now.saturating_add(pace), Ordering::Relaxed);
-                return Duration::from_nanos(now - start);
-            }
-            tokio::select! {
-                _ = tokio::time::sleep_until(self.instant_at(slot)) => {}
-                _ = &mut relaxed => {}
+            match check() {
+                Ready(value) => return value,
+                RecheckAt(ns) => tokio::select! {
+                    _ = tokio::time::sleep_until(self.instant_at(ns)) => {}
+                    _ = &mut relaxed => {}
+                },
+                RecheckWhenRelaxed => relaxed.await,
             }
         }
     }
 }
+
+/// What one check of a waiting admission found.
+enum Check<T> {
+    Ready(T),
+    /// Not yet; check again at this time (ns from the admission's origin) or when relaxed.
+    RecheckAt(u64),
+    /// Not yet; check again when the controller relaxes a setting.
+    RecheckWhenRelaxed,
+}
+use Check::{Ready, RecheckAt, RecheckWhenRelaxed};
 
 #[cfg(test)]
 mod tests {

@@ -113,7 +113,16 @@ impl Guard {
     }
 
     /// Records this read and returns what fits under the threshold now.
-    fn read(&mut self, now: Instant, value: u64, in_process: u64, admitted: u64) -> Fit {
+    /// `pending_bound`: how many admitted messages can hold anything now (those in process
+    /// plus those the queue limits still let wait for their receive).
+    fn read(
+        &mut self,
+        now: Instant,
+        value: u64,
+        in_process: u64,
+        admitted: u64,
+        pending_bound: u64,
+    ) -> Fit {
         if in_process == 0 {
             // What the process holds by itself now, including what it kept from earlier
             // messages (allocator caches, lingering blocking threads, pooled connections):
@@ -129,7 +138,10 @@ impl Guard {
             .rev()
             .find(|(at, _, _)| now.duration_since(*at) >= CEILING_SETTLE)
             .or(self.reads.front())
-            .map_or(0, |(_, _, then)| admitted.saturating_sub(*then));
+            .map_or(0, |(_, _, then)| admitted.saturating_sub(*then))
+            // At thousands of messages a second most of them are done already, and a message
+            // done holds nothing: only those still in flight can cost what does not show.
+            .min(pending_bound);
         let estimate = Estimate {
             idle: self.idle,
             margin,
@@ -271,7 +283,14 @@ impl Ceiling {
         let mut tightest: Option<(Condition, Fit)> = None;
         for guard in &mut self.guards {
             let value = usage.of(guard.condition);
-            let fit = guard.read(now, value, usage.in_process, admission.admitted);
+            let pending_bound = usage.in_process + self.limits_total;
+            let fit = guard.read(
+                now,
+                value,
+                usage.in_process,
+                admission.admitted,
+                pending_bound,
+            );
             if held_by == Some(guard.condition) {
                 self.held.record(guard.condition, fit.room);
             }

@@ -13,11 +13,13 @@
 //! Implementations: [`memory`] (in-process), [`postgres`], [`sqlserver`]. One conformance
 //! suite (`tests/conformance.rs`) runs against each of them.
 
+mod batch;
 pub mod headers;
 pub mod memory;
 pub use crate::names;
 pub mod postgres;
 pub mod sqlserver;
+mod unit_of_work;
 
 use std::sync::Arc;
 
@@ -153,7 +155,7 @@ impl TransportError {
 }
 
 /// What a receive took off the queue.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Payload {
     /// A message for the handler.
     Message(Message),
@@ -178,56 +180,6 @@ impl Payload {
             Payload::Message(m) => m.id,
             Payload::Expired { id } | Payload::Poison { id, .. } => *id,
         }
-    }
-}
-
-/// A received row as the SQL transports read it, before its headers are parsed.
-pub(crate) struct RawRow {
-    pub id: Uuid,
-    pub expired: bool,
-    pub headers: String,
-    pub body: Vec<u8>,
-    pub expires: Option<chrono::NaiveDateTime>,
-}
-
-/// What a received row becomes: a message, an expired row, or a poison row (whose raw headers
-/// and body are returned for dead-lettering it unchanged).
-pub(crate) fn payload_of(row: RawRow) -> (Payload, Option<(String, Vec<u8>)>) {
-    use chrono::TimeZone;
-    if row.expired {
-        return (Payload::Expired { id: row.id }, None);
-    }
-    match headers::parse_headers(&row.headers) {
-        Ok(parsed) => (
-            Payload::Message(Message {
-                id: row.id,
-                headers: parsed,
-                body: row.body,
-                expires: row.expires.map(|e| chrono::Utc.from_utc_datetime(&e)),
-            }),
-            None,
-        ),
-        Err(reason) => (
-            Payload::Poison { id: row.id, reason },
-            Some((row.headers, row.body)),
-        ),
-    }
-}
-
-/// The row to dead-letter: a poison row's raw headers and body as received, or a message
-/// written back in wire form.
-pub(crate) fn dead_letter_row(
-    payload: &Payload,
-    raw: &Option<(String, Vec<u8>)>,
-) -> Result<(Uuid, String, Vec<u8>), TransportError> {
-    match (payload, raw) {
-        (_, Some((headers, body))) => Ok((payload.id(), headers.clone(), body.clone())),
-        (Payload::Message(m), None) => {
-            Ok((m.id, headers::serialize_headers(&m.headers), m.body.clone()))
-        }
-        (other, None) => Err(TransportError::database(format!(
-            "cannot dead-letter {other:?}: its row was not kept"
-        ))),
     }
 }
 
@@ -356,6 +308,21 @@ pub trait Transport: QueueAdmin {
     /// `None` when no such message exists.
     async fn receive(&self, queue: &QueueName)
     -> Result<Option<Box<dyn Received>>, TransportError>;
+
+    /// Removes up to `max` of the oldest messages not locked by other receivers, oldest
+    /// first, in one unit of work, and hands out one [`Received`] per message. The batch
+    /// commits once, when every message of it has ended, and rolls back whole (every row back
+    /// at its place) if any message rolled back or was dropped; so a crash mid-batch returns
+    /// all of it. Each message's commit or rollback returns only when the batch has ended:
+    /// end them concurrently. Empty when the queue has nothing. PostgreSQL removes the rows
+    /// with one statement; the default takes single receives and ends them together.
+    async fn receive_batch(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        batch::EachOnItsOwn::receive(self, queue, max).await
+    }
 
     /// Estimates the number of messages waiting, skipping rows locked by in-flight receives.
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError>;

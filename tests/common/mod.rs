@@ -158,6 +158,8 @@ pub struct Counting {
     pub receives: AtomicU64,
     pub peeks: AtomicU64,
     pub sends: AtomicU64,
+    /// Messages taken by each batch receive that found any.
+    pub batches: std::sync::Mutex<Vec<usize>>,
 }
 
 impl Counting {
@@ -167,6 +169,7 @@ impl Counting {
             receives: AtomicU64::new(0),
             peeks: AtomicU64::new(0),
             sends: AtomicU64::new(0),
+            batches: Default::default(),
         })
     }
 
@@ -198,6 +201,18 @@ impl Transport for Counting {
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
         self.receives.fetch_add(1, Ordering::Relaxed);
         self.inner.receive(queue).await
+    }
+    async fn receive_batch(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        self.receives.fetch_add(1, Ordering::Relaxed);
+        let batch = self.inner.receive_batch(queue, max).await?;
+        if !batch.is_empty() {
+            self.batches.lock().unwrap().push(batch.len());
+        }
+        Ok(batch)
     }
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
         self.peeks.fetch_add(1, Ordering::Relaxed);

@@ -23,12 +23,11 @@ use uuid::Uuid;
 
 pub use statements::{QueueStatements, quote_ident};
 
+use super::batch;
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
-use super::{
-    CommitAndReceive, Payload, QueueAdmin, QueueName, RawRow, Received, Transport, TransportError,
-    dead_letter_row, payload_of,
-};
+use super::unit_of_work::{RawRow, SqlBatchWork, SqlReceived, SqlStore, payload_of};
+use super::{CommitAndReceive, QueueAdmin, QueueName, Received, Transport, TransportError};
 use crate::config::{TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
 
@@ -223,39 +222,66 @@ impl Inner {
             }
             return Ok(None);
         };
-        let decoded: Result<_, tokio_postgres::Error> = (|| {
-            let id: Uuid = row.try_get(0)?;
-            let expired: bool = row.try_get(1)?;
-            let headers: String = row.try_get(2)?;
-            let body: Option<Vec<u8>> = row.try_get(3)?;
-            let expires: Option<String> = row.try_get(4)?;
-            let expires = expires.as_deref().and_then(parse_expires);
-            Ok((id, expired, headers, body.unwrap_or_default(), expires))
-        })();
-        let (id, expired, raw_headers, body, expires) = match decoded {
-            Ok(d) => d,
+        let row = match decode_row(queue, &row) {
+            Ok(row) => row,
             Err(e) => {
                 discard(client);
-                return Err(TransportError::database(format!(
-                    "queue `{queue}` has columns of unexpected types: {e}"
-                )));
+                return Err(e);
             }
         };
-        let (payload, raw) = payload_of(RawRow {
-            id,
-            expired,
-            headers: raw_headers,
-            body,
-            expires,
-        });
-        Ok(Some(Box::new(PgReceived {
-            inner: self,
-            queue: queue.clone(),
-            client: if transactional { Some(client) } else { None },
-            failed: false,
-            payload,
-            raw,
-        })))
+        let client = if transactional { Some(client) } else { None };
+        Ok(Some(SqlReceived::boxed(self, queue, client, row)))
+    }
+
+    /// Receives up to `max` messages in one transaction (see [`Transport::receive_batch`]).
+    async fn receive_batch(
+        self: Arc<Self>,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        let st = self.statements(queue)?;
+        let client = self.client().await?;
+        let limit = i64::try_from(max).unwrap_or(i64::MAX);
+        let (client, asked) = self
+            .answered("a receive", client, async |c| {
+                let stmt = c.prepare_cached(&st.receive_batch).await?;
+                // Pipelined as the single receive is: BEGIN and the DELETE in one write.
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&limit];
+                let (begin, rows) = tokio::join!(c.batch_execute("BEGIN"), c.query(&stmt, &params));
+                Ok::<_, tokio_postgres::Error>((begin, rows))
+            })
+            .await?;
+        let rows = match asked {
+            Ok((Ok(()), Ok(rows))) => rows,
+            Ok((Err(e), Ok(rows))) => {
+                // BEGIN failed yet the DELETE ran and committed on its own: put the rows
+                // back rather than lose them (they go to the tail of the queue).
+                discard(client);
+                for row in &rows {
+                    self.reinsert_autocommitted(queue, row).await;
+                }
+                return Err(map_error(e, Some(queue)));
+            }
+            Ok((_, Err(e))) | Err(e) => {
+                discard(client);
+                return Err(map_error(e, Some(queue)));
+            }
+        };
+        let decoded: Result<Vec<_>, _> = rows
+            .iter()
+            .map(|row| decode_row(queue, row).map(payload_of))
+            .collect();
+        match decoded {
+            Ok(decoded) => {
+                let work = SqlBatchWork::new(self, queue, client);
+                batch::split(Box::new(work), decoded).await
+            }
+            Err(e) => {
+                // Closing the connection rolls the whole batch back.
+                discard(client);
+                Err(e)
+            }
+        }
     }
 
     async fn reinsert_autocommitted(&self, queue: &QueueName, row: &tokio_postgres::Row) {
@@ -394,6 +420,29 @@ fn map_error(e: tokio_postgres::Error, queue: Option<&QueueName>) -> TransportEr
     mapped.caused_by(e)
 }
 
+/// Reads a received row: id, expired flag, headers, body, expiry as text.
+fn decode_row(queue: &QueueName, row: &tokio_postgres::Row) -> Result<RawRow, TransportError> {
+    let decoded: Result<_, tokio_postgres::Error> = (|| {
+        let id: Uuid = row.try_get(0)?;
+        let expired: bool = row.try_get(1)?;
+        let headers: String = row.try_get(2)?;
+        let body: Option<Vec<u8>> = row.try_get(3)?;
+        let expires: Option<String> = row.try_get(4)?;
+        Ok(RawRow {
+            id,
+            expired,
+            headers,
+            body: body.unwrap_or_default(),
+            expires: expires.as_deref().and_then(parse_expires),
+        })
+    })();
+    decoded.map_err(|e| {
+        TransportError::database(format!(
+            "queue `{queue}` has columns of unexpected types: {e}"
+        ))
+    })
+}
+
 /// Drops a pooled connection instead of returning it: used whenever its state is unknown
 /// (an error mid-transaction, a cancelled receive). Closing it makes the server roll back.
 fn discard(client: Object) {
@@ -494,6 +543,18 @@ impl Transport for PostgresTransport {
             .clone()
             .received(queue, client, transactional, row)
             .await
+    }
+
+    async fn receive_batch(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        // Mode `none` deletes before handlers run: a batch there is single receives.
+        if max <= 1 || self.inner.mode == TransactionMode::None {
+            return batch::EachOnItsOwn::receive(self, queue, max).await;
+        }
+        self.inner.clone().receive_batch(queue, max).await
     }
 
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
@@ -650,49 +711,6 @@ impl QueueAdmin for PostgresTransport {
     }
 }
 
-/// An open PostgreSQL receive: the pooled connection with its transaction.
-struct PgReceived {
-    inner: Arc<Inner>,
-    queue: QueueName,
-    /// The connection holding the transaction; None in mode `none` and once finished.
-    client: Option<Object>,
-    /// A statement in the transaction failed: PostgreSQL has aborted it, so COMMIT would
-    /// silently roll back. Commit reports an error instead.
-    failed: bool,
-    payload: Payload,
-    /// Raw headers and body of a poison row, for dead-lettering it unchanged.
-    raw: Option<(String, Vec<u8>)>,
-}
-
-impl PgReceived {
-    async fn end(&mut self, statement: &str) -> Result<(), TransportError> {
-        let Some(client) = self.client.take() else {
-            return Ok(());
-        };
-        let what = if statement == "COMMIT" {
-            "a commit"
-        } else {
-            "a rollback"
-        };
-        let (client, ended) = self
-            .inner
-            .answered(what, client, async |c| c.batch_execute(statement).await)
-            .await?;
-        ended.map_err(|e| {
-            discard(client);
-            map_error(e, Some(&self.queue))
-        })
-    }
-}
-
-impl Drop for PgReceived {
-    fn drop(&mut self) {
-        if let Some(client) = self.client.take() {
-            discard(client);
-        }
-    }
-}
-
 /// Runs `COMMIT; BEGIN` and says what each did: the commit's outcome, and the begin's (`None`
 /// when it never ran, because the COMMIT failed).
 ///
@@ -727,81 +745,93 @@ async fn commit_and_begin(
 }
 
 #[async_trait]
-impl Received for PgReceived {
-    fn payload(&self) -> &Payload {
-        &self.payload
-    }
+impl SqlStore for Inner {
+    type Conn = Object;
 
-    async fn send(
-        &mut self,
+    async fn insert(
+        &self,
+        conn: &mut Object,
         queue: &QueueName,
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
-        match &self.client {
-            Some(client) => {
-                let result = self.inner.send_on(client, queue, message).await;
-                self.failed |= result.is_err();
-                result
-            }
-            None => {
-                let client = self.inner.client().await?;
-                self.inner.send_on(&client, queue, message).await
-            }
-        }
+        self.send_on(conn, queue, message).await
     }
 
-    async fn dead_letter(&mut self, queue: &QueueName) -> Result<(), TransportError> {
-        let st = self.inner.statements(queue)?;
-        let (id, headers, body) = dead_letter_row(&self.payload, &self.raw)?;
+    async fn insert_alone(
+        &self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        let client = self.client().await?;
+        self.send_on(&client, queue, message).await
+    }
+
+    async fn insert_raw(
+        &self,
+        conn: Option<&mut Object>,
+        queue: &QueueName,
+        (id, headers, body): (Uuid, &str, &[u8]),
+    ) -> Result<(), TransportError> {
+        let st = self.statements(queue)?;
         let pooled;
-        let client = match &self.client {
-            Some(c) => c,
+        let client = match conn {
+            Some(c) => &*c,
             None => {
-                pooled = self.inner.client().await?;
+                pooled = self.client().await?;
                 &pooled
             }
         };
-        let result = async {
+        async {
             let stmt = client.prepare_cached(&st.send_raw).await?;
             client.execute(&stmt, &[&id, &headers, &body]).await
         }
         .await
         .map(|_| ())
-        .map_err(|e| map_error(e, Some(queue)));
-        if self.client.is_some() {
-            self.failed |= result.is_err();
-        }
-        result
+        .map_err(|e| map_error(e, Some(queue)))
     }
 
-    async fn commit(mut self: Box<Self>) -> Result<(), TransportError> {
-        if self.failed {
-            self.end("ROLLBACK").await?;
-            return Err(TransportError::aborted(&self.queue));
-        }
-        self.end("COMMIT").await
+    async fn end(
+        &self,
+        client: Object,
+        queue: &QueueName,
+        commit: bool,
+        _after_failure: bool,
+    ) -> Result<(), TransportError> {
+        // After a failed statement PostgreSQL only needs the ROLLBACK: the connection is
+        // clean again once it answered.
+        let (statement, what) = match commit {
+            true => ("COMMIT", "a commit"),
+            false => ("ROLLBACK", "a rollback"),
+        };
+        let (client, ended) = self
+            .answered(what, client, async |c| c.batch_execute(statement).await)
+            .await?;
+        ended.map_err(|e| {
+            discard(client);
+            map_error(e, Some(queue))
+        })
     }
 
-    async fn rollback(mut self: Box<Self>) -> Result<(), TransportError> {
-        self.end("ROLLBACK").await
+    fn abandon(&self, client: Object) {
+        discard(client);
     }
 
     async fn commit_and_receive(
-        mut self: Box<Self>,
+        self: Arc<Self>,
+        client: Object,
         transport: &dyn Transport,
         queue: &QueueName,
     ) -> CommitAndReceive {
-        let stmt = match (&self.client, self.failed, self.inner.statements(queue)) {
-            (Some(client), false, Ok(st)) => client.prepare_cached(&st.receive).await.ok(),
-            _ => None,
+        let stmt = match self.statements(queue) {
+            Ok(st) => client.prepare_cached(&st.receive).await.ok(),
+            Err(_) => None,
         };
-        let (Some(stmt), Some(client)) = (stmt, self.client.take()) else {
-            let committed = self.commit().await;
+        let Some(stmt) = stmt else {
+            let committed = self.end(client, queue, true, false).await;
             return CommitAndReceive::then_receive(committed, transport, queue).await;
         };
-        let inner = self.inner.clone();
         // One round trip: `COMMIT; BEGIN` as one simple query, pipelined with the receive.
-        let asked = inner
+        let asked = self
             .answered("a commit", client, async |c| {
                 tokio::join!(commit_and_begin(c), c.query_opt(&stmt, &[]))
             })
@@ -819,14 +849,14 @@ impl Received for PgReceived {
         };
         let committed = committed.map_err(|e| map_error(e, Some(queue)));
         let next = match (begun, row) {
-            (Some(Ok(())), Ok(row)) => Some(inner.received(queue, client, true, row).await),
+            (Some(Ok(())), Ok(row)) => Some(self.received(queue, client, true, row).await),
             (begun, row) => {
                 discard(client);
                 let receive_failed = match row {
                     // BEGIN did not run, so the DELETE committed on its own: put that row
                     // back rather than lose it.
                     Ok(Some(row)) => {
-                        inner.reinsert_autocommitted(queue, &row).await;
+                        self.reinsert_autocommitted(queue, &row).await;
                         None
                     }
                     Ok(None) => None,

@@ -32,6 +32,9 @@ pub struct QueueStatements {
     /// text: a `timestamp` holds values no client date type can (`infinity`, year 294276),
     /// and a row the host cannot decode must not go back to the head of the queue.
     pub receive: String,
+    /// Deletes up to `$1` of the oldest rows not locked by other receivers; returns them
+    /// oldest first, in the columns of [`QueueStatements::receive`].
+    pub receive_batch: String,
     /// max(Seq) - min(Seq) + 1 over rows not locked by in-flight receives; 0 when empty.
     pub peek: String,
     /// Deletes up to `$1` expired rows not locked by others.
@@ -73,6 +76,14 @@ impl QueueStatements {
                  RETURNING rs.Id, \
                  CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END, \
                  rs.Headers, rs.Body, rs.Expires::text"
+            ),
+            receive_batch: format!(
+                "WITH taken AS (DELETE FROM {table} rs \
+                 WHERE rs.Seq IN (SELECT Seq FROM {table} ORDER BY Seq LIMIT $1 FOR UPDATE SKIP LOCKED) \
+                 RETURNING rs.Seq, rs.Id, \
+                 CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END AS expired, \
+                 rs.Headers, rs.Body, rs.Expires::text AS expires) \
+                 SELECT Id, expired, Headers, Body, expires FROM taken ORDER BY Seq"
             ),
             peek: format!(
                 "SELECT COALESCE(\

@@ -28,10 +28,8 @@ pub use statements::{QueueStatements, bracket};
 use self::pool::{Connection, Manager};
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
-use super::{
-    CommitAndReceive, Payload, QueueAdmin, QueueName, RawRow, Received, Transport, TransportError,
-    dead_letter_row, payload_of,
-};
+use super::unit_of_work::{RawRow, SqlReceived, SqlStore};
+use super::{CommitAndReceive, QueueAdmin, QueueName, Received, Transport, TransportError};
 use crate::config::{Dialect, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
 
@@ -374,21 +372,15 @@ impl Inner {
                 )));
             }
         };
-        let (payload, raw) = payload_of(RawRow {
+        let row = RawRow {
             id,
             expired,
             headers: raw_headers,
             body,
             expires,
-        });
-        Ok(Some(Box::new(SqlReceived {
-            inner: self.clone(),
-            queue: queue.clone(),
-            conn: if transactional { Some(conn) } else { None },
-            failed: false,
-            payload,
-            raw,
-        })))
+        };
+        let conn = if transactional { Some(conn) } else { None };
+        Ok(Some(SqlReceived::boxed(self.clone(), queue, conn, row)))
     }
 
     /// Runs a batch whose first result's first value is a bigint count.
@@ -427,17 +419,7 @@ impl Transport for SqlServerTransport {
         queue: &QueueName,
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
-        let mut attempt = 0;
-        loop {
-            let mut conn = self.inner.conn().await?;
-            match self.inner.send_on(&mut conn, queue, message).await {
-                Err(e) if e.is_deadlock() && attempt < DEADLOCK_RETRIES => {
-                    attempt += 1;
-                    tracing::debug!(queue = %queue, attempt, "send was a deadlock victim; retrying");
-                }
-                other => return other,
-            }
-        }
+        self.inner.insert_alone(queue, message).await
     }
 
     async fn receive(
@@ -695,117 +677,85 @@ pub fn int_at(row: &tiberius::Row, index: usize) -> Option<i64> {
         .or_else(|| row.try_get::<i64, _>(index).ok().flatten())
 }
 
-/// An open SQL Server receive: the pooled connection with its transaction.
-struct SqlReceived {
-    inner: Arc<Inner>,
-    queue: QueueName,
-    /// The connection holding the transaction; None in mode `none` and once finished.
-    conn: Option<Pooled>,
-    /// A statement in the transaction failed (XACT_ABORT rolled it back): commit must fail.
-    failed: bool,
-    payload: Payload,
-    /// Raw headers and body of a poison row, for dead-lettering it unchanged.
-    raw: Option<(String, Vec<u8>)>,
-}
+#[async_trait]
+impl SqlStore for Inner {
+    type Conn = Pooled;
 
-impl SqlReceived {
-    async fn end(&mut self, sql: &str) -> Result<(), TransportError> {
-        let Some(mut conn) = self.conn.take() else {
-            return Ok(());
+    async fn insert(
+        &self,
+        conn: &mut Pooled,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        self.send_on(conn, queue, message).await
+    }
+
+    async fn insert_alone(
+        &self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        let mut attempt = 0;
+        loop {
+            let mut conn = self.conn().await?;
+            match self.send_on(&mut conn, queue, message).await {
+                Err(e) if e.is_deadlock() && attempt < DEADLOCK_RETRIES => {
+                    attempt += 1;
+                    tracing::debug!(queue = %queue, attempt, "send was a deadlock victim; retrying");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn insert_raw(
+        &self,
+        conn: Option<&mut Pooled>,
+        queue: &QueueName,
+        (id, headers, body): (Uuid, &str, &[u8]),
+    ) -> Result<(), TransportError> {
+        match conn {
+            Some(conn) => self.send_raw_on(conn, queue, id, headers, body).await,
+            None => {
+                let mut conn = self.conn().await?;
+                self.send_raw_on(&mut conn, queue, id, headers, body).await
+            }
+        }
+    }
+
+    async fn end(
+        &self,
+        mut conn: Pooled,
+        queue: &QueueName,
+        commit: bool,
+        after_failure: bool,
+    ) -> Result<(), TransportError> {
+        let sql = match commit {
+            true => "COMMIT TRAN;",
+            false => "IF @@TRANCOUNT > 0 ROLLBACK TRAN;",
         };
         let result = async { conn.client.simple_query(sql).await?.into_results().await }.await;
         // After an error inside the transaction the client's idea of it may be stale: start
         // the next unit of work on a fresh connection.
-        conn.broken |= self.failed || result.is_err();
-        result
-            .map(|_| ())
-            .map_err(|e| map_error(e, Some(&self.queue)))
-    }
-}
-
-impl Drop for SqlReceived {
-    fn drop(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            // Closing the connection makes the server roll the transaction back.
-            conn.broken = true;
-        }
-    }
-}
-
-#[async_trait]
-impl Received for SqlReceived {
-    fn payload(&self) -> &Payload {
-        &self.payload
+        conn.broken |= after_failure || result.is_err();
+        result.map(|_| ()).map_err(|e| map_error(e, Some(queue)))
     }
 
-    async fn send(
-        &mut self,
-        queue: &QueueName,
-        message: &OutgoingMessage,
-    ) -> Result<(), TransportError> {
-        match self.conn.as_mut() {
-            Some(conn) => {
-                let result = self.inner.send_on(conn, queue, message).await;
-                self.failed |= result.is_err();
-                result
-            }
-            None => {
-                SqlServerTransport {
-                    inner: self.inner.clone(),
-                }
-                .send(queue, message)
-                .await
-            }
-        }
-    }
-
-    async fn dead_letter(&mut self, queue: &QueueName) -> Result<(), TransportError> {
-        let (id, headers, body) = dead_letter_row(&self.payload, &self.raw)?;
-        match self.conn.as_mut() {
-            Some(conn) => {
-                let result = self
-                    .inner
-                    .send_raw_on(conn, queue, id, &headers, &body)
-                    .await;
-                self.failed |= result.is_err();
-                result
-            }
-            None => {
-                let mut conn = self.inner.conn().await?;
-                self.inner
-                    .send_raw_on(&mut conn, queue, id, &headers, &body)
-                    .await
-            }
-        }
-    }
-
-    async fn commit(mut self: Box<Self>) -> Result<(), TransportError> {
-        if self.failed {
-            self.end("IF @@TRANCOUNT > 0 ROLLBACK TRAN;").await?;
-            return Err(TransportError::aborted(&self.queue));
-        }
-        self.end("COMMIT TRAN;").await
-    }
-
-    async fn rollback(mut self: Box<Self>) -> Result<(), TransportError> {
-        self.end("IF @@TRANCOUNT > 0 ROLLBACK TRAN;").await
+    fn abandon(&self, mut conn: Pooled) {
+        // Closing the connection makes the server roll the transaction back.
+        conn.broken = true;
     }
 
     async fn commit_and_receive(
-        mut self: Box<Self>,
-        transport: &dyn Transport,
+        self: Arc<Self>,
+        conn: Pooled,
+        _transport: &dyn Transport,
         queue: &QueueName,
     ) -> CommitAndReceive {
-        if self.failed || self.conn.is_none() || &self.queue != queue {
-            let committed = self.commit().await;
-            return CommitAndReceive::then_receive(committed, transport, queue).await;
-        }
-        let conn = self.conn.take().expect("checked above");
-        let st = self.inner.statements(queue);
+        let st = self.statements(queue);
         // One batch: COMMIT, BEGIN, receive. With XACT_ABORT ON a failed COMMIT aborts the
         // batch before anything is received.
         match self
-            .inner
             .run_receive(conn, queue, &st.commit_and_receive, true)
             .await
         {

@@ -1,0 +1,343 @@
+//! The open receive of the two SQL transports, written once: a received row and the
+//! pooled connection whose transaction removed it. What differs between PostgreSQL and SQL
+//! Server (how to insert on the connection, how to end the transaction, what to do with a
+//! connection left in doubt, how to commit and receive in one round trip) is the
+//! [`SqlStore`] each implements; the bookkeeping (a failed statement makes the commit fail,
+//! mode `none` sends on a connection of their own, a dropped receive rolls back) is here.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::batch::BatchWork;
+use super::{CommitAndReceive, Payload, QueueName, Received, Transport, TransportError, headers};
+use crate::message::{Message, OutgoingMessage};
+
+/// What a SQL transport does on one of its pooled connections for an open receive.
+#[async_trait]
+pub(crate) trait SqlStore: Send + Sync + Sized + 'static {
+    /// A pooled connection.
+    type Conn: Send + 'static;
+
+    /// Inserts a message on `conn`, inside its open transaction.
+    async fn insert(
+        &self,
+        conn: &mut Self::Conn,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError>;
+
+    /// Inserts a message on a connection of its own (transaction mode `none`).
+    async fn insert_alone(
+        &self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError>;
+
+    /// Inserts a row as it was received (same id, raw headers and body, no expiry); `conn`
+    /// `None`: on a connection of its own.
+    async fn insert_raw(
+        &self,
+        conn: Option<&mut Self::Conn>,
+        queue: &QueueName,
+        row: (Uuid, &str, &[u8]),
+    ) -> Result<(), TransportError>;
+
+    /// Commits (`commit`) or rolls back the transaction on `conn` and gives the connection
+    /// back to the pool, or closes it when its state is in doubt. `after_failure`: a
+    /// statement in the transaction failed before.
+    async fn end(
+        &self,
+        conn: Self::Conn,
+        queue: &QueueName,
+        commit: bool,
+        after_failure: bool,
+    ) -> Result<(), TransportError>;
+
+    /// Closes a connection whose transaction is still open: the server rolls it back.
+    fn abandon(&self, conn: Self::Conn);
+
+    /// Commits the transaction on `conn`, then receives the next message from `queue` on the
+    /// same connection, in as few round trips as the server allows.
+    async fn commit_and_receive(
+        self: Arc<Self>,
+        conn: Self::Conn,
+        transport: &dyn Transport,
+        queue: &QueueName,
+    ) -> CommitAndReceive;
+}
+
+/// What a received row became, with its raw headers and body when they could not be parsed.
+pub(crate) type ReceivedRow = (Payload, Option<(String, Vec<u8>)>);
+
+/// A received row as the SQL transports read it, before its headers are parsed.
+pub(crate) struct RawRow {
+    pub id: Uuid,
+    pub expired: bool,
+    pub headers: String,
+    pub body: Vec<u8>,
+    pub expires: Option<chrono::NaiveDateTime>,
+}
+
+/// What a received row becomes: a message, an expired row, or a poison row (whose raw headers
+/// and body are returned for dead-lettering it unchanged).
+pub(crate) fn payload_of(row: RawRow) -> ReceivedRow {
+    use chrono::TimeZone;
+    if row.expired {
+        return (Payload::Expired { id: row.id }, None);
+    }
+    match headers::parse_headers(&row.headers) {
+        Ok(parsed) => (
+            Payload::Message(Message {
+                id: row.id,
+                headers: parsed,
+                body: row.body,
+                expires: row.expires.map(|e| chrono::Utc.from_utc_datetime(&e)),
+            }),
+            None,
+        ),
+        Err(reason) => (
+            Payload::Poison { id: row.id, reason },
+            Some((row.headers, row.body)),
+        ),
+    }
+}
+
+/// The row to dead-letter: a poison row's raw headers and body as received, or a message
+/// written back in wire form.
+pub(crate) fn dead_letter_row(
+    payload: &Payload,
+    raw: &Option<(String, Vec<u8>)>,
+) -> Result<(Uuid, String, Vec<u8>), TransportError> {
+    match kept_row(payload, raw) {
+        Some((headers, body)) => Ok((payload.id(), headers, body)),
+        None => Err(TransportError::database(format!(
+            "cannot dead-letter {payload:?}: its row was not kept"
+        ))),
+    }
+}
+
+/// A received row's headers and body in wire form, when they are known.
+pub(crate) fn kept_row(
+    payload: &Payload,
+    raw: &Option<(String, Vec<u8>)>,
+) -> Option<(String, Vec<u8>)> {
+    match (payload, raw) {
+        (_, Some((headers, body))) => Some((headers.clone(), body.clone())),
+        (Payload::Message(m), None) => {
+            Some((headers::serialize_headers(&m.headers), m.body.clone()))
+        }
+        (_, None) => None,
+    }
+}
+
+/// An open receive on a SQL transport.
+pub(crate) struct SqlReceived<S: SqlStore> {
+    store: Arc<S>,
+    queue: QueueName,
+    /// The connection holding the transaction; None in mode `none` and once finished.
+    conn: Option<S::Conn>,
+    /// A statement in the transaction failed: the server has aborted (PostgreSQL) or rolled
+    /// back (SQL Server, XACT_ABORT) the transaction, so commit must report an error.
+    failed: bool,
+    payload: Payload,
+    /// Raw headers and body of a poison row, for dead-lettering it unchanged.
+    raw: Option<(String, Vec<u8>)>,
+}
+
+impl<S: SqlStore> SqlReceived<S> {
+    /// The receive of `row` from `queue`; `conn` holds its transaction (None in mode `none`,
+    /// where the row is already gone).
+    pub(crate) fn boxed(
+        store: Arc<S>,
+        queue: &QueueName,
+        conn: Option<S::Conn>,
+        row: RawRow,
+    ) -> Box<dyn Received> {
+        let (payload, raw) = payload_of(row);
+        Box::new(SqlReceived {
+            store,
+            queue: queue.clone(),
+            conn,
+            failed: false,
+            payload,
+            raw,
+        })
+    }
+
+    /// Ends the transaction, if one is open.
+    async fn end(&mut self, commit: bool) -> Result<(), TransportError> {
+        match self.conn.take() {
+            Some(conn) => self.store.end(conn, &self.queue, commit, self.failed).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Notes the outcome of a statement run inside the transaction.
+    fn inside<T>(&mut self, result: Result<T, TransportError>) -> Result<T, TransportError> {
+        self.failed |= result.is_err();
+        result
+    }
+}
+
+impl<S: SqlStore> Drop for SqlReceived<S> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.store.abandon(conn);
+        }
+    }
+}
+
+#[async_trait]
+impl<S: SqlStore> Received for SqlReceived<S> {
+    fn payload(&self) -> &Payload {
+        &self.payload
+    }
+
+    async fn send(
+        &mut self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        match self.conn.as_mut() {
+            Some(conn) => {
+                let result = self.store.insert(conn, queue, message).await;
+                self.inside(result)
+            }
+            None => self.store.insert_alone(queue, message).await,
+        }
+    }
+
+    async fn dead_letter(&mut self, queue: &QueueName) -> Result<(), TransportError> {
+        let (id, headers, body) = dead_letter_row(&self.payload, &self.raw)?;
+        let row = (id, headers.as_str(), body.as_slice());
+        match self.conn.as_mut() {
+            Some(conn) => {
+                let result = self.store.insert_raw(Some(conn), queue, row).await;
+                self.inside(result)
+            }
+            None => self.store.insert_raw(None, queue, row).await,
+        }
+    }
+
+    async fn commit(mut self: Box<Self>) -> Result<(), TransportError> {
+        if self.failed {
+            self.end(false).await?;
+            return Err(TransportError::aborted(&self.queue));
+        }
+        self.end(true).await
+    }
+
+    async fn rollback(mut self: Box<Self>) -> Result<(), TransportError> {
+        self.end(false).await
+    }
+
+    async fn commit_and_receive(
+        mut self: Box<Self>,
+        transport: &dyn Transport,
+        queue: &QueueName,
+    ) -> CommitAndReceive {
+        // The one-round-trip form needs a clean transaction on a connection that receives
+        // from the same queue (SQL Server's batch is per queue).
+        match (self.failed || self.queue != *queue, self.conn.take()) {
+            (false, Some(conn)) => {
+                self.store
+                    .clone()
+                    .commit_and_receive(conn, transport, queue)
+                    .await
+            }
+            (_, conn) => {
+                self.conn = conn;
+                let committed = self.commit().await;
+                CommitAndReceive::then_receive(committed, transport, queue).await
+            }
+        }
+    }
+}
+
+/// The transaction of a batch receive on a SQL transport.
+pub(crate) struct SqlBatchWork<S: SqlStore> {
+    store: Arc<S>,
+    queue: QueueName,
+    /// The connection holding the transaction; None once ended.
+    conn: Option<S::Conn>,
+    /// A write in the transaction failed.
+    failed: bool,
+}
+
+impl<S: SqlStore> SqlBatchWork<S> {
+    /// The batch transaction open on `conn`, which removed rows from `queue`.
+    pub(crate) fn new(store: Arc<S>, queue: &QueueName, conn: S::Conn) -> Self {
+        SqlBatchWork {
+            store,
+            queue: queue.clone(),
+            conn: Some(conn),
+            failed: false,
+        }
+    }
+
+    fn conn(&mut self) -> Result<&mut S::Conn, TransportError> {
+        self.conn
+            .as_mut()
+            .ok_or_else(|| TransportError::database("the batch's transaction has ended"))
+    }
+
+    async fn end(mut self: Box<Self>, commit: bool) -> Result<(), TransportError> {
+        let Some(conn) = self.conn.take() else {
+            return Err(TransportError::database(
+                "the batch's transaction has ended",
+            ));
+        };
+        self.store.end(conn, &self.queue, commit, self.failed).await
+    }
+}
+
+impl<S: SqlStore> Drop for SqlBatchWork<S> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.store.abandon(conn);
+        }
+    }
+}
+
+#[async_trait]
+impl<S: SqlStore> BatchWork for SqlBatchWork<S> {
+    async fn insert(
+        &mut self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        let store = self.store.clone();
+        let result = store.insert(self.conn()?, queue, message).await;
+        self.failed |= result.is_err();
+        result
+    }
+
+    async fn insert_raw(
+        &mut self,
+        queue: &QueueName,
+        id: Uuid,
+        row: Option<(&str, &[u8])>,
+    ) -> Result<(), TransportError> {
+        let Some((headers, body)) = row else {
+            return Err(TransportError::database(format!(
+                "cannot dead-letter {id}: its row was not kept"
+            )));
+        };
+        let store = self.store.clone();
+        let result = store
+            .insert_raw(Some(self.conn()?), queue, (id, headers, body))
+            .await;
+        self.failed |= result.is_err();
+        result
+    }
+
+    async fn commit(self: Box<Self>) -> Result<(), TransportError> {
+        self.end(true).await
+    }
+
+    async fn rollback(self: Box<Self>) -> Result<(), TransportError> {
+        self.end(false).await
+    }
+}

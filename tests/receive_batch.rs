@@ -1,0 +1,129 @@
+//! Batch receive (`receive_batch` above 1) on PostgreSQL, in every concurrency model: every
+//! message handled once, never more in flight than the limit, and any throttling wait turns
+//! the batch into single receives.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use throttlehost::HostBuilder;
+use throttlehost::config::{ConcurrencyModel, OverrideMode};
+use throttlehost::throttling::Direction;
+use throttlehost::transport::Transport;
+
+use common::{Counting, PgBacklog, Probe, ProbeHandler, wait_until};
+
+async fn a_batch_queue_drains_every_message_once_within_its_limit(model: ConcurrencyModel) {
+    let backlog = PgBacklog::new("work", 3000, 30).await;
+    let counting = Counting::new(backlog.transport.clone());
+    let probe = Probe::new(Duration::from_millis(1));
+    let mut config = backlog.config(model, 16);
+    config.queues[0].concurrency.receive_batch = 8;
+    config.throttling.enabled = false;
+    let host = HostBuilder::new(config)
+        .transport(counting.clone() as Arc<dyn Transport>)
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(60), "3000 handled", || {
+        probe.handled() >= 3000
+    })
+    .await;
+    host.shutdown().await;
+
+    let handled = probe.ids.lock().unwrap().clone();
+    let unique: HashSet<String> = handled.iter().cloned().collect();
+    assert_eq!(handled.len(), 3000, "each message once");
+    assert_eq!(unique, backlog.sent);
+    assert!(probe.peak.load(Ordering::SeqCst) <= 16, "within max");
+    let batches = counting.batches.lock().unwrap().clone();
+    assert!(
+        batches.iter().all(|&n| n <= 8),
+        "no batch above receive_batch: {batches:?}"
+    );
+    let batched: usize = batches.iter().filter(|&&n| n > 1).sum();
+    assert!(
+        batched >= 1500,
+        "most messages came in batches ({batched} of 3000; sizes {batches:?})"
+    );
+    assert!(
+        backlog
+            .transport
+            .receive(&backlog.queue)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_receives_in_batches() {
+    a_batch_queue_drains_every_message_once_within_its_limit(ConcurrencyModel::Fixed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_receives_in_batches() {
+    a_batch_queue_drains_every_message_once_within_its_limit(ConcurrencyModel::Adaptive).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_receives_in_batches() {
+    a_batch_queue_drains_every_message_once_within_its_limit(ConcurrencyModel::Monitor).await;
+}
+
+/// While delivery is throttled every receive waits its delay alone: no batch forms, so
+/// throttling bites a batch queue exactly as hard as any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_batch_queue_receives_one_message_at_a_time() {
+    let backlog = PgBacklog::new("work", 0, 20).await;
+    let counting = Counting::new(backlog.transport.clone());
+    let probe = Probe::new(Duration::ZERO);
+    let mut config = backlog.config(ConcurrencyModel::Fixed, 8);
+    config.queues[0].concurrency.receive_batch = 8;
+    config.throttling.sample_interval = Duration::from_millis(100);
+    let host = HostBuilder::new(config)
+        .transport(counting.clone() as Arc<dyn Transport>)
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    host.inner()
+        .set_override(Direction::Delivery, OverrideMode::Throttle);
+    wait_until(Duration::from_secs(5), "delivery throttled", || {
+        !host.inner().throttle().delivery.is_open()
+    })
+    .await;
+    common::fill(&backlog.transport, &backlog.queue, 40).await;
+    wait_until(Duration::from_secs(60), "40 handled", || {
+        probe.handled() >= 40
+    })
+    .await;
+    let batches = counting.batches.lock().unwrap().clone();
+    assert!(
+        batches.iter().all(|&n| n == 1),
+        "throttled receives take one message: {batches:?}"
+    );
+
+    // The override lifted, batches form again.
+    host.inner()
+        .set_override(Direction::Delivery, OverrideMode::None);
+    wait_until(Duration::from_secs(5), "delivery open", || {
+        host.inner().throttle().delivery.is_open()
+    })
+    .await;
+    common::fill(&backlog.transport, &backlog.queue, 400).await;
+    wait_until(Duration::from_secs(60), "440 handled", || {
+        probe.handled() >= 440
+    })
+    .await;
+    let batches = counting.batches.lock().unwrap().clone();
+    assert!(
+        batches.iter().any(|&n| n > 1),
+        "unthrottled, batches form: {batches:?}"
+    );
+    host.shutdown().await;
+}

@@ -7,7 +7,7 @@ use throttlehost::config::Dialect;
 use throttlehost::transport::QueueName;
 use throttlehost::transport::sqlserver::QueueStatements;
 use throttlehost::transport::sqlserver::statements::{
-    HEADERS_TYPE, IS_BABELFISH, LIST_QUEUES, ROWVERSION_INDEXES,
+    HEADERS_TYPE, IS_BABELFISH, LIST_QUEUES, ROWVERSION_INDEXES, begin_and_receive_batch,
 };
 
 fn statements(dialect: Dialect) -> QueueStatements {
@@ -29,6 +29,20 @@ fn sqlserver_dialect() {
     insta::assert_snapshot!("peek", s.peek);
     insta::assert_snapshot!("purge_expired_batch", s.purge_expired_batch);
     insta::assert_snapshot!("purge", s.purge);
+}
+
+/// The batch receive in both dialects (a table variable, ordered at the end).
+#[test]
+fn batch_receive() {
+    let s = statements(Dialect::Sqlserver);
+    insta::assert_snapshot!(
+        "begin_and_receive_batch",
+        begin_and_receive_batch(&s.table, 32, Dialect::Sqlserver)
+    );
+    insta::assert_snapshot!(
+        "babelfish_begin_and_receive_batch",
+        begin_and_receive_batch(&s.table, 32, Dialect::Babelfish)
+    );
 }
 
 #[test]

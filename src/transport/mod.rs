@@ -314,8 +314,9 @@ pub trait Transport: QueueAdmin {
     /// commits once, when every message of it has ended, and rolls back whole (every row back
     /// at its place) if any message rolled back or was dropped; so a crash mid-batch returns
     /// all of it. Each message's commit or rollback returns only when the batch has ended:
-    /// end them concurrently. Empty when the queue has nothing. PostgreSQL removes the rows
-    /// with one statement; the default takes single receives and ends them together.
+    /// end them concurrently. Empty when the queue has nothing. PostgreSQL and SQL Server
+    /// remove the rows with one statement; the default takes single receives and ends them
+    /// together.
     async fn receive_batch(
         &self,
         queue: &QueueName,

@@ -26,9 +26,10 @@ use uuid::Uuid;
 pub use statements::{QueueStatements, bracket};
 
 use self::pool::{Connection, Manager};
+use super::batch;
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
-use super::unit_of_work::{RawRow, SqlReceived, SqlStore};
+use super::unit_of_work::{RawRow, SqlBatchWork, SqlReceived, SqlStore, payload_of};
 use super::{CommitAndReceive, QueueAdmin, QueueName, Received, Transport, TransportError};
 use crate::config::{Dialect, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
@@ -37,6 +38,8 @@ use crate::message::OutgoingMessage;
 const PURGE_BATCH: i64 = 10_000;
 /// Standalone sends chosen as deadlock victims are retried this many times.
 const DEADLOCK_RETRIES: u32 = 3;
+/// The most rows one batch receive takes (the configuration allows no more).
+const MAX_BATCH: u32 = 1000;
 
 type Pooled = PooledConnection<'static, Manager>;
 
@@ -326,61 +329,51 @@ impl Inner {
         sql: &str,
         transactional: bool,
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
-        let rows = async {
-            conn.client
-                .simple_query(sql)
-                .await?
-                .into_first_result()
-                .await
-        }
-        .await;
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(e) => {
-                // Whatever the error, do not reuse a connection whose transaction state is
-                // in doubt.
-                conn.broken = true;
-                return Err(map_error(e, Some(queue)));
-            }
-        };
+        let rows = receive_rows(&mut conn, queue, sql).await?;
         let Some(row) = rows.first() else {
             // The batch already ended the empty transaction.
             return Ok(None);
         };
-        let decoded: Result<_, tiberius::error::Error> = (|| {
-            let id: Option<Uuid> = row.try_get(0)?;
-            let expired: Option<i32> = row.try_get(1)?;
-            let headers: Option<&str> = row.try_get(2)?;
-            let body: Option<&[u8]> = row.try_get(3)?;
-            let expires: Option<NaiveDateTime> = row.try_get(4)?;
-            Ok((
-                id,
-                expired.unwrap_or(0) != 0,
-                headers.unwrap_or("").to_string(),
-                body.unwrap_or(&[]).to_vec(),
-                expires,
-            ))
-        })();
-        let (id, expired, raw_headers, body, expires) = match decoded {
-            Ok((Some(id), expired, headers, body, expires)) => {
-                (id, expired, headers, body, expires)
-            }
-            Ok((None, ..)) | Err(_) => {
+        let row = match decode_row(queue, row) {
+            Ok(row) => row,
+            Err(e) => {
                 conn.broken = true;
-                return Err(TransportError::database(format!(
-                    "queue `{queue}` returned a row of unexpected shape; is it an NServiceBus queue table?"
-                )));
+                return Err(e);
             }
-        };
-        let row = RawRow {
-            id,
-            expired,
-            headers: raw_headers,
-            body,
-            expires,
         };
         let conn = if transactional { Some(conn) } else { None };
         Ok(Some(SqlReceived::boxed(self.clone(), queue, conn, row)))
+    }
+
+    /// Receives up to `max` messages in one transaction (see [`Transport::receive_batch`]).
+    async fn receive_batch(
+        self: &Arc<Self>,
+        queue: &QueueName,
+        max: u32,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        let st = self.statements(queue);
+        let sql = statements::begin_and_receive_batch(&st.table, max, self.dialect);
+        let mut conn = self.conn().await?;
+        let rows = receive_rows(&mut conn, queue, &sql).await?;
+        if rows.is_empty() {
+            // The batch already ended the empty transaction.
+            return Ok(Vec::new());
+        }
+        let decoded: Result<Vec<_>, _> = rows
+            .iter()
+            .map(|row| decode_row(queue, row).map(payload_of))
+            .collect();
+        match decoded {
+            Ok(decoded) => {
+                let work = SqlBatchWork::new(self.clone(), queue, conn);
+                batch::split(Box::new(work), decoded).await
+            }
+            Err(e) => {
+                // Closing the connection rolls the whole batch back.
+                conn.broken = true;
+                Err(e)
+            }
+        }
     }
 
     /// Runs a batch whose first result's first value is a bigint count.
@@ -437,6 +430,19 @@ impl Transport for SqlServerTransport {
         self.inner
             .run_receive(conn, queue, sql, transactional)
             .await
+    }
+
+    async fn receive_batch(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        // Mode `none` deletes before handlers run: a batch there is single receives.
+        if max <= 1 || self.inner.mode == TransactionMode::None {
+            return batch::EachOnItsOwn::receive(self, queue, max).await;
+        }
+        let max = u32::try_from(max).unwrap_or(u32::MAX).min(MAX_BATCH);
+        self.inner.receive_batch(queue, max).await
     }
 
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
@@ -662,6 +668,51 @@ fn dialect_check(
             "transport.dialect = \"babelfish\" on SQL Server: it works, but receives through a table variable cost a second statement; \"sqlserver\" is the dialect for this server".into(),
         ]),
         (Dialect::Sqlserver, false) => Ok(Vec::new()),
+    }
+}
+
+/// Runs a receive batch and reads the rows it returned.
+async fn receive_rows(
+    conn: &mut Pooled,
+    queue: &QueueName,
+    sql: &str,
+) -> Result<Vec<tiberius::Row>, TransportError> {
+    let rows = async {
+        conn.client
+            .simple_query(sql)
+            .await?
+            .into_first_result()
+            .await
+    }
+    .await;
+    rows.map_err(|e| {
+        // Whatever the error, do not reuse a connection whose transaction state is in doubt.
+        conn.broken = true;
+        map_error(e, Some(queue))
+    })
+}
+
+/// Reads a received row: id, expired flag, headers, body, expiry.
+fn decode_row(queue: &QueueName, row: &tiberius::Row) -> Result<RawRow, TransportError> {
+    let decoded: Result<_, tiberius::error::Error> = (|| {
+        let id: Option<Uuid> = row.try_get(0)?;
+        let expired: Option<i32> = row.try_get(1)?;
+        let headers: Option<&str> = row.try_get(2)?;
+        let body: Option<&[u8]> = row.try_get(3)?;
+        let expires: Option<NaiveDateTime> = row.try_get(4)?;
+        Ok((id, expired, headers, body, expires))
+    })();
+    match decoded {
+        Ok((Some(id), expired, headers, body, expires)) => Ok(RawRow {
+            id,
+            expired: expired.unwrap_or(0) != 0,
+            headers: headers.unwrap_or("").to_string(),
+            body: body.unwrap_or(&[]).to_vec(),
+            expires,
+        }),
+        Ok((None, ..)) | Err(_) => Err(TransportError::database(format!(
+            "queue `{queue}` returned a row of unexpected shape; is it an NServiceBus queue table?"
+        ))),
     }
 }
 

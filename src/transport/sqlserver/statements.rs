@@ -83,6 +83,42 @@ FROM @received;"
 
 /// Puts `end` right after the receive's DELETE (before the Babelfish SELECT), where
 /// `@@ROWCOUNT` still counts the deleted rows.
+/// Begins a transaction and deletes up to `max` of the oldest rows not locked by other
+/// receivers, returning them oldest first; an empty receive commits its empty transaction.
+/// The rows go through a table variable, and the final SELECT orders them (OUTPUT promises no
+/// order). SQL Server deletes through the CTE NServiceBus uses, whose READPAST scan skips rows
+/// other receivers hold; Babelfish cannot DELETE through a CTE and selects the RowVersions
+/// first, as its single receive does (only `OUTPUT ... INTO` keeps `@@ROWCOUNT` there). `max`
+/// is a number the host bounds (1 to 1000), written into the text because the batch has no
+/// parameters.
+pub fn begin_and_receive_batch(table: &str, max: u32, dialect: Dialect) -> String {
+    let delete = match dialect {
+        Dialect::Sqlserver => format!(
+            "WITH message AS (SELECT TOP({max}) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion)
+DELETE FROM message
+OUTPUT deleted.RowVersion, deleted.Id, deleted.Expires, CAST(deleted.Headers AS nvarchar(max)), deleted.Body INTO @received;"
+        ),
+        Dialect::Babelfish => format!(
+            "DELETE FROM {table}
+OUTPUT deleted.RowVersion, deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
+WHERE RowVersion IN (SELECT TOP({max}) RowVersion FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion);"
+        ),
+    };
+    format!(
+        "BEGIN TRAN;
+DECLARE @received TABLE (RowVersion bigint, Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
+{delete}
+IF @@ROWCOUNT = 0 AND @@TRANCOUNT > 0 COMMIT TRAN;
+SELECT Id,
+    CASE WHEN Expires IS NULL THEN 0 WHEN Expires > GETUTCDATE() THEN 0 ELSE 1 END,
+    Headers,
+    Body,
+    Expires
+FROM @received
+ORDER BY RowVersion;"
+    )
+}
+
 fn with_end_if_empty(receive: &str, end: &str) -> String {
     match receive.find("\nSELECT Id,") {
         Some(at) => format!("{}\n{end}{}", &receive[..at], &receive[at..]),

@@ -91,12 +91,7 @@ async fn a_throttled_batch_queue_receives_one_message_at_a_time() {
         .start()
         .await
         .unwrap();
-    host.inner()
-        .set_override(Direction::Delivery, OverrideMode::Throttle);
-    wait_until(Duration::from_secs(5), "delivery throttled", || {
-        !host.inner().throttle().delivery.is_open()
-    })
-    .await;
+    override_delivery(&host, OverrideMode::Throttle).await;
     common::fill(&backlog.transport, &backlog.queue, 40).await;
     wait_until(Duration::from_secs(60), "40 handled", || {
         probe.handled() >= 40
@@ -109,12 +104,7 @@ async fn a_throttled_batch_queue_receives_one_message_at_a_time() {
     );
 
     // The override lifted, batches form again.
-    host.inner()
-        .set_override(Direction::Delivery, OverrideMode::None);
-    wait_until(Duration::from_secs(5), "delivery open", || {
-        host.inner().throttle().delivery.is_open()
-    })
-    .await;
+    override_delivery(&host, OverrideMode::None).await;
     common::fill(&backlog.transport, &backlog.queue, 400).await;
     wait_until(Duration::from_secs(60), "440 handled", || {
         probe.handled() >= 440
@@ -126,4 +116,16 @@ async fn a_throttled_batch_queue_receives_one_message_at_a_time() {
         "unthrottled, batches form: {batches:?}"
     );
     host.shutdown().await;
+}
+
+/// Sets the delivery override and waits until the admission follows it.
+async fn override_delivery(host: &throttlehost::Host, mode: OverrideMode) {
+    host.inner().set_override(Direction::Delivery, mode);
+    let open = mode != OverrideMode::Throttle;
+    wait_until(
+        Duration::from_secs(5),
+        "delivery follows the override",
+        || host.inner().throttle().delivery.is_open() == open,
+    )
+    .await;
 }

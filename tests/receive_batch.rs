@@ -97,11 +97,10 @@ async fn a_throttled_batch_queue_receives_one_message_at_a_time() {
         probe.handled() >= 40
     })
     .await;
+    // Throttled, no batch receive runs at all: every message came by a single receive.
     let batches = counting.batches.lock().unwrap().clone();
-    assert!(
-        batches.iter().all(|&n| n == 1),
-        "throttled receives take one message: {batches:?}"
-    );
+    assert!(batches.is_empty(), "throttled, yet batches: {batches:?}");
+    assert!(counting.receives() >= 40, "one receive per message");
 
     // The override lifted, batches form again.
     override_delivery(&host, OverrideMode::None).await;

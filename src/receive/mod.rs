@@ -189,11 +189,12 @@ pub(crate) fn account(
 
 /// Whether the next receive may go out with a commit: only when it would not have to wait.
 fn may_follow_on(q: &QueueRuntime, ctx: &ReceiveContext) -> bool {
-    // A batch queue's next receive is a batch: it goes out from the loop, not with a commit.
-    q.settings().receive_batch <= 1
-        && ctx.throttle.delivery.is_open()
+    // The atomic checks first: the settings are an Arc to load. A batch queue's next
+    // receive is a batch: it goes out from the loop, not with a commit.
+    ctx.throttle.delivery.is_open()
         && !ctx.stop.is_cancelled()
         && q.gate.in_flight() <= q.gate.effective()
+        && q.settings().receive_batch <= 1
 }
 
 /// Processes a received message and, while the commits bring the queue's next message along

@@ -26,17 +26,8 @@ cargo build --release --quiet
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-# The host's drain rate from a scenario's summary (from the drain's start to its last message).
-host_rate() {
-  local scenario="$1" out="$work/out"
-  rm -rf "$out"
-  "$bin" load "$scenario" --out "$out" >"$work/load.log" 2>&1 || {
-    cat "$work/load.log" >&2
-    echo "scenario $scenario failed" >&2
-    exit 1
-  }
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['messages_lost']==0, 'lost messages'; print(round(d['throughput_per_second']))" "$out/summary.json"
-}
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 scenario_for_batch() {
   local b="$1" file="$work/batch-$1.toml"

@@ -48,6 +48,13 @@ impl DepthCell {
             .store(self.origin.elapsed().as_millis() as u64, Ordering::Release);
     }
 
+    /// Records that a read was tried and failed: the value stays, the age starts again, so a
+    /// queue that cannot be read (an error queue not created yet) is not read every tick.
+    pub fn read_failed(&self) {
+        self.at_ms
+            .store(self.origin.elapsed().as_millis() as u64, Ordering::Release);
+    }
+
     /// Records a depth known right now (an empty receive: 0).
     pub fn set(&self, depth: u64) {
         self.set_read(depth, self.read_started());

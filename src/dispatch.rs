@@ -46,6 +46,18 @@ pub enum Outcome {
 pub trait DispatchObserver: Send + Sync + 'static {
     /// `id` is the native id; `logical_id` the `NServiceBus.MessageId` header when known.
     fn completed(&self, queue: &QueueName, id: Uuid, logical_id: Option<&str>, outcome: Outcome);
+
+    /// A message's handling begins (before its first attempt). The load tool checks key
+    /// order with it and [`DispatchObserver::handled`]; the default ignores it.
+    fn started(&self, queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
+        let _ = (queue, id, logical_id);
+    }
+
+    /// A message's last attempt has ended, before its unit of work ends (so before any
+    /// message that waits for it can be received). The default ignores it.
+    fn handled(&self, queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
+        let _ = (queue, id, logical_id);
+    }
 }
 
 /// Who is processing: written into the fault headers.
@@ -191,6 +203,29 @@ impl Drop for InProcess<'_> {
     }
 }
 
+/// Counts a key of an ordered queue as in flight on this host while alive (the key is held
+/// until the message's unit of work ends, which happens before the dispatcher returns).
+struct KeyInFlight<'a>(&'a metrics::Gauge);
+
+impl<'a> KeyInFlight<'a> {
+    /// Some when `q` keeps key order and the message carries a key.
+    fn enter(q: &'a QueueRuntime, payload: &Payload) -> Option<Self> {
+        let header = q.ordering.as_ref()?.key_header()?;
+        let Payload::Message(m) = payload else {
+            return None;
+        };
+        m.header(header)?;
+        q.metrics.ordered_keys_in_flight.increment(1.0);
+        Some(KeyInFlight(&q.metrics.ordered_keys_in_flight))
+    }
+}
+
+impl Drop for KeyInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
 /// Lets the dispatcher fetch the next message together with a commit (one round trip on
 /// PostgreSQL). `allowed` is asked at commit time: it must say no whenever a receive would
 /// have to wait (throttling delay or pacing, a full gate, shutdown).
@@ -240,6 +275,14 @@ impl Dispatcher {
 
     fn observe(&self, q: &QueueRuntime, id: Uuid, logical_id: Option<&str>, outcome: Outcome) {
         q.depth.departed();
+        match outcome {
+            Outcome::Success => q.outcomes.succeeded(),
+            Outcome::Error | Outcome::Poison => {
+                q.outcomes.failed();
+                q.error_depth.arrived();
+            }
+            Outcome::Expired => {}
+        }
         if let Some(o) = &self.observer {
             o.completed(&q.name, id, logical_id, outcome);
         }
@@ -329,6 +372,7 @@ impl Dispatcher {
         follow: Option<FollowOn<'_>>,
     ) -> Next {
         let _in_process = InProcess::enter(&self.in_process);
+        let _key = KeyInFlight::enter(q, received.payload());
         let settings = q.settings();
         let max_attempts = settings.immediate_retries + 1;
         let send_immediately = self.mode == TransactionMode::None;
@@ -339,6 +383,9 @@ impl Dispatcher {
             };
             let id = message.id;
             let logical_id = self.observer.as_ref().map(|_| message.logical_id());
+            if let Some(o) = &self.observer {
+                o.started(&q.name, id, logical_id.as_deref());
+            }
             let mut attempt = q.failures.attempts(id);
             let mut last_failure = None;
             let verdict = loop {
@@ -375,6 +422,9 @@ impl Dispatcher {
             };
             (id, logical_id, verdict)
         };
+        if let Some(o) = &self.observer {
+            o.handled(&q.name, id, logical_id.as_deref());
+        }
 
         let (outcome, next) = match verdict {
             Verdict::Success(outbox) => self.complete(q, received, id, outbox, follow).await,

@@ -34,6 +34,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod console;
 pub mod depth;
 pub mod dispatch;
 pub mod handlers;

@@ -15,6 +15,10 @@ pub type Headers = BTreeMap<String, Option<String>>;
 
 /// Header holding the logical message id.
 pub const MESSAGE_ID_HEADER: &str = "NServiceBus.MessageId";
+/// The stage a message belongs to, on a queue with ordered stages.
+pub const EXECUTION_STAGE_HEADER: &str = "throttlehost.ExecutionStage";
+/// The stage whose messages must all have ended before this message starts.
+pub const PREVIOUS_STAGE_HEADER: &str = "throttlehost.PreviousStage";
 /// Header holding the time the message was sent (`yyyy-MM-dd HH:mm:ss:ffffff Z`).
 pub const TIME_SENT_HEADER: &str = "NServiceBus.TimeSent";
 /// Informational time-to-be-received header (the `Expires` column is what counts).

@@ -237,6 +237,20 @@ pub const METRICS: &[MetricDef] = &[
         "Estimated messages waiting in the queue (last peek)",
     ),
     def(
+        "ordered_keys_in_flight",
+        G,
+        None,
+        &["queue"],
+        "Keys of an ordered queue with a message in flight on this host",
+    ),
+    def(
+        "ordered_waiting",
+        G,
+        None,
+        &["queue"],
+        "Messages of an ordered queue that may not run yet (key busy or previous stage unfinished), among the oldest `lookahead`, at the last depth read",
+    ),
+    def(
         "circuit_breaker_open",
         G,
         None,
@@ -436,6 +450,8 @@ impl Metrics {
             in_flight: self.gauge("in_flight", &q),
             receive_loops: self.gauge("receive_loops", &q),
             queue_depth: self.gauge("queue_depth", &q),
+            ordered_keys_in_flight: self.gauge("ordered_keys_in_flight", &q),
+            ordered_waiting: self.gauge("ordered_waiting", &q),
             circuit_breaker_open: self.gauge("circuit_breaker_open", &q),
         }
     }
@@ -568,6 +584,10 @@ pub struct QueueMetrics {
     pub receive_loops: Gauge,
     /// Last known depth.
     pub queue_depth: Gauge,
+    /// Keys with a message in flight here (ordered queues).
+    pub ordered_keys_in_flight: Gauge,
+    /// Messages waiting for their key or stage (ordered queues).
+    pub ordered_waiting: Gauge,
     /// Circuit breaker open.
     pub circuit_breaker_open: Gauge,
 }

@@ -46,6 +46,9 @@ impl HostStatus {
 /// Throttling at the last sample.
 #[derive(Debug, Clone, Serialize)]
 pub struct ThrottlingStatus {
+    /// When the sample was taken, seconds on the controller's clock: two documents with the
+    /// same value show the same sample.
+    pub sampled_at_seconds: f64,
     /// Master switch.
     pub enabled: bool,
     /// Delivery.
@@ -131,4 +134,10 @@ pub struct QueueStatus {
     pub circuit_breaker: &'static str,
     /// Error queue.
     pub error_queue: String,
+    /// Last known depth of the error queue (read every 30 s, kept current by this host's moves).
+    pub error_queue_depth: u64,
+    /// Messages handled successfully since start.
+    pub succeeded_total: u64,
+    /// Messages moved to the error queue since start (after their retries, or as poison rows).
+    pub failed_total: u64,
 }

@@ -546,3 +546,152 @@ async fn slow_and_flooding_clients_cannot_exhaust_the_admin_endpoint() {
     drop(slow);
     host.shutdown().await;
 }
+
+/// The console: the page and its assets come from the admin address with a CSP that allows
+/// no inline script; `/console/data` answers the status document and the history samples
+/// after the one asked for; a bad `after` is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_page_and_its_data() {
+    let (host, base) = start("").await;
+    first_sample(&host).await;
+    let page = base.clone();
+    let (status, csp, html) = tokio::task::spawn_blocking(move || {
+        let mut response = ureq::get(format!("{page}/")).call().unwrap();
+        let csp = response
+            .headers()
+            .get("content-security-policy")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+            .unwrap_or_default();
+        let status = response.status().as_u16();
+        (status, csp, response.body_mut().read_to_string().unwrap())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert!(
+        html.contains("<script src=\"/console/console.js\""),
+        "{html}"
+    );
+    assert!(!html.contains("<script>"), "no inline script");
+    for asset in [
+        "/console/console.js",
+        "/console/console.css",
+        "/console/icon.svg",
+    ] {
+        let (status, text, _) = call("GET", format!("{base}{asset}"), vec![], vec![]).await;
+        assert_eq!(status, 200, "{asset}");
+        assert!(!text.to_string().is_empty(), "{asset}");
+    }
+
+    // The recorder samples once a second: after ~2.5 s there are at least two samples.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (status, data, _) = call("GET", format!("{base}/console/data"), vec![], vec![]).await;
+    assert_eq!(status, 200);
+    assert_eq!(data["status"]["queues"][0]["name"], "orders");
+    assert_eq!(data["history_seconds"], 600);
+    let samples = data["samples"].as_array().unwrap();
+    assert!(samples.len() >= 2, "{data}");
+    assert_eq!(samples[0]["seq"], 1, "the whole ring for after=0");
+    assert_eq!(samples[0]["queues"][0]["name"], "orders");
+    assert!(samples[0]["delivery"]["state"].is_u64());
+    let last = samples.last().unwrap()["seq"].as_u64().unwrap();
+    let (_, newer, _) = call(
+        "GET",
+        format!("{base}/console/data?after={last}"),
+        vec![],
+        vec![],
+    )
+    .await;
+    assert!(
+        newer["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["seq"].as_u64().unwrap() > last),
+        "only samples after {last}: {newer}"
+    );
+
+    let (status, body, _) = call(
+        "GET",
+        format!("{base}/console/data?after=soon"),
+        vec![],
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"].as_str().unwrap().contains("`after`"),
+        "{body}"
+    );
+    host.shutdown().await;
+}
+
+/// `POST /queues/{name}/batch`: a JSON array stored in order with each message's expiry and
+/// headers; a bad element refuses the whole request, naming where, and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_array_is_ingested_as_one_batch() {
+    use throttlehost::transport::{Payload, QueueName};
+    let (host, base) = start("").await;
+    // The error queue is accepted but not received from, so what is stored stays to be read.
+    let error = QueueName::new("error").unwrap();
+    let transport = host.inner().transport().clone();
+    let depth = async || transport.peek_depth(&error).await.unwrap();
+    for (body, reason) in [
+        (r#"[{"body": "a"}, {"bdy": "x"}]"#, "[1]"),
+        (r#"[]"#, "1 to 100000"),
+        (r#"[{"body": "a", "ttbr": "soon"}]"#, "[0].ttbr"),
+        (r#"{"body": "a"}"#, "JSON array"),
+    ] {
+        let (status, answer, _) = call(
+            "POST",
+            format!("{base}/queues/error/batch"),
+            body.as_bytes().to_vec(),
+            vec![],
+        )
+        .await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains(reason),
+            "{body}: {answer}"
+        );
+    }
+    assert_eq!(depth().await, 0, "nothing stored from a refused request");
+
+    let batch = r#"[{"body": "a"}, {"body": {"k": 1}, "ttbr": "1h"}, {"body": "c", "headers": {"Customer": "7"}}]"#;
+    let (status, answer, _) = call(
+        "POST",
+        format!("{base}/queues/error/batch"),
+        batch.as_bytes().to_vec(),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(answer["count"], 3);
+    assert_eq!(answer["ids"].as_array().unwrap().len(), 3);
+    assert_eq!(depth().await, 3);
+    let mut stored = Vec::new();
+    while let Some(r) = transport.receive(&error).await.unwrap() {
+        let Payload::Message(m) = r.payload() else {
+            panic!("{:?}", r.payload())
+        };
+        stored.push(m.clone());
+        r.commit().await.unwrap();
+    }
+    let bodies: Vec<&[u8]> = stored.iter().map(|m| m.body.as_slice()).collect();
+    assert_eq!(bodies, vec![&b"a"[..], br#"{"k":1}"#, b"c"], "in order");
+    assert_eq!(
+        stored[1].header("NServiceBus.ContentType"),
+        Some("application/json")
+    );
+    assert!(stored[1].expires.is_some(), "ttbr kept");
+    assert_eq!(stored[2].header("Customer"), Some("7"));
+    assert_eq!(
+        stored[2].header("NServiceBus.ContentType"),
+        None,
+        "text body"
+    );
+    host.shutdown().await;
+}

@@ -34,6 +34,11 @@ pub trait Harness: Send + Sync {
     async fn insert_poison(&self, queue: &str, id: Uuid, raw_headers: &str, body: &[u8]) -> bool;
     /// Reads a row's raw headers and body and whether Expires is NULL.
     async fn read_raw(&self, queue: &str, id: Uuid) -> Option<(String, Vec<u8>, bool)>;
+    /// Whether the transport counts the messages of an ordered queue that wait for their key
+    /// or stage (`Transport::waiting_in_order`).
+    fn counts_waiting(&self) -> bool {
+        true
+    }
     /// Why this transport cannot show `behaviour` (a test function's name), if it cannot.
     fn not_applicable(&self, _behaviour: &str) -> Option<&'static str> {
         None
@@ -592,6 +597,64 @@ pub async fn a_failing_message_of_a_batch_goes_to_the_error_queue_while_the_rest
     sent.commit().await.unwrap();
 }
 
+/// A batch's sends (its outbox) are written when it commits, sends to one queue joined into
+/// multi-row inserts: every send arrives once, and each message's sends to a queue keep
+/// their order, even when its sends to other queues come in between.
+pub async fn a_batch_outbox_keeps_the_order_of_each_message_sends(h: &dyn Harness) {
+    let t = setup(h, &["in", "out", "audit"]).await;
+    send_numbered(t.as_ref(), "in", 8).await;
+    let mut batch = t.receive_batch(&q("in"), 8).await.unwrap();
+    assert_eq!(batch.len(), 8);
+    for received in batch.iter_mut() {
+        let i = body_of(received.as_ref())[0];
+        for (queue, body) in [("out", vec![i, 0]), ("audit", vec![i]), ("out", vec![i, 1])] {
+            received
+                .send(&q(queue), &OutgoingMessage::new(body))
+                .await
+                .unwrap();
+        }
+    }
+    for result in end_batch(batch, |_| true).await {
+        result.unwrap();
+    }
+    let mut out = Vec::new();
+    while let Some(r) = t.receive(&q("out")).await.unwrap() {
+        out.push(body_of(r.as_ref()));
+        r.commit().await.unwrap();
+    }
+    assert_eq!(out.len(), 16, "two sends per message: {out:?}");
+    for i in 0..8u8 {
+        let first = out.iter().position(|b| *b == vec![i, 0]);
+        let second = out.iter().position(|b| *b == vec![i, 1]);
+        assert!(
+            first.is_some() && first < second,
+            "message {i}'s sends in order: {out:?}"
+        );
+    }
+    let mut audit = 0;
+    while let Some(r) = t.receive(&q("audit")).await.unwrap() {
+        audit += 1;
+        r.commit().await.unwrap();
+    }
+    assert_eq!(audit, 8);
+}
+
+/// A bulk send larger than one SQL Server statement holds (500 rows) is stored whole and
+/// in order.
+pub async fn a_large_batch_is_stored_whole_in_order(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    let batch: Vec<OutgoingMessage> = (0..600u32)
+        .map(|i| OutgoingMessage::new(i.to_be_bytes().to_vec()))
+        .collect();
+    t.send_batch(&q("in"), &batch).await.unwrap();
+    assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 600);
+    for i in 0..600u32 {
+        let r = t.receive(&q("in")).await.unwrap().expect("a message");
+        assert_eq!(body_of(r.as_ref()), i.to_be_bytes().to_vec(), "in order");
+        r.commit().await.unwrap();
+    }
+}
+
 pub async fn a_batch_dropped_mid_way_returns_every_message(h: &dyn Harness) {
     let t = setup(h, &["in"]).await;
     send_numbered(t.as_ref(), "in", 4).await;
@@ -611,13 +674,326 @@ pub async fn a_batch_dropped_mid_way_returns_every_message(h: &dyn Harness) {
     }
 }
 
+// ---- key order ---------------------------------------------------------------------------
+
+/// The ordering key header of the ordered tests (a dot, as real header names have).
+const KEY: &str = "Sales.OrderId";
+
+/// A fresh transport with queue `in` ordered by [`KEY`] (and `error`, unordered).
+async fn ordered(h: &dyn Harness, lookahead: u32) -> Arc<dyn Transport> {
+    let t = setup(h, &["in", "error"]).await;
+    let ordering = throttlehost::config::OrderingConfig {
+        key_header: KEY.into(),
+        stages: false,
+        lookahead,
+    };
+    t.order_by_key(&q("in"), &ordering).await.unwrap();
+    t
+}
+
+/// Checks the count of messages of `in` waiting for their key or stage.
+async fn assert_waiting(h: &dyn Harness, t: &Arc<dyn Transport>, expected: u64) {
+    let waiting = t.waiting_in_order(&q("in")).await.unwrap();
+    match h.counts_waiting() {
+        true => assert_eq!(waiting, Some(expected), "messages waiting for their order"),
+        false => assert_eq!(waiting, None),
+    }
+}
+
+/// A message of `key` (None: no key header) whose body names it.
+fn keyed(key: Option<&str>, body: &str) -> OutgoingMessage {
+    let m = OutgoingMessage::new(body.as_bytes().to_vec());
+    match key {
+        Some(k) => m.with_header(KEY, k),
+        None => m,
+    }
+}
+
+fn text_of(r: &dyn Received) -> String {
+    String::from_utf8(body_of(r)).unwrap()
+}
+
+/// A key whose message is in flight gives nothing more until that message ends; other keys
+/// and unkeyed messages pass it; a rolled-back message is its key's first again.
+pub async fn a_busy_key_waits_while_other_keys_pass(h: &dyn Harness) {
+    let t = ordered(h, 64).await;
+    let sends = [
+        (Some("a"), "a1"),
+        (Some("a"), "a2"),
+        (Some("b"), "b1"),
+        (None, "u1"),
+        (Some("a"), "a3"),
+        (Some("b"), "b2"),
+    ];
+    let messages: Vec<_> = sends.iter().map(|(k, b)| keyed(*k, b)).collect();
+    t.send_batch(&q("in"), &messages).await.unwrap();
+    let a1 = t.receive(&q("in")).await.unwrap().expect("a1");
+    assert_eq!(text_of(a1.as_ref()), "a1");
+    let b1 = t.receive(&q("in")).await.unwrap().expect("b1");
+    assert_eq!(text_of(b1.as_ref()), "b1", "a2 waits for a1");
+    let u1 = t.receive(&q("in")).await.unwrap().expect("u1");
+    assert_eq!(text_of(u1.as_ref()), "u1");
+    assert!(
+        t.receive(&q("in")).await.unwrap().is_none(),
+        "a2, a3 and b2 all wait for a message in flight"
+    );
+    assert_waiting(h, &t, 3).await;
+    b1.commit().await.unwrap();
+    let b2 = t
+        .receive(&q("in"))
+        .await
+        .unwrap()
+        .expect("b2 once b1 is done");
+    assert_eq!(text_of(b2.as_ref()), "b2");
+    a1.rollback().await.unwrap();
+    let again = t.receive(&q("in")).await.unwrap().expect("a1 again");
+    assert_eq!(text_of(again.as_ref()), "a1", "back first, not a2");
+    for r in [again, b2, u1] {
+        r.commit().await.unwrap();
+    }
+    for expected in ["a2", "a3"] {
+        let r = t.receive(&q("in")).await.unwrap().expect(expected);
+        assert_eq!(text_of(r.as_ref()), expected);
+        assert!(
+            t.receive(&q("in")).await.unwrap().is_none(),
+            "one of a at a time"
+        );
+        r.commit().await.unwrap();
+    }
+    assert!(t.receive(&q("in")).await.unwrap().is_none());
+}
+
+/// Eight receivers on 40 keys of 15 messages each, handlers of random length: every key's
+/// messages are handled in send order and never two at once, nothing is lost or repeated.
+pub async fn concurrent_receivers_keep_each_keys_order(h: &dyn Harness) {
+    use std::sync::Mutex;
+    use std::time::Instant;
+    const KEYS: usize = 40;
+    const PER_KEY: usize = 15;
+    let t = ordered(h, 64).await;
+    let mut messages = Vec::new();
+    for n in 0..PER_KEY {
+        for k in 0..KEYS {
+            messages.push(keyed(Some(&format!("key-{k}")), &format!("{k}/{n}")));
+        }
+    }
+    // Shuffled keys, in order within each key: a key's messages are not adjacent.
+    let mut rng = 0x2545_f491_u64;
+    for i in (1..messages.len()).rev() {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let j = (rng % (i as u64 + 1)) as usize;
+        messages.swap(i, j);
+    }
+    let mut next = vec![0usize; KEYS];
+    for m in &mut messages {
+        let k: usize = String::from_utf8_lossy(&m.body)
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        m.body = format!("{k}/{}", next[k]).into_bytes();
+        next[k] += 1;
+    }
+    t.send_batch(&q("in"), &messages).await.unwrap();
+    let log = Arc::new(Mutex::new(Vec::<(usize, usize, Instant, Instant)>::new()));
+    let receivers: Vec<_> = (0..8u64)
+        .map(|r| {
+            let (t, log) = (t.clone(), log.clone());
+            tokio::spawn(async move {
+                let mut empty = 0;
+                let mut seed = r * 7919 + 1;
+                while empty < 50 {
+                    let Some(received) = t.receive(&q("in")).await.unwrap() else {
+                        empty += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    empty = 0;
+                    let text = text_of(received.as_ref());
+                    let (k, n) = text.split_once('/').unwrap();
+                    let start = Instant::now();
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    tokio::time::sleep(Duration::from_micros((seed >> 33) % 3000)).await;
+                    let end = Instant::now();
+                    log.lock()
+                        .unwrap()
+                        .push((k.parse().unwrap(), n.parse().unwrap(), start, end));
+                    received.commit().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for r in receivers {
+        r.await.unwrap();
+    }
+    let mut log = log.lock().unwrap().clone();
+    assert_eq!(
+        log.len(),
+        KEYS * PER_KEY,
+        "each message handled exactly once"
+    );
+    log.sort_by_key(|(k, _, start, _)| (*k, *start));
+    for pair in log.windows(2) {
+        let ((k1, n1, _, end1), (k2, n2, start2, _)) = (pair[0], pair[1]);
+        if k1 == k2 {
+            assert_eq!(n2, n1 + 1, "key {k1}: {n2} ran right after {n1}");
+            assert!(end1 <= start2, "key {k1}: {n1} and {n2} overlapped");
+        }
+    }
+}
+
+/// The key is the header's value, wherever it stands and whatever it holds: not the same
+/// name met as another header's value, quotes inside kept; a null header has no key.
+pub async fn the_key_is_read_from_its_header_alone(h: &dyn Harness) {
+    let t = ordered(h, 64).await;
+    let tricky = "x\"y, \"Sales.OrderId\": \"z";
+    let first = keyed(Some(tricky), "first").with_header("A.Before", KEY);
+    let second = keyed(Some(tricky), "second");
+    let mut unkeyed = keyed(None, "null key");
+    unkeyed.headers.insert(KEY.into(), None);
+    let other = keyed(Some("z"), "other");
+    t.send_batch(&q("in"), &[first, second, unkeyed, other])
+        .await
+        .unwrap();
+    let r1 = t.receive(&q("in")).await.unwrap().expect("first");
+    assert_eq!(text_of(r1.as_ref()), "first");
+    let r2 = t.receive(&q("in")).await.unwrap().expect("the null key");
+    assert_eq!(text_of(r2.as_ref()), "null key", "second waits for first");
+    let r3 = t.receive(&q("in")).await.unwrap().expect("other");
+    assert_eq!(text_of(r3.as_ref()), "other", "a different key");
+    assert!(t.receive(&q("in")).await.unwrap().is_none());
+    r1.commit().await.unwrap();
+    let r4 = t.receive(&q("in")).await.unwrap().expect("second");
+    assert_eq!(text_of(r4.as_ref()), "second");
+    for r in [r2, r3, r4] {
+        r.commit().await.unwrap();
+    }
+}
+
+/// A message of stage `stage` that waits for stage `previous`.
+fn staged(stage: &str, previous: Option<&str>, body: &str) -> OutgoingMessage {
+    use throttlehost::message::{EXECUTION_STAGE_HEADER, PREVIOUS_STAGE_HEADER};
+    let m =
+        OutgoingMessage::new(body.as_bytes().to_vec()).with_header(EXECUTION_STAGE_HEADER, stage);
+    match previous {
+        Some(p) => m.with_header(PREVIOUS_STAGE_HEADER, p),
+        None => m,
+    }
+}
+
+/// Ordered stages: the members of a stage run side by side; the next stage starts only
+/// when every message of the previous one has ended, and a rolled-back member holds it back.
+pub async fn a_stage_waits_for_every_message_of_the_previous_one(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    let ordering = throttlehost::config::OrderingConfig {
+        stages: true,
+        ..Default::default()
+    };
+    t.order_by_key(&q("in"), &ordering).await.unwrap();
+    let messages = [
+        staged("100", None, "a"),
+        staged("100", None, "b"),
+        staged("200", Some("100"), "c"),
+        staged("200", Some("100"), "d"),
+        staged("300", Some("200"), "e"),
+    ];
+    t.send_batch(&q("in"), &messages).await.unwrap();
+    let a = t.receive(&q("in")).await.unwrap().expect("a");
+    let b = t.receive(&q("in")).await.unwrap().expect("b");
+    assert_eq!(
+        (text_of(a.as_ref()), text_of(b.as_ref())),
+        ("a".into(), "b".into())
+    );
+    assert!(
+        t.receive(&q("in")).await.unwrap().is_none(),
+        "200 waits for 100"
+    );
+    a.commit().await.unwrap();
+    assert!(
+        t.receive(&q("in")).await.unwrap().is_none(),
+        "b is still in flight"
+    );
+    b.rollback().await.unwrap();
+    let b = t.receive(&q("in")).await.unwrap().expect("b again");
+    assert_eq!(text_of(b.as_ref()), "b");
+    assert!(
+        t.receive(&q("in")).await.unwrap().is_none(),
+        "b is back in flight"
+    );
+    b.commit().await.unwrap();
+    let c = t.receive(&q("in")).await.unwrap().expect("c");
+    let d = t.receive(&q("in")).await.unwrap().expect("d, beside c");
+    assert_eq!(
+        (text_of(c.as_ref()), text_of(d.as_ref())),
+        ("c".into(), "d".into())
+    );
+    assert!(
+        t.receive(&q("in")).await.unwrap().is_none(),
+        "300 waits for 200"
+    );
+    c.commit().await.unwrap();
+    d.commit().await.unwrap();
+    let e = t.receive(&q("in")).await.unwrap().expect("e");
+    assert_eq!(text_of(e.as_ref()), "e");
+    e.commit().await.unwrap();
+}
+
+/// Headers that are not JSON do not stop an ordered queue: the row comes out as poison.
+pub async fn a_poison_row_does_not_stop_an_ordered_queue(h: &dyn Harness) {
+    let t = ordered(h, 64).await;
+    let id = Uuid::new_v4();
+    assert!(
+        h.insert_poison("in", id, "{\"Sales.OrderId\": [broken", b"x")
+            .await
+    );
+    t.send(&q("in"), &keyed(Some("a"), "a1")).await.unwrap();
+    let r = t.receive(&q("in")).await.unwrap().expect("the poison row");
+    assert!(
+        matches!(r.payload(), Payload::Poison { id: p, .. } if *p == id),
+        "{:?}",
+        r.payload()
+    );
+    let a1 = t.receive(&q("in")).await.unwrap().expect("a1 passes it");
+    assert_eq!(text_of(a1.as_ref()), "a1");
+    a1.commit().await.unwrap();
+    r.commit().await.unwrap();
+}
+
+/// An ordered queue refuses batch receives (a batch would take a key's messages together)
+/// and transaction mode `none` (it deletes before the handler runs).
+pub async fn an_ordered_queue_refuses_batches_and_mode_none(h: &dyn Harness) {
+    let t = ordered(h, 64).await;
+    t.send(&q("in"), &keyed(Some("a"), "a1")).await.unwrap();
+    let refused = t.receive_batch(&q("in"), 8).await;
+    assert!(
+        matches!(&refused, Err(TransportError::Config(m)) if m.contains("receive_batch = 1")),
+        "{:?}",
+        refused.map(|v| v.len())
+    );
+    let none = h.transport(TransactionMode::None, 4).await;
+    none.create_queue(&q("in")).await.unwrap();
+    let ordering = throttlehost::config::OrderingConfig {
+        key_header: KEY.into(),
+        ..Default::default()
+    };
+    let refused = none.order_by_key(&q("in"), &ordering).await;
+    assert!(
+        matches!(&refused, Err(TransportError::Config(m)) if m.contains("transaction_mode")),
+        "{refused:?}"
+    );
+}
+
 macro_rules! conformance {
     ($module:ident, $harness:expr, { $(#[$attr:meta])* }, database) => {
         mod $module {
             use super::*;
             conformance!(@tests $harness, { $(#[$attr])* };
                 a_killed_connection_fails_cleanly_and_the_next_receive_works,
-                poison_rows_are_dead_lettered_unchanged
+                poison_rows_are_dead_lettered_unchanged,
+                a_poison_row_does_not_stop_an_ordered_queue
             );
             conformance!(@common $harness, { $(#[$attr])* });
         }
@@ -648,7 +1024,14 @@ macro_rules! conformance {
                 a_batch_receive_takes_the_oldest_unlocked_in_order,
                 one_rollback_returns_the_whole_batch_to_its_place,
                 a_failing_message_of_a_batch_goes_to_the_error_queue_while_the_rest_commit,
-                a_batch_dropped_mid_way_returns_every_message
+                a_batch_outbox_keeps_the_order_of_each_message_sends,
+                a_large_batch_is_stored_whole_in_order,
+                a_batch_dropped_mid_way_returns_every_message,
+                a_busy_key_waits_while_other_keys_pass,
+                the_key_is_read_from_its_header_alone,
+                a_stage_waits_for_every_message_of_the_previous_one,
+                concurrent_receivers_keep_each_keys_order,
+                an_ordered_queue_refuses_batches_and_mode_none
             );
     };
     (@tests $harness:expr, $attrs:tt; $($name:ident),*) => {
@@ -909,16 +1292,26 @@ impl Harness for SqlServerHarness {
     async fn transport(&self, mode: TransactionMode, pool_size: u32) -> Arc<dyn Transport> {
         self.schema.transport(mode, pool_size).await
     }
+    fn counts_waiting(&self) -> bool {
+        false
+    }
     fn not_applicable(&self, behaviour: &str) -> Option<&'static str> {
+        if behaviour == "a_stage_waits_for_every_message_of_the_previous_one" {
+            return Some(
+                "ordered stages are not built for SQL Server yet (the transport refuses them at start-up)",
+            );
+        }
         if mssql::dialect() != throttlehost::config::Dialect::Babelfish {
             return None;
+        }
+        if behaviour.contains("key") || behaviour.contains("ordered") {
+            return Some(
+                "key order is not built for Babelfish yet: its receives claim rows by lock timeouts, not READPAST (the transport refuses it at start-up)",
+            );
         }
         match behaviour {
             "peek_ignores_rows_locked_by_in_flight_receives" => Some(
                 "Babelfish parses READPAST and ignores it, so the peek counts the rows receivers hold",
-            ),
-            "an_exhausted_pool_waits_instead_of_failing" => Some(
-                "Babelfish ignores READPAST: once the third receive has a connection it waits on the second receive's locked row until the command timeout, so the pool wait this test measures cannot be shown",
             ),
             "a_batch_receive_takes_the_oldest_unlocked_in_order" => Some(
                 "Babelfish ignores READPAST: a second batch waits on the rows the first batch holds instead of taking the next ones",

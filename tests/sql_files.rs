@@ -36,3 +36,24 @@ fn postgres_queue_sql_is_what_create_queue_runs() {
         normalize(&format!("CREATE SCHEMA IF NOT EXISTS \"public\";\n{code};"))
     );
 }
+
+#[test]
+fn postgres_ordering_sql_is_what_an_ordered_queue_creates() {
+    let file = std::fs::read_to_string("sql/postgres/ordering.sql").unwrap();
+    let ordering = throttlehost::config::OrderingConfig {
+        key_header: "NServiceBus.ConversationId".into(),
+        stages: true,
+        ..Default::default()
+    };
+    let code = throttlehost::transport::postgres::QueueStatements::new(
+        "public",
+        &QueueName::new("Sales").unwrap(),
+    )
+    .with_ordering(&ordering)
+    .ordering_indexes
+    .iter()
+    .map(|index| index.create.clone())
+    .collect::<Vec<_>>()
+    .join(";\n");
+    assert_eq!(normalize(&file), normalize(&format!("{code};")));
+}

@@ -7,7 +7,8 @@ use throttlehost::config::Dialect;
 use throttlehost::transport::QueueName;
 use throttlehost::transport::sqlserver::QueueStatements;
 use throttlehost::transport::sqlserver::statements::{
-    HEADERS_TYPE, IS_BABELFISH, LIST_QUEUES, ROWVERSION_INDEXES, begin_and_receive_batch,
+    CLAIM_GIVE_UP, HEADERS_TYPE, IS_BABELFISH, LIST_QUEUES, ROWVERSION_INDEXES, SEND_MANY_ROWS,
+    babelfish_claim, begin_and_receive_batch, send_many,
 };
 
 fn statements(dialect: Dialect) -> QueueStatements {
@@ -43,6 +44,49 @@ fn batch_receive() {
         "babelfish_begin_and_receive_batch",
         begin_and_receive_batch(&s.table, 32, Dialect::Babelfish)
     );
+}
+
+/// The multi-row insert of bulk sends and of a batch's outbox: ordered by INSERT ... SELECT
+/// ... ORDER BY (identity follows it), four parameters a row, within the 2 100 limit.
+#[test]
+fn multi_row_send() {
+    let s = statements(Dialect::Sqlserver);
+    insta::assert_snapshot!("send_many_3_with_recoverable", send_many(&s.table, 3, true));
+    insta::assert_snapshot!(
+        "send_many_2_without_recoverable",
+        send_many(&s.table, 2, false)
+    );
+    let widest = send_many(&s.table, SEND_MANY_ROWS, true);
+    let last = 4 * SEND_MANY_ROWS;
+    assert!(
+        widest.contains(&format!("@P{last})")),
+        "every parameter bound"
+    );
+    assert!(!widest.contains(&format!("@P{}", last + 1)));
+    assert!(last <= 2100, "SQL Server takes at most 2 100 parameters");
+    assert!(widest.trim_end().ends_with("ORDER BY m.N;"));
+}
+
+/// Babelfish's claiming receive: the row `skip` places from the head, a lock timeout of
+/// 1 ms (never 0, which PostgreSQL reads as "wait for ever"), the wait restored before the
+/// rows come back, and no CTE, no OUTPUT to the client (what Babelfish rejects).
+#[test]
+fn babelfish_claim_receive() {
+    let s = statements(Dialect::Babelfish);
+    let claim = babelfish_claim(&s.table, 3, true);
+    insta::assert_snapshot!("babelfish_claim_transactional", claim);
+    insta::assert_snapshot!(
+        "babelfish_claim_autocommit",
+        babelfish_claim(&s.table, 0, false)
+    );
+    insta::assert_snapshot!("babelfish_claim_give_up", CLAIM_GIVE_UP);
+    assert!(claim.starts_with("SET LOCK_TIMEOUT 1;"));
+    assert!(claim.contains("OFFSET 3 ROWS FETCH NEXT 1 ROWS ONLY"));
+    let restored = claim.find("SET LOCK_TIMEOUT -1;").unwrap();
+    assert!(restored < claim.find("SELECT Id").unwrap());
+    assert!(!claim.contains("WITH message"));
+    assert!(claim.contains("INTO @received"));
+    assert!(!babelfish_claim(&s.table, 0, false).contains("BEGIN TRAN"));
 }
 
 #[test]
@@ -110,4 +154,36 @@ fn catalog_queries() {
     insta::assert_snapshot!("headers_type", HEADERS_TYPE);
     insta::assert_snapshot!("list_queues", LIST_QUEUES);
     insta::assert_snapshot!("is_babelfish", IS_BABELFISH);
+}
+
+/// The ordered receive: a key's rows are deleted only under the key's application lock, the
+/// lock is tried without waiting and owned by the transaction, and the receive keeps the
+/// NServiceBus hints on the row it deletes.
+#[test]
+fn ordered_receive() {
+    let s = statements(Dialect::Sqlserver).with_ordering("NServiceBus.ConversationId", 64);
+    assert!(s.ordered);
+    insta::assert_snapshot!("ordered_begin_and_receive", s.begin_and_receive);
+    assert!(
+        s.commit_and_receive
+            .starts_with("COMMIT TRAN;\nBEGIN TRAN;\n")
+    );
+    assert_eq!(
+        s.commit_and_receive["COMMIT TRAN;\n".len()..],
+        s.begin_and_receive[..],
+        "the same receive after the commit"
+    );
+    let sql = &s.begin_and_receive;
+    for part in [
+        "SELECT TOP (64) RowVersion",
+        "JSON_VALUE(Headers, N'$.\"NServiceBus.ConversationId\"')",
+        "@LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0",
+        "WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion = @rv",
+        "EXEC sp_releaseapplock",
+        "IF NOT EXISTS (SELECT 1 FROM @received) AND @@TRANCOUNT > 0 COMMIT TRAN;",
+    ] {
+        assert!(sql.contains(part), "missing {part}");
+    }
+    // The key's lock comes before the key's row is deleted.
+    assert!(sql.find("sp_getapplock").unwrap() < sql.find("DELETE FROM message").unwrap());
 }

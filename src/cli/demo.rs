@@ -36,7 +36,9 @@ pub async fn demo(duration: Option<Duration>, admin: String) -> ExitCode {
         "throttlehost demo: {} (memory transport; messages live only in this process)",
         scenario.description.trim()
     );
-    println!("admin endpoint: http://{admin}/status and http://{admin}/metrics; stop with Ctrl-C");
+    println!(
+        "console: http://{admin}/ (live throttling in a browser); also http://{admin}/status and http://{admin}/metrics; stop with Ctrl-C"
+    );
     match load::run(&scenario, &options).await {
         Ok(run) => {
             let s = load::summarize(&run);

@@ -50,6 +50,9 @@ pub async fn run(path: &Path) -> ExitCode {
             }
         }
     };
+    if let Some(address) = host.admin_address() {
+        println!("throttlehost running; console: http://{address}/ (also /status and /metrics)");
+    }
     // SIGHUP reloads even when the file cannot be watched (watch logs why).
     let (mut triggers, _guard) = reload::watch(path);
     let mut failed = false;

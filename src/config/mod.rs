@@ -238,6 +238,8 @@ pub struct QueueConfig {
     pub concurrency: ConcurrencyConfig,
     /// The per-instance queue `<name>.<instance_id>` (secondary queue).
     pub instance_queue: InstanceQueueConfig,
+    /// Per-key sequential processing; off unless a key header is named.
+    pub ordering: OrderingConfig,
     /// The handler for this queue's messages (binary); the library can register one instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handler: Option<HandlerConfig>,
@@ -275,6 +277,7 @@ impl Default for QueueConfig {
             handler_timeout: None,
             concurrency: ConcurrencyConfig::default(),
             instance_queue: InstanceQueueConfig::default(),
+            ordering: OrderingConfig::default(),
             handler: None,
         }
     }
@@ -344,6 +347,48 @@ impl Default for InstanceQueueConfig {
         InstanceQueueConfig {
             enabled: false,
             max_concurrency: 1,
+        }
+    }
+}
+
+/// `[queues.ordering]`: messages that share a key are handled one at a time, in the order
+/// they were stored, by every receiver of every host on the queue; different keys run in
+/// parallel. Messages without the key header are not ordered. With `stages`, a message
+/// whose `throttlehost.PreviousStage` header names a stage starts only when no message of
+/// that stage (`throttlehost.ExecutionStage`) is left in the queue or in flight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrderingConfig {
+    /// The header whose value is the key (e.g. `NServiceBus.ConversationId`); empty = no
+    /// per-key order.
+    pub key_header: String,
+    /// Ordered stages by the `throttlehost.ExecutionStage` and `throttlehost.PreviousStage`
+    /// headers.
+    pub stages: bool,
+    /// How many of the oldest rows a receive looks at to find a message that may run. Keep it
+    /// above the in-flight messages of every host on the queue together: a receive that sees
+    /// only waiting messages finds nothing and waits like an empty one.
+    pub lookahead: u32,
+}
+
+impl OrderingConfig {
+    /// The key header when the queue keeps per-key order.
+    pub fn key_header(&self) -> Option<&str> {
+        Some(self.key_header.as_str()).filter(|h| !h.is_empty())
+    }
+
+    /// Whether receives must keep any order (per key, stages or both).
+    pub fn is_ordered(&self) -> bool {
+        self.key_header().is_some() || self.stages
+    }
+}
+
+impl Default for OrderingConfig {
+    fn default() -> Self {
+        OrderingConfig {
+            key_header: String::new(),
+            stages: false,
+            lookahead: 64,
         }
     }
 }

@@ -27,6 +27,7 @@ pub fn validate(config: &Config) -> Problems {
     let mut names = HashSet::new();
     for (i, q) in config.queues.iter().enumerate() {
         validate_queue(i, q, &instance, &mut names, &mut add);
+        validate_ordering(i, config, &mut add);
         if q.concurrency.receive_batch > 1
             && config.transport.transaction_mode == TransactionMode::None
         {
@@ -38,6 +39,54 @@ pub fn validate(config: &Config) -> Problems {
     }
     validate_throttling(&config.throttling, &mut add);
     problems
+}
+
+/// `[queues.ordering]`: a usable key header and lookahead, and a receive that can keep order.
+fn validate_ordering(i: usize, config: &Config, add: &mut impl FnMut(String, String)) {
+    let q = &config.queues[i];
+    if !q.ordering.is_ordered() {
+        return;
+    }
+    let key = |field: &str| format!("queues[{i}].ordering.{field}");
+    let what = if q.ordering.key_header().is_some() {
+        "key_header"
+    } else {
+        "stages"
+    };
+    let header = q.ordering.key_header().unwrap_or_default();
+    if header.len() > 200
+        || header
+            .chars()
+            .any(|c| c.is_control() || c == '"' || c == '\\')
+    {
+        add(
+            key("key_header"),
+            format!(
+                "`{header}` must be at most 200 characters without quotes, backslashes or control characters"
+            ),
+        );
+    }
+    if !(1..=10_000).contains(&q.ordering.lookahead) {
+        add(
+            key("lookahead"),
+            format!("{} is not between 1 and 10000", q.ordering.lookahead),
+        );
+    }
+    if config.transport.transaction_mode == TransactionMode::None {
+        add(
+            key(what),
+            "needs transport.transaction_mode receive_only or sends_atomic_with_receive: mode \"none\" deletes a message before its handler runs, so a message that must wait for it could start while it still runs".into(),
+        );
+    }
+    if q.concurrency.receive_batch > 1 {
+        add(
+            key(what),
+            format!(
+                "cannot be combined with concurrency.receive_batch = {}: a batch takes the oldest rows whatever their keys and stages, so messages that must wait for each other could run side by side",
+                q.concurrency.receive_batch
+            ),
+        );
+    }
 }
 
 /// `[host]` and `[admin]`.
@@ -399,6 +448,43 @@ mod tests {
                 .any(|m| m.contains("receive_batch") && m.contains("transaction_mode = \"none\"")),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn ordering_needs_a_plain_header_and_a_receive_that_keeps_order() {
+        let queue = "[[queues]]\nname = \"q\"\n[queues.ordering]\n";
+        assert!(
+            problems(&format!(
+                "{queue}key_header = \"NServiceBus.ConversationId\"\n"
+            ))
+            .is_empty()
+        );
+        assert!(
+            problems(&format!("{queue}lookahead = 0\n")).is_empty(),
+            "off: nothing to check"
+        );
+        let p = problems(&format!("{queue}key_header = \"a\\\"b\"\nlookahead = 0\n"));
+        assert!(
+            p.iter()
+                .any(|m| m.contains("queues[0].ordering.key_header") && m.contains("quotes")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|m| m.contains("queues[0].ordering.lookahead")),
+            "{p:?}"
+        );
+        let p = problems(&format!(
+            "[transport]\ntransaction_mode = \"none\"\n{queue}key_header = \"k\"\n"
+        ));
+        assert!(
+            p.iter()
+                .any(|m| m.contains("queues[0].ordering.key_header") && m.contains("\"none\"")),
+            "{p:?}"
+        );
+        let p = problems(
+            "[[queues]]\nname = \"q\"\n[queues.concurrency]\nreceive_batch = 8\n[queues.ordering]\nkey_header = \"k\"\n",
+        );
+        assert!(p.iter().any(|m| m.contains("receive_batch = 8")), "{p:?}");
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub use crate::status::{
 };
 
 use crate::config::{Config, HandlerConfig, TransportKind};
+use crate::depth::DepthCell;
 use crate::dispatch::{DispatchObserver, Dispatcher, HostIdentity};
 use crate::handlers::{self, Handler, SimulateHandler};
 use crate::message::OutgoingMessage;
@@ -269,6 +270,7 @@ fn plan_queues(
     let mut simulated = Vec::new();
     let mut to_create: Vec<QueueName> = Vec::new();
     let mut error_queues = HashSet::new();
+    let mut error_depths: HashMap<QueueName, Arc<DepthCell>> = HashMap::new();
     for qc in &config.queues {
         let (handler, simulate) = match registered.get(&qc.name) {
             Some(h) => (h.clone(), None),
@@ -300,14 +302,21 @@ fn plan_queues(
             receivers.push((instance_queue, qc.instance_queue.max_concurrency));
         }
         for (queue_name, max) in receivers {
-            queues.push(Arc::new(QueueRuntime::new(
+            let runtime = QueueRuntime::new(
                 queue_name.clone(),
                 error_queue.clone(),
+                error_depths.entry(error_queue.clone()).or_default().clone(),
                 qc.concurrency.model,
                 QueueSettings::from_config(qc, max),
                 handler.clone(),
                 metrics.queue(queue_name.as_str()),
-            )));
+            );
+            // Order applies to the queue itself; its instance queue carries replies.
+            let runtime = match queue_name.as_str() == qc.name {
+                true => runtime.with_ordering(&qc.ordering),
+                false => runtime,
+            };
+            queues.push(Arc::new(runtime));
             if let Some(sim) = &simulate {
                 simulated.push((queue_name.clone(), sim.clone()));
             }
@@ -361,6 +370,21 @@ async fn prepare_transport(
                     )),
                 })?;
         }
+    }
+    for q in config.queues.iter().filter(|q| q.ordering.is_ordered()) {
+        let name = QueueName::new(&q.name).map_err(|e| HostError::Config(e.0))?;
+        transport
+            .order_by_key(&name, &q.ordering)
+            .await
+            .map_err(|e| match e {
+                TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
+                    HostError::Transport(e)
+                }
+                TransportError::Config(m) => HostError::Config(m),
+                e => HostError::Config(format!(
+                    "queue `{name}`: cannot prepare ordered receives (queues.ordering): {e} (on PostgreSQL an account that may not create indexes needs sql/postgres/ordering.sql run first by one that may)"
+                )),
+            })?;
     }
     let warnings = transport
         .startup_checks(&receive_names)

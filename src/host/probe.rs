@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::dispatch::Dispatcher;
 use crate::publish::Publisher;
-use crate::queue::{DepthCell, QueueRuntime};
+use crate::queue::{DepthCell, ERROR_DEPTH_MAX_AGE, QueueRuntime};
 use crate::throttling::controller::QueueLoad;
 use crate::throttling::service::{HostProbe, LimitSink, QueueReading};
 use crate::transport::{QueueName, Transport};
@@ -38,22 +38,69 @@ impl HostAdapter {
         self.include_error_queues || !self.error_queues.contains(name)
     }
 
-    fn refresh(&self, stale: Vec<(QueueName, Arc<DepthCell>)>) {
+    /// Reads the stale depths in the background (and, for an ordered queue holding messages,
+    /// how many of them wait for their key or stage).
+    fn refresh(&self, stale: Vec<StaleDepth>) {
         if stale.is_empty() || self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let transport = self.transport.clone();
         let refreshing = self.refreshing.clone();
         self.runtime.spawn(async move {
-            for (name, cell) in stale {
+            for StaleDepth {
+                name,
+                cell,
+                rare,
+                waiting,
+            } in stale
+            {
                 let start = cell.read_started();
                 match transport.peek_depth(&name).await {
-                    Ok(depth) => cell.set_read(depth, start),
-                    Err(e) => tracing::debug!(queue = %name, error = %e, "depth refresh failed"),
+                    Ok(depth) => {
+                        cell.set_read(depth, start);
+                        if let Some(gauge) = waiting {
+                            // An empty queue has nothing waiting: no statement for it.
+                            match depth {
+                                0 => gauge.set(0.0),
+                                _ => match transport.waiting_in_order(&name).await {
+                                    Ok(Some(n)) => gauge.set(n as f64),
+                                    Ok(None) => {}
+                                    Err(e) => tracing::debug!(queue = %name, error = %e, "counting the messages waiting for their order failed"),
+                                },
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        if rare {
+                            cell.read_failed();
+                        }
+                        tracing::debug!(queue = %name, error = %e, "depth refresh failed")
+                    }
                 }
             }
             refreshing.store(false, Ordering::Release);
         });
+    }
+}
+
+/// A depth cell due for a read.
+struct StaleDepth {
+    name: QueueName,
+    cell: Arc<DepthCell>,
+    /// Read rarely (error queues): a failed read waits its full age before the next try.
+    rare: bool,
+    /// An ordered queue's gauge of messages waiting for their key or stage.
+    waiting: Option<metrics::Gauge>,
+}
+
+impl StaleDepth {
+    fn new(name: QueueName, cell: Arc<DepthCell>, rare: bool) -> Self {
+        StaleDepth {
+            name,
+            cell,
+            rare,
+            waiting: None,
+        }
     }
 }
 
@@ -88,7 +135,25 @@ impl HostProbe for HostAdapter {
         for q in self.queues.iter().filter(|q| self.counts(&q.name)) {
             total += q.depth.get();
             if is_stale(&q.depth) {
-                stale.push((q.name.clone(), q.depth.clone()));
+                let mut read = StaleDepth::new(q.name.clone(), q.depth.clone(), false);
+                read.waiting = q
+                    .ordering
+                    .as_ref()
+                    .map(|_| q.metrics.ordered_waiting.clone());
+                stale.push(read);
+            }
+        }
+        // Error queues are shown on the console, read rarely (they only grow by this host's
+        // moves, which keep the cell current, or by other hosts'). Queues sharing an error
+        // queue share its cell: it is read once.
+        for q in &self.queues {
+            let due = q.error_depth.age().is_none_or(|a| a >= ERROR_DEPTH_MAX_AGE);
+            if due && !stale.iter().any(|s| Arc::ptr_eq(&s.cell, &q.error_depth)) {
+                stale.push(StaleDepth::new(
+                    q.error_queue.clone(),
+                    q.error_depth.clone(),
+                    true,
+                ));
             }
         }
         {
@@ -101,7 +166,7 @@ impl HostProbe for HostAdapter {
                 };
                 total += cell.get();
                 if is_stale(&cell) {
-                    stale.push((name, cell));
+                    stale.push(StaleDepth::new(name, cell, false));
                 }
             }
         }

@@ -66,6 +66,7 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
             }
         }
         ThrottlingStatus {
+            sampled_at_seconds: d.at.as_secs_f64(),
             enabled: s.enabled,
             delivery: direction_status(
                 d.direction(Direction::Delivery),
@@ -96,6 +97,7 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
             .iter()
             .map(|q| {
                 let settings = q.settings();
+                let (succeeded_total, failed_total) = q.outcomes.totals();
                 QueueStatus {
                     name: q.name.to_string(),
                     model: q.model,
@@ -107,6 +109,9 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
                     loops: q.loops(),
                     circuit_breaker: q.breaker.describe(),
                     error_queue: q.error_queue.to_string(),
+                    error_queue_depth: q.error_depth.get(),
+                    succeeded_total,
+                    failed_total,
                 }
             })
             .collect(),

@@ -55,6 +55,11 @@ pub struct Accounting {
     pub duplicated: u64,
     /// Sends the publish path refused (never entered a queue; not lost).
     pub send_failures: u64,
+    /// Messages of a keyed backlog that started out of their key's order or beside another
+    /// message of their key.
+    pub order_violations: u64,
+    /// The first of them, in words.
+    pub first_order_violation: Option<String>,
 }
 
 /// Everything a run produced.

@@ -60,6 +60,11 @@ pub struct Summary {
     pub messages_remaining: u64,
     /// Handled successfully more than once.
     pub messages_duplicated: u64,
+    /// Messages of a keyed backlog handled out of their key's order or beside another of it.
+    pub key_order_violations: u64,
+    /// The first such violation, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_key_order_violation: Option<String>,
     /// Sends refused by the publish path.
     pub send_failures: u64,
     /// Messages done per second from the first phase to the last message done.
@@ -156,6 +161,8 @@ pub fn summarize(run: &RunResult) -> Summary {
         messages_lost: a.lost,
         messages_remaining: a.remaining,
         messages_duplicated: a.duplicated,
+        key_order_violations: a.order_violations,
+        first_key_order_violation: a.first_order_violation.clone(),
         send_failures: a.send_failures,
         throughput_per_second: throughput.round(),
         min_concurrency_limit: min_limit,
@@ -168,7 +175,11 @@ pub fn summarize(run: &RunResult) -> Summary {
                 end: round1(p.end),
             })
             .collect(),
-        passed: expectations_met && control_violations.is_empty() && run.cleared && a.lost == 0,
+        passed: expectations_met
+            && control_violations.is_empty()
+            && run.cleared
+            && a.lost == 0
+            && a.order_violations == 0,
         episodes,
         control_violations,
     }
@@ -467,6 +478,13 @@ fn text_details(s: &Summary, out: &mut String) {
     }
     if s.messages_lost > 0 {
         reasons.push(format!("{} messages lost", s.messages_lost));
+    }
+    if s.key_order_violations > 0 {
+        reasons.push(format!(
+            "{} key-order violations (first: {})",
+            s.key_order_violations,
+            s.first_key_order_violation.as_deref().unwrap_or("?")
+        ));
     }
     let _ = writeln!(
         out,

@@ -41,6 +41,11 @@ pub struct Scenario {
     /// Messages written to the first phase's queue before the host starts (a backlog).
     #[serde(default)]
     pub prefill: u64,
+    /// Keys of the backlog: with N above 0 the prefill's messages carry the queue's ordering
+    /// key header (`[queues.ordering] key_header`) with N values in turn, and the run checks
+    /// from its ledger that each key's messages were handled in order, one at a time.
+    #[serde(default)]
+    pub prefill_keys: u32,
     /// Body size of generated messages.
     #[serde(default = "default_body")]
     pub message_size: ByteSize,
@@ -250,6 +255,28 @@ impl KnobChange {
 }
 
 impl Scenario {
+    /// `prefill_keys` needs the prefilled queue to be ordered by a key header.
+    fn prefill_keys_problem(&self) -> Option<(String, String)> {
+        if self.prefill_keys == 0 {
+            return None;
+        }
+        let target = self.phases.first().and_then(|p| p.queue.clone());
+        let queue = match &target {
+            Some(name) => self.queues.iter().find(|q| &q.name == name),
+            None => self.queues.first(),
+        };
+        queue
+            .and_then(|q| q.ordering.key_header())
+            .is_none()
+            .then(|| {
+                (
+                    "prefill_keys".to_string(),
+                    "needs the prefilled queue to name its key: [queues.ordering] key_header"
+                        .to_string(),
+                )
+            })
+    }
+
     /// Parses a scenario file's text, with located errors.
     pub fn parse(text: &str, origin: &str) -> Result<Scenario, ConfigError> {
         let scenario: Scenario = crate::config::load::deserialize_located(text, origin)?;
@@ -272,6 +299,7 @@ impl Scenario {
                 "the scenario expects nothing: list states that must (or must not) appear, or control bounds such as max_peak_ratio".to_string(),
             ));
         }
+        problems.extend(scenario.prefill_keys_problem());
         if scenario.rounds == 0 {
             problems.push((
                 "rounds".to_string(),

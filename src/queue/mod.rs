@@ -7,7 +7,7 @@ pub mod breaker;
 pub mod gate;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,14 +17,46 @@ use uuid::Uuid;
 
 pub use self::breaker::CircuitBreaker;
 pub use self::gate::{ConcurrencyGate, Permit};
-use crate::config::{ConcurrencyModel, QueueConfig};
+use crate::config::{ConcurrencyModel, OrderingConfig, QueueConfig};
 pub use crate::depth::DepthCell;
 use crate::handlers::Handler;
 use crate::metrics::QueueMetrics;
 use crate::names::QueueName;
 
+/// How old an error queue's depth may get before it is read again. Nothing throttles on it
+/// (it is shown, not guarded), so one statement per half minute is enough.
+pub const ERROR_DEPTH_MAX_AGE: Duration = Duration::from_secs(30);
+
 /// Message ids whose failure counts are remembered (NServiceBus `FailureInfoStorage`).
 const FAILURE_MEMORY: usize = 10_000;
+
+/// Messages that left a queue for good since start, by how they left: what the console's
+/// processed and failed rates are computed from (the Prometheus counters cannot be read back).
+#[derive(Debug, Default)]
+pub struct OutcomeCounts {
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl OutcomeCounts {
+    /// A handler succeeded and its receive committed.
+    pub fn succeeded(&self) {
+        self.succeeded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The message went to the error queue (after its retries, or as a poison row).
+    pub fn failed(&self) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (succeeded, failed) so far.
+    pub fn totals(&self) -> (u64, u64) {
+        (
+            self.succeeded.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+}
 
 /// How many of a queue's next receives take one message instead of a batch: set after a
 /// batch failed to commit, so a message that cannot commit fails on its own.
@@ -104,8 +136,17 @@ pub struct QueueRuntime {
     pub loops: AtomicU32,
     /// Last known depth (shared with the throttling probe, which refreshes it when stale).
     pub depth: Arc<DepthCell>,
+    /// The error queue's last known depth, shared by the queues that use that error queue:
+    /// this host's moves keep it current, the throttling probe reads it again every
+    /// [`ERROR_DEPTH_MAX_AGE`].
+    pub error_depth: Arc<DepthCell>,
+    /// Messages that left the queue, by outcome.
+    pub outcomes: OutcomeCounts,
     /// Metric handles.
     pub metrics: QueueMetrics,
+    /// How receives keep order (per key, stages); None for an unordered queue. Fixed at
+    /// start: the transport's receive statements are built from it.
+    pub ordering: Option<OrderingConfig>,
     /// The handler.
     pub handler: Arc<dyn Handler>,
     /// Transport-error circuit breaker.
@@ -120,9 +161,12 @@ pub struct QueueRuntime {
 
 impl QueueRuntime {
     /// Builds a queue's runtime state.
+    /// `error_depth` is the error queue's depth cell, shared by every queue that sends its
+    /// failures there (so the table is read once however many queues use it).
     pub fn new(
         name: QueueName,
         error_queue: QueueName,
+        error_depth: Arc<DepthCell>,
         model: ConcurrencyModel,
         settings: QueueSettings,
         handler: Arc<dyn Handler>,
@@ -139,13 +183,22 @@ impl QueueRuntime {
             settings: ArcSwap::from_pointee(settings),
             loops: AtomicU32::new(0),
             depth: Arc::default(),
+            error_depth,
+            outcomes: OutcomeCounts::default(),
             metrics,
+            ordering: None,
             handler,
             failures: FailureMemory::default(),
             single_receives: SingleReceives::default(),
             reconfigured: Notify::new(),
             receiver_alive: AtomicBool::new(false),
         }
+    }
+
+    /// The same queue, receiving in the order `ordering` asks for (when it asks for any).
+    pub fn with_ordering(mut self, ordering: &OrderingConfig) -> Self {
+        self.ordering = ordering.is_ordered().then(|| ordering.clone());
+        self
     }
 
     /// The settings in force.

@@ -22,11 +22,12 @@ use crate::message::OutgoingMessage;
 /// The open transaction of a batch: what its messages write, and how it ends.
 #[async_trait]
 pub(crate) trait BatchWork: Send {
-    /// Inserts a message inside the transaction.
-    async fn insert(
+    /// Inserts messages into `queue`, in the order given, inside the transaction (with as
+    /// few statements as the server allows).
+    async fn insert_many(
         &mut self,
         queue: &QueueName,
-        message: &OutgoingMessage,
+        messages: &[OutgoingMessage],
     ) -> Result<(), TransportError>;
 
     /// Inserts the received row `id` as it was received (same id, raw headers and body, no
@@ -45,10 +46,24 @@ pub(crate) trait BatchWork: Send {
     async fn rollback(self: Box<Self>) -> Result<(), TransportError>;
 }
 
-/// A write a message of the batch asked for, done when the batch commits.
+/// A write the messages of the batch asked for, done when the batch commits. Consecutive
+/// sends to one queue are kept together, so they go out as one multi-row insert (the
+/// batch's outbox: a forward handler's copies of 32 messages are one statement).
 enum Write {
-    Message(QueueName, OutgoingMessage),
+    Messages(QueueName, Vec<OutgoingMessage>),
     Raw(QueueName, Uuid, Option<(String, Vec<u8>)>),
+}
+
+/// Appends `write` to `writes`, joining sends to the queue the last sends went to.
+fn append(writes: &mut Vec<Write>, write: Write) {
+    let write = match (writes.last_mut(), write) {
+        (Some(Write::Messages(last, kept)), Write::Messages(queue, more)) if *last == queue => {
+            kept.extend(more);
+            return;
+        }
+        (_, write) => write,
+    };
+    writes.push(write);
 }
 
 /// What the messages of one batch share.
@@ -115,7 +130,11 @@ impl Batch {
     ) -> Option<(Box<dyn BatchWork>, Vec<Write>, bool)> {
         let mut state = self.lock();
         match writes {
-            Some(writes) => state.writes.extend(writes),
+            Some(writes) => {
+                for write in writes {
+                    append(&mut state.writes, write);
+                }
+            }
             None => state.roll_back = true,
         }
         state.open -= 1;
@@ -184,7 +203,7 @@ impl Batch {
 async fn write_all(work: &mut dyn BatchWork, writes: &[Write]) -> Result<(), TransportError> {
     for write in writes {
         match write {
-            Write::Message(queue, message) => work.insert(queue, message).await?,
+            Write::Messages(queue, messages) => work.insert_many(queue, messages).await?,
             Write::Raw(queue, id, row) => {
                 let row = row.as_ref().map(|(h, b)| (h.as_str(), b.as_slice()));
                 work.insert_raw(queue, *id, row).await?
@@ -232,8 +251,10 @@ impl Received for BatchMessage {
     ) -> Result<(), TransportError> {
         // What can be checked now is checked now, so the message's own failure is its own.
         super::ttbr_millis(message)?;
-        self.writes
-            .push(Write::Message(queue.clone(), message.clone()));
+        append(
+            &mut self.writes,
+            Write::Messages(queue.clone(), vec![message.clone()]),
+        );
         Ok(())
     }
 
@@ -294,12 +315,15 @@ impl EachOnItsOwn {
 
 #[async_trait]
 impl BatchWork for EachOnItsOwn {
-    async fn insert(
+    async fn insert_many(
         &mut self,
         queue: &QueueName,
-        message: &OutgoingMessage,
+        messages: &[OutgoingMessage],
     ) -> Result<(), TransportError> {
-        self.0[0].send(queue, message).await
+        for message in messages {
+            self.0[0].send(queue, message).await?;
+        }
+        Ok(())
     }
 
     async fn insert_raw(

@@ -12,7 +12,7 @@
 //! and `simulated_latency` per statement. Load tests use that to drive the publishing-rate
 //! and database-sessions conditions without a database.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
@@ -25,8 +25,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use super::{Payload, QueueAdmin, QueueName, Received, Transport, TransportError};
-use crate::config::TransactionMode;
-use crate::message::{Headers, Message, OutgoingMessage};
+use crate::config::{OrderingConfig, TransactionMode};
+use crate::message::{
+    EXECUTION_STAGE_HEADER, Headers, Message, OutgoingMessage, PREVIOUS_STAGE_HEADER,
+};
 
 #[derive(Debug, Clone)]
 struct StoredMessage {
@@ -40,6 +42,119 @@ struct StoredMessage {
 struct QueueState {
     ready: BTreeMap<u64, StoredMessage>,
     next_seq: u64,
+    /// How receives keep order; None = plain FIFO (shared so a receive need not copy it).
+    ordering: Option<Arc<OrderingConfig>>,
+    /// Keys with a message in flight: none of their messages may be taken until it ends.
+    busy_keys: HashSet<String>,
+    /// Stages with messages in flight, and how many.
+    busy_stages: HashMap<String, usize>,
+}
+
+/// What an ordered message holds while it is in flight: its key and its stage.
+#[derive(Debug, Default)]
+struct Holds {
+    key: Option<String>,
+    stage: Option<String>,
+}
+
+fn header_of(m: &StoredMessage, name: &str) -> Option<String> {
+    m.headers.get(name).cloned().flatten()
+}
+
+impl QueueState {
+    /// The stages with a message left, ready or in flight (empty unless stages are ordered).
+    fn unfinished_stages(&self, ordering: &OrderingConfig) -> HashSet<String> {
+        if !ordering.stages {
+            return HashSet::new();
+        }
+        self.ready
+            .values()
+            .filter_map(|m| header_of(m, EXECUTION_STAGE_HEADER))
+            .chain(self.busy_stages.keys().cloned())
+            .collect()
+    }
+
+    /// Whether `m` may run now: its key has nothing in flight and its previous stage has no
+    /// message left. The oldest ready message of a free key is found first by an ordered
+    /// scan, so the key's order holds.
+    fn may_run(
+        &self,
+        ordering: &OrderingConfig,
+        unfinished: &HashSet<String>,
+        m: &StoredMessage,
+    ) -> bool {
+        let key = ordering.key_header().and_then(|h| header_of(m, h));
+        key.is_none_or(|k| !self.busy_keys.contains(&k))
+            && (!ordering.stages
+                || header_of(m, PREVIOUS_STAGE_HEADER).is_none_or(|p| !unfinished.contains(&p)))
+    }
+
+    /// Takes the oldest message that may run now (any message on an unordered queue) and
+    /// marks its key and stage busy.
+    fn take_next(&mut self) -> Option<(u64, StoredMessage, Holds)> {
+        let Some(ordering) = self.ordering.clone() else {
+            return self
+                .ready
+                .pop_first()
+                .map(|(seq, m)| (seq, m, Holds::default()));
+        };
+        let unfinished = self.unfinished_stages(&ordering);
+        let seq = self
+            .ready
+            .iter()
+            .find(|(_, m)| self.may_run(&ordering, &unfinished, m))
+            .map(|(seq, _)| *seq)?;
+        let message = self.ready.remove(&seq)?;
+        let holds = Holds {
+            key: ordering.key_header().and_then(|h| header_of(&message, h)),
+            stage: ordering
+                .stages
+                .then(|| header_of(&message, EXECUTION_STAGE_HEADER))
+                .flatten(),
+        };
+        if let Some(k) = &holds.key {
+            self.busy_keys.insert(k.clone());
+        }
+        if let Some(stage) = &holds.stage {
+            *self.busy_stages.entry(stage.clone()).or_default() += 1;
+        }
+        Some((seq, message, holds))
+    }
+
+    /// Ready messages that may not run now; None on an unordered queue.
+    fn waiting(&self) -> Option<u64> {
+        let ordering = self.ordering.as_ref()?;
+        let unfinished = self.unfinished_stages(ordering);
+        // Of a free key only the oldest may run: the rest wait for it.
+        let mut seen_keys = HashSet::new();
+        let waiting = self
+            .ready
+            .values()
+            .filter(|m| {
+                let first_of_key = ordering
+                    .key_header()
+                    .and_then(|h| header_of(m, h))
+                    .is_none_or(|k| seen_keys.insert(k));
+                !(first_of_key && self.may_run(ordering, &unfinished, m))
+            })
+            .count();
+        Some(waiting as u64)
+    }
+
+    /// Frees what an ended receive held.
+    fn release(&mut self, holds: &Holds) {
+        if let Some(key) = &holds.key {
+            self.busy_keys.remove(key);
+        }
+        if let Some(stage) = &holds.stage
+            && let Some(n) = self.busy_stages.get_mut(stage)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.busy_stages.remove(stage);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -171,7 +286,7 @@ impl Transport for MemoryTransport {
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
         let state = self.shared.queue(queue)?;
         let session = self.statement().await?;
-        let Some((seq, stored)) = lock(&state).ready.pop_first() else {
+        let Some((seq, stored, holds)) = lock(&state).take_next() else {
             return Ok(None);
         };
         let expired = stored.expires.is_some_and(|e| e <= SystemTime::now());
@@ -190,6 +305,7 @@ impl Transport for MemoryTransport {
             queue_name: queue.clone(),
             queue: state,
             seq,
+            holds,
             stored: Some(stored),
             payload,
             pending_sends: Vec::new(),
@@ -208,6 +324,26 @@ impl Transport for MemoryTransport {
         }
         self.shared.open_receives.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Box::new(received)))
+    }
+
+    async fn receive_batch(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        let state = self.shared.queue(queue)?;
+        if lock(&state).ordering.is_some() {
+            return Err(TransportError::Config(format!(
+                "queue `{queue}` keeps key order: receive it one message at a time (concurrency.receive_batch = 1)"
+            )));
+        }
+        super::batch::EachOnItsOwn::receive(self, queue, max).await
+    }
+
+    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let waiting = lock(&state).waiting();
+        Ok(waiting)
     }
 
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
@@ -233,6 +369,17 @@ impl Transport for MemoryTransport {
 
 #[async_trait]
 impl QueueAdmin for MemoryTransport {
+    async fn order_by_key(
+        &self,
+        queue: &QueueName,
+        ordering: &OrderingConfig,
+    ) -> Result<(), TransportError> {
+        super::check_orderable(self.mode, queue)?;
+        let state = self.shared.queue(queue)?;
+        lock(&state).ordering = ordering.is_ordered().then(|| Arc::new(ordering.clone()));
+        Ok(())
+    }
+
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
         lock(&self.shared.queues).entry(queue.clone()).or_default();
         Ok(())
@@ -270,6 +417,8 @@ struct MemoryReceived {
     queue_name: QueueName,
     queue: Arc<Mutex<QueueState>>,
     seq: u64,
+    /// Its ordering key and stage, busy until this receive ends.
+    holds: Holds,
     /// The row as stored minus its body (which is in the payload); None once finished.
     stored: Option<StoredMessage>,
     payload: Payload,
@@ -289,12 +438,16 @@ impl MemoryReceived {
         };
         self.shared.open_receives.fetch_sub(1, Ordering::Relaxed);
         self.session = None;
+        let mut queue = lock(&self.queue);
         if restore && self.restore_on_drop {
             if let Payload::Message(m) = &mut self.payload {
                 stored.body = std::mem::take(&mut m.body);
             }
-            lock(&self.queue).ready.insert(self.seq, stored);
+            queue.ready.insert(self.seq, stored);
         }
+        // Back in place (or gone) before the key and stage are free: the next receive sees
+        // the row it must take first, or wait for.
+        queue.release(&self.holds);
     }
 }
 

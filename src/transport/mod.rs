@@ -26,7 +26,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::config::{TransportConfig, TransportKind};
+use crate::config::{OrderingConfig, TransactionMode, TransportConfig, TransportKind};
 use crate::message::{Message, OutgoingMessage};
 pub use names::QueueName;
 
@@ -125,6 +125,35 @@ impl TransportError {
             other => other,
         }
     }
+}
+
+/// The two columns of a multi-row insert that the SQL transports compute per message: the
+/// time to be received in milliseconds (checked) and the headers in their wire form.
+pub(crate) fn insert_columns(
+    messages: &[OutgoingMessage],
+) -> Result<(Vec<Option<i64>>, Vec<String>), TransportError> {
+    let ttbrs = messages
+        .iter()
+        .map(ttbr_millis)
+        .collect::<Result<Vec<_>, _>>()?;
+    let headers = messages
+        .iter()
+        .map(|m| headers::serialize_headers(&m.headers))
+        .collect();
+    Ok((ttbrs, headers))
+}
+
+/// The refusal every transport gives an ordered queue in transaction mode `none`.
+pub(crate) fn check_orderable(
+    mode: TransactionMode,
+    queue: &QueueName,
+) -> Result<(), TransportError> {
+    if mode == TransactionMode::None {
+        return Err(TransportError::Config(format!(
+            "queue `{queue}` cannot keep key order in transaction_mode \"none\": each message is deleted before its handler runs"
+        )));
+    }
+    Ok(())
 }
 
 /// A message's time to be received in milliseconds, as the transports store it; refused when
@@ -268,6 +297,19 @@ pub trait QueueAdmin: Send + Sync + 'static {
     /// Names of the queue tables in the transport's schema.
     async fn list_queues(&self) -> Result<Vec<String>, TransportError>;
 
+    /// Keeps key order on `queue` from now on ([`OrderingConfig`]): a receive takes a message
+    /// only when it is the oldest stored message of its key and no message of that key is in
+    /// flight, here or on any other host (the database's rows and locks decide, never this
+    /// process's memory); messages without the key header are taken as usual. Call it before
+    /// the first receive from `queue`. Refused with [`TransportError::Config`] in transaction
+    /// mode `none` (a message is deleted before its handler runs) and where a dialect cannot
+    /// keep the guarantee.
+    async fn order_by_key(
+        &self,
+        queue: &QueueName,
+        ordering: &OrderingConfig,
+    ) -> Result<(), TransportError>;
+
     /// Warnings about the setup of these queues (missing indexes, column types, pool size);
     /// an error when a queue cannot be received from at all (a column of the wrong type).
     async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {
@@ -327,6 +369,15 @@ pub trait Transport: QueueAdmin {
 
     /// Estimates the number of messages waiting, skipping rows locked by in-flight receives.
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError>;
+
+    /// Messages of an ordered queue ([`QueueAdmin::order_by_key`]) that may not run now: their
+    /// key has a message in flight or their previous stage is unfinished. Counted among the
+    /// oldest `lookahead` rows, which is where receives look. None for an unordered queue or
+    /// where the transport cannot count them (SQL Server: rows in flight are invisible to it).
+    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
+        let _ = queue;
+        Ok(None)
+    }
 
     /// Database connections in use right now (the database sessions sensor).
     fn connections_in_use(&self) -> u64;

@@ -28,6 +28,20 @@ pub(crate) trait SqlStore: Send + Sync + Sized + 'static {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError>;
 
+    /// Inserts `messages`, in the order given, on `conn` inside its open transaction, with
+    /// as few statements as the server allows (the default: one by one).
+    async fn insert_many(
+        &self,
+        conn: &mut Self::Conn,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), TransportError> {
+        for message in messages {
+            self.insert(conn, queue, message).await?;
+        }
+        Ok(())
+    }
+
     /// Inserts a message on a connection of its own (transaction mode `none`).
     async fn insert_alone(
         &self,
@@ -303,13 +317,13 @@ impl<S: SqlStore> Drop for SqlBatchWork<S> {
 
 #[async_trait]
 impl<S: SqlStore> BatchWork for SqlBatchWork<S> {
-    async fn insert(
+    async fn insert_many(
         &mut self,
         queue: &QueueName,
-        message: &OutgoingMessage,
+        messages: &[OutgoingMessage],
     ) -> Result<(), TransportError> {
         let store = self.store.clone();
-        let result = store.insert(self.conn()?, queue, message).await;
+        let result = store.insert_many(self.conn()?, queue, messages).await;
         self.failed |= result.is_err();
         result
     }

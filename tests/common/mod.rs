@@ -243,6 +243,14 @@ impl QueueAdmin for Counting {
     async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
         self.inner.list_queues().await
     }
+
+    async fn order_by_key(
+        &self,
+        queue: &QueueName,
+        ordering: &throttlehost::config::OrderingConfig,
+    ) -> Result<(), TransportError> {
+        self.inner.order_by_key(queue, ordering).await
+    }
 }
 
 use throttlehost::config::{ConcurrencyModel, Config, QueueConfig};

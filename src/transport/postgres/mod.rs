@@ -28,7 +28,7 @@ use super::headers::serialize_headers;
 use super::names::validate_schema_name;
 use super::unit_of_work::{RawRow, SqlBatchWork, SqlReceived, SqlStore, payload_of};
 use super::{CommitAndReceive, QueueAdmin, QueueName, Received, Transport, TransportError};
-use crate::config::{TransactionMode, TransportConfig};
+use crate::config::{OrderingConfig, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
 
 /// Rows deleted per statement by [`Transport::purge_expired`].
@@ -84,20 +84,27 @@ impl PostgresTransport {
             None => statement_timeout,
         };
         pg.options(&options);
-        // libpq semantics: sslmode prefer/require encrypt without checking the certificate;
-        // verify-ca/verify-full check it.
-        let tls = native_tls::TlsConnector::builder()
-            .danger_accept_invalid_certs(!verify)
-            .danger_accept_invalid_hostnames(!verify)
-            .build()
-            .map_err(|e| TransportError::Config(format!("cannot set up TLS: {e}")))?;
-        let manager = Manager::from_config(
-            pg,
-            postgres_native_tls::MakeTlsConnector::new(tls),
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = if pg.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
+            // No TLS connector at all: building one parses the system's whole CA bundle
+            // (tens of milliseconds of start-up) for connections that never use it.
+            Manager::from_config(pg, tokio_postgres::NoTls, manager_config)
+        } else {
+            // libpq semantics: sslmode prefer/require encrypt without checking the
+            // certificate; verify-ca/verify-full check it.
+            let tls = native_tls::TlsConnector::builder()
+                .danger_accept_invalid_certs(!verify)
+                .danger_accept_invalid_hostnames(!verify)
+                .build()
+                .map_err(|e| TransportError::Config(format!("cannot set up TLS: {e}")))?;
+            Manager::from_config(
+                pg,
+                postgres_native_tls::MakeTlsConnector::new(tls),
+                manager_config,
+            )
+        };
         let pool = Pool::builder(manager)
             .max_size(config.pool_size as usize)
             .wait_timeout(Some(config.connect_timeout))
@@ -207,6 +214,94 @@ impl Inner {
 }
 
 impl Inner {
+    /// Builds the expression indexes an ordered queue's receives probe, those missing only.
+    ///
+    /// `CREATE INDEX IF NOT EXISTS` takes a SHARE lock on the table before it looks for the
+    /// name, so a host starting while others receive would wait for every open receive and
+    /// make every new one wait behind it. Existing indexes are therefore looked up first, and
+    /// a missing one is built `CONCURRENTLY` (writes go on), one host at a time under the
+    /// table's advisory lock (session level: CONCURRENTLY runs outside a transaction).
+    async fn ensure_indexes(
+        &self,
+        queue: &QueueName,
+        st: &QueueStatements,
+    ) -> Result<(), TransportError> {
+        if st.ordering_indexes.is_empty() {
+            return Ok(());
+        }
+        let client = self.client().await?;
+        let built: Result<(), tokio_postgres::Error> = async {
+            for index in &st.ordering_indexes {
+                let exists = "SELECT to_regclass($1) IS NOT NULL";
+                if client.query_one(exists, &[&index.name]).await?.get(0) {
+                    continue;
+                }
+                client
+                    .execute("SELECT pg_advisory_lock(hashtext($1))", &[&st.table])
+                    .await?;
+                let created = client.batch_execute(&index.create).await;
+                client
+                    .execute("SELECT pg_advisory_unlock(hashtext($1))", &[&st.table])
+                    .await?;
+                created?;
+            }
+            Ok(())
+        }
+        .await;
+        built.map_err(|e| {
+            // A session lock may still be held on it: the connection goes.
+            discard(client);
+            map_error(e, Some(queue))
+        })
+    }
+
+    /// Runs a statement that answers one bigint count (negative read as 0).
+    async fn count(
+        &self,
+        queue: &QueueName,
+        what: &'static str,
+        sql: &str,
+    ) -> Result<u64, TransportError> {
+        let client = self.client().await?;
+        let (_, row) = self
+            .answered(what, client, async |c| {
+                let stmt = c.prepare_cached(sql).await?;
+                c.query_one(&stmt, &[]).await
+            })
+            .await?;
+        let row = row.map_err(|e| map_error(e, Some(queue)))?;
+        let n: i64 = row
+            .try_get(0)
+            .map_err(|e| TransportError::database(e.to_string()))?;
+        Ok(n.max(0) as u64)
+    }
+
+    /// Inserts `messages` on `client` with one statement (all or none), in the order given:
+    /// arrays through `unnest ... WITH ORDINALITY`, so Seq follows that order.
+    async fn send_many_on(
+        &self,
+        client: &Object,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), TransportError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let st = self.statements(queue)?;
+        let ids: Vec<Uuid> = messages.iter().map(|m| m.id).collect();
+        let (ttbrs, headers) = super::insert_columns(messages)?;
+        let bodies: Vec<&[u8]> = messages.iter().map(|m| m.body.as_slice()).collect();
+        let stmt = client
+            .prepare_cached(&st.send_batch)
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        client
+            .execute(&stmt, &[&ids, &ttbrs, &headers, &bodies])
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        Ok(())
+    }
+
     /// Turns the receive statement's result into a [`Received`] (or ends an empty receive).
     async fn received(
         self: Arc<Self>,
@@ -240,6 +335,11 @@ impl Inner {
         max: usize,
     ) -> Result<Vec<Box<dyn Received>>, TransportError> {
         let st = self.statements(queue)?;
+        if st.ordered {
+            return Err(TransportError::Config(format!(
+                "queue `{queue}` keeps key order: receive it one message at a time (concurrency.receive_batch = 1)"
+            )));
+        }
         let client = self.client().await?;
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
         let (client, asked) = self
@@ -481,26 +581,14 @@ impl Transport for PostgresTransport {
         if messages.is_empty() {
             return Ok(());
         }
-        let st = self.inner.statements(queue)?;
-        let ids: Vec<Uuid> = messages.iter().map(|m| m.id).collect();
-        let ttbrs = messages
-            .iter()
-            .map(super::ttbr_millis)
-            .collect::<Result<Vec<Option<i64>>, _>>()?;
-        let headers: Vec<String> = messages
-            .iter()
-            .map(|m| serialize_headers(&m.headers))
-            .collect();
-        let bodies: Vec<&[u8]> = messages.iter().map(|m| m.body.as_slice()).collect();
         let client = self.inner.client().await?;
         let (_, sent) = self
             .inner
             .answered("a batch send", client, async |c| {
-                let stmt = c.prepare_cached(&st.send_batch).await?;
-                c.execute(&stmt, &[&ids, &ttbrs, &headers, &bodies]).await
+                self.inner.send_many_on(c, queue, messages).await
             })
             .await?;
-        sent.map(|_| ()).map_err(|e| map_error(e, Some(queue)))
+        sent
     }
 
     async fn receive(
@@ -559,19 +647,15 @@ impl Transport for PostgresTransport {
 
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
         let st = self.inner.statements(queue)?;
-        let client = self.inner.client().await?;
-        let (_, row) = self
-            .inner
-            .answered("a peek", client, async |c| {
-                let stmt = c.prepare_cached(&st.peek).await?;
-                c.query_one(&stmt, &[]).await
-            })
-            .await?;
-        let row = row.map_err(|e| map_error(e, Some(queue)))?;
-        let n: i64 = row
-            .try_get(0)
-            .map_err(|e| TransportError::database(e.to_string()))?;
-        Ok(n.max(0) as u64)
+        self.inner.count(queue, "a peek", &st.peek).await
+    }
+
+    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
+        let st = self.inner.statements(queue)?;
+        match &st.waiting {
+            Some(sql) => self.inner.count(queue, "a count", sql).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     fn connections_in_use(&self) -> u64 {
@@ -591,6 +675,28 @@ impl Transport for PostgresTransport {
 
 #[async_trait]
 impl QueueAdmin for PostgresTransport {
+    async fn order_by_key(
+        &self,
+        queue: &QueueName,
+        ordering: &OrderingConfig,
+    ) -> Result<(), TransportError> {
+        super::check_orderable(self.inner.mode, queue)?;
+        // Validates the name, as every statement of the queue does.
+        self.inner.statements(queue)?;
+        let plain = QueueStatements::new(&self.inner.schema, queue);
+        let statements = match ordering.is_ordered() {
+            true => plain.with_ordering(ordering),
+            false => plain,
+        };
+        self.inner.ensure_indexes(queue, &statements).await?;
+        self.inner
+            .statements
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(queue.clone(), Arc::new(statements));
+        Ok(())
+    }
+
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
         let st = self.inner.statements(queue)?;
         let mut client = self.inner.client().await?;
@@ -755,6 +861,15 @@ impl SqlStore for Inner {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
         self.send_on(conn, queue, message).await
+    }
+
+    async fn insert_many(
+        &self,
+        conn: &mut Object,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), TransportError> {
+        self.send_many_on(conn, queue, messages).await
     }
 
     async fn insert_alone(

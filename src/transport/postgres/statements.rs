@@ -3,6 +3,8 @@
 //! (`PostgreSqlConstants`): same columns, same receive and peek semantics. DDL shipped in
 //! `sql/postgres/queue.sql` is the same as [`QueueStatements::create`].
 
+use crate::config::OrderingConfig;
+use crate::message::{EXECUTION_STAGE_HEADER, PREVIOUS_STAGE_HEADER};
 use crate::transport::QueueName;
 
 /// Quotes a validated identifier for PostgreSQL. Names reaching here passed
@@ -41,6 +43,13 @@ pub struct QueueStatements {
     pub purge_expired_batch: String,
     /// Deletes every row.
     pub purge: String,
+    /// Whether [`QueueStatements::receive`] keeps key order (batch receives are refused then).
+    pub ordered: bool,
+    /// On an ordered queue: of the rows a receive looks at, how many may not run now.
+    pub waiting: Option<String>,
+    /// On an ordered queue: the expression indexes its receive probes, each as its
+    /// schema-qualified name and the DDL that builds it without blocking writes.
+    pub ordering_indexes: Vec<OrderingIndex>,
 }
 
 impl QueueStatements {
@@ -95,9 +104,141 @@ impl QueueStatements {
                  WHERE Expires < (now() AT TIME ZONE 'UTC') LIMIT $1 FOR UPDATE SKIP LOCKED)"
             ),
             purge: format!("DELETE FROM {table}"),
+            ordered: false,
+            waiting: None,
+            ordering_indexes: Vec::new(),
             table,
         }
     }
+
+    /// The expression index on `header`'s value, `then` (a column or nothing) after it.
+    fn ordering_index(&self, header: &str, then: &str) -> OrderingIndex {
+        let table = &self.table;
+        let index = index_name(table, header);
+        // The table's quoted schema: everything before the `.` that joins it to the name.
+        let schema = &table[..table.find("\".\"").map_or(0, |at| at + 1)];
+        let columns = match then {
+            "" => format!("({})", header_value(header, "Headers")),
+            column => format!("({}), {column}", header_value(header, "Headers")),
+        };
+        OrderingIndex {
+            name: format!("{schema}.{index}"),
+            create: format!(
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {table} ({columns})"
+            ),
+        }
+    }
+
+    /// The same statements with a receive that keeps the order `ordering` asks for.
+    ///
+    /// A receive looks at the `lookahead` oldest rows, in order, and takes the first that
+    /// may run and is not row-locked (`FOR UPDATE SKIP LOCKED`). A row may run when no older
+    /// row has its key and, with stages, no row has its previous stage as its stage. Both
+    /// checks read rows whatever their locks: in PostgreSQL a row another receive has
+    /// deleted but not committed is still visible (and one rolled back is simply still
+    /// there), so a message in flight on any host holds back the rest of its key and the
+    /// next stage until its unit of work ends. The key's oldest row is a head whose lock is
+    /// skipped while it runs; no lock is taken or held while waiting.
+    ///
+    /// The header values are read by expressions that expression indexes keep
+    /// ([`QueueStatements::ordering_indexes`]), so each check is one index probe and a key is
+    /// read from the headers once per row stored, not once per receive.
+    pub fn with_ordering(mut self, ordering: &OrderingConfig) -> Self {
+        let table = &self.table;
+        let key = ordering.key_header();
+        let stages = ordering.stages;
+        let mut checks = String::new();
+        let mut indexes = Vec::new();
+        if let Some(header) = key {
+            checks.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM {table} o WHERE {} = {} AND o.Seq < t.Seq)",
+                header_value(header, "o.Headers"),
+                header_value(header, "t.Headers"),
+            ));
+            indexes.push(self.ordering_index(header, "Seq"));
+        }
+        if stages {
+            checks.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM {table} s WHERE {} = {})",
+                header_value(EXECUTION_STAGE_HEADER, "s.Headers"),
+                header_value(PREVIOUS_STAGE_HEADER, "t.Headers"),
+            ));
+            indexes.push(self.ordering_index(EXECUTION_STAGE_HEADER, ""));
+        }
+        // The window's last row: a bound the Seq index scan stops at (int max while fewer).
+        let window = format!(
+            "t.Seq <= COALESCE((SELECT Seq FROM {table} ORDER BY Seq OFFSET {} LIMIT 1), 2147483647)",
+            ordering.lookahead.saturating_sub(1)
+        );
+        self.receive = format!(
+            "DELETE FROM {table} rs \
+             WHERE rs.Seq = (SELECT t.Seq FROM {table} t WHERE {window}{checks} \
+             ORDER BY t.Seq LIMIT 1 FOR UPDATE OF t SKIP LOCKED) \
+             RETURNING rs.Id, \
+             CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END, \
+             rs.Headers, rs.Body, rs.Expires::text"
+        );
+        // Rows of the window that may not run: the complement of the receive's checks.
+        let may_run = checks.trim_start_matches(" AND ");
+        self.waiting = Some(format!(
+            "SELECT count(*) FROM {table} t WHERE {window} AND NOT ({may_run})"
+        ));
+        self.ordering_indexes = indexes;
+        self.ordered = true;
+        self
+    }
+}
+
+/// An expression index of an ordered queue.
+#[derive(Debug)]
+pub struct OrderingIndex {
+    /// `"schema".name`, for `to_regclass`.
+    pub name: String,
+    /// `CREATE INDEX CONCURRENTLY IF NOT EXISTS ...` (outside any transaction).
+    pub create: String,
+}
+
+/// A stable name for the expression index of `header` on `table` (within PostgreSQL's 63
+/// characters, whatever the table's name).
+fn index_name(table: &str, header: &str) -> String {
+    let id = uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        format!("{table}|{header}").as_bytes(),
+    );
+    format!("throttlehost_order_{}", &id.simple().to_string()[..16])
+}
+
+/// A string as a PostgreSQL literal (standard-conforming strings: only `'` is special).
+fn sql_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// A header's value as stored in `column`, the headers' JSON text; NULL when the header is
+/// missing or null. Immutable (expression indexes keep it) and never fails, even on headers
+/// that are not JSON (poison rows must still reach the dispatcher). The fast path finds
+/// `"name":"` (the compact form every JSON writer here produces; inside a string value its
+/// quotes would be escaped) and takes the text up to the next quote: a value with an escaped
+/// quote is cut there, which can only put two keys together, never one key apart. Other
+/// layouts (spaces around the colon) go through a regular expression.
+fn header_value(header: &str, column: &str) -> String {
+    let escaped: String = header
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' || !c.is_ascii() {
+                c.to_string()
+            } else {
+                format!("\\{c}")
+            }
+        })
+        .collect();
+    let compact = sql_literal(&format!("\"{header}\":\""));
+    let name = sql_literal(&format!("\"{header}\""));
+    let anywhere = sql_literal(&format!(r#"[{{,]\s*"{escaped}"\s*:\s*"((?:[^"\\]|\\.)*)""#));
+    format!(
+        "(CASE WHEN strpos({column}, {compact}) > 0 THEN split_part(split_part({column}, {compact}, 2), '\"', 1) \
+         WHEN strpos({column}, {name}) = 0 THEN NULL \
+         ELSE substring({column} from {anywhere}) END)"
+    )
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! Not verified against a live server in this project's CI (none is available there); the
 //! conformance suite runs against one when `SQLSERVER_URL` is set.
 
+mod claim;
 pub mod pool;
 pub mod statements;
 
@@ -31,7 +32,7 @@ use super::headers::serialize_headers;
 use super::names::validate_schema_name;
 use super::unit_of_work::{RawRow, SqlBatchWork, SqlReceived, SqlStore, payload_of};
 use super::{CommitAndReceive, QueueAdmin, QueueName, Received, Transport, TransportError};
-use crate::config::{Dialect, TransactionMode, TransportConfig};
+use crate::config::{Dialect, OrderingConfig, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
 
 /// Rows deleted per statement by [`Transport::purge_expired`] (NServiceBus default).
@@ -60,6 +61,8 @@ struct Inner {
     last_connect_error: Arc<std::sync::Mutex<Option<String>>>,
     statements: RwLock<HashMap<QueueName, Arc<QueueStatements>>>,
     recoverable: RwLock<HashMap<QueueName, bool>>,
+    /// Rows this host's claiming receives hold, per queue (Babelfish).
+    held: claim::HeldRows,
 }
 
 /// Parses an ADO.NET connection string into a tiberius configuration. Errors never contain
@@ -128,6 +131,7 @@ impl SqlServerTransport {
                 last_connect_error,
                 statements: RwLock::new(HashMap::new()),
                 recoverable: RwLock::new(HashMap::new()),
+                held: claim::HeldRows::default(),
             }),
         })
     }
@@ -272,6 +276,33 @@ impl Inner {
         self.after_insert(conn, queue, result)
     }
 
+    /// Inserts `messages` on `conn` in the order given, [`statements::SEND_MANY_ROWS`] per
+    /// statement (one statement, all or none, up to that many; several beyond it, so the
+    /// caller wraps more in a transaction when they must be all or none).
+    async fn send_many_on(
+        &self,
+        conn: &mut Connection,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), TransportError> {
+        let st = self.statements(queue);
+        for chunk in messages.chunks(statements::SEND_MANY_ROWS) {
+            let recoverable = self.has_recoverable(conn, queue, &st).await?;
+            let sql = statements::send_many(&st.table, chunk.len(), recoverable);
+            let (ttbrs, headers) = super::insert_columns(chunk)?;
+            let mut params: Vec<&dyn tiberius::ToSql> = Vec::with_capacity(4 * chunk.len());
+            for (i, message) in chunk.iter().enumerate() {
+                params.push(&message.id);
+                params.push(&ttbrs[i]);
+                params.push(&headers[i]);
+                params.push(&message.body);
+            }
+            let result = conn.client.execute(sql.as_str(), &params).await;
+            self.after_insert(conn, queue, result)?;
+        }
+        Ok(())
+    }
+
     /// Inserts a raw row (poison dead-lettering) on `conn`.
     async fn send_raw_on(
         &self,
@@ -345,6 +376,78 @@ impl Inner {
         Ok(Some(SqlReceived::boxed(self.clone(), queue, conn, row)))
     }
 
+    /// Babelfish's receive: claims a row no other transaction holds (see `claim.rs`).
+    async fn claim_receive(
+        self: &Arc<Self>,
+        mut conn: Pooled,
+        queue: &QueueName,
+        transactional: bool,
+    ) -> Result<Option<Box<dyn Received>>, TransportError> {
+        let st = self.statements(queue);
+        let mut cursor = claim::Cursor::starting_at(self.held.start(queue));
+        for _ in 0..claim::CLAIM_ATTEMPTS {
+            let sql = statements::babelfish_claim(&st.table, cursor.skip, transactional);
+            let answer = conn.first_result(&sql).await;
+            let held = match answer {
+                Ok(rows) => match rows.first() {
+                    Some(row) => {
+                        let row = decode_row(queue, row).inspect_err(|_| conn.broken = true)?;
+                        if !transactional {
+                            return Ok(Some(SqlReceived::boxed(self.clone(), queue, None, row)));
+                        }
+                        conn.claim = Some(self.held.hold(queue));
+                        return Ok(Some(SqlReceived::boxed(
+                            self.clone(),
+                            queue,
+                            Some(conn),
+                            row,
+                        )));
+                    }
+                    None => false,
+                },
+                Err(tiberius::error::Error::Server(t))
+                    if claim::classify(t.code(), t.message()) == claim::ClaimFailure::Held =>
+                {
+                    let given_up = conn.run_batch(statements::CLAIM_GIVE_UP).await;
+                    given_up.map_err(|e| {
+                        conn.broken = true;
+                        map_error(e, Some(queue))
+                    })?;
+                    true
+                }
+                Err(e) => {
+                    conn.broken = true;
+                    return Err(map_error(e, Some(queue)));
+                }
+            };
+            if !cursor.advance(held) {
+                return Ok(None);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Babelfish's commit-and-receive: the commit, then a claim on the same connection.
+    async fn commit_and_claim(
+        self: Arc<Self>,
+        mut conn: Pooled,
+        queue: &QueueName,
+    ) -> CommitAndReceive {
+        let committed = conn.run_batch("COMMIT TRAN;").await;
+        conn.claim = None;
+        if let Err(e) = committed {
+            conn.broken = true;
+            return CommitAndReceive {
+                committed: Err(map_error(e, Some(queue))),
+                next: None,
+            };
+        }
+        CommitAndReceive {
+            committed: Ok(()),
+            next: Some(self.claim_receive(conn, queue, true).await),
+        }
+    }
+
     /// Receives up to `max` messages in one transaction (see [`Transport::receive_batch`]).
     async fn receive_batch(
         self: &Arc<Self>,
@@ -352,6 +455,11 @@ impl Inner {
         max: u32,
     ) -> Result<Vec<Box<dyn Received>>, TransportError> {
         let st = self.statements(queue);
+        if st.ordered {
+            return Err(TransportError::Config(format!(
+                "queue `{queue}` keeps key order: receive it one message at a time (concurrency.receive_batch = 1)"
+            )));
+        }
         let sql = statements::begin_and_receive_batch(&st.table, max, self.dialect);
         let mut conn = self.conn().await?;
         let rows = receive_rows(&mut conn, queue, &sql).await?;
@@ -415,6 +523,31 @@ impl Transport for SqlServerTransport {
         self.inner.insert_alone(queue, message).await
     }
 
+    /// Multi-row inserts ([`statements::send_many`]); more than one statement's worth runs
+    /// in a transaction, so a batch is stored all or none.
+    async fn send_batch(
+        &self,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), TransportError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.inner.conn().await?;
+        if messages.len() <= statements::SEND_MANY_ROWS {
+            return self.inner.send_many_on(&mut conn, queue, messages).await;
+        }
+        conn.run_batch("BEGIN TRAN;").await.map_err(|e| {
+            conn.broken |= !is_server_error(&e);
+            map_error(e, Some(queue))
+        })?;
+        let sent = self.inner.send_many_on(&mut conn, queue, messages).await;
+        self.inner
+            .end(conn, queue, sent.is_ok(), sent.is_err())
+            .await?;
+        sent
+    }
+
     async fn receive(
         &self,
         queue: &QueueName,
@@ -422,6 +555,9 @@ impl Transport for SqlServerTransport {
         let st = self.inner.statements(queue);
         let conn = self.inner.conn().await?;
         let transactional = self.inner.mode != TransactionMode::None;
+        if self.inner.dialect == Dialect::Babelfish {
+            return self.inner.claim_receive(conn, queue, transactional).await;
+        }
         let sql = if transactional {
             &st.begin_and_receive
         } else {
@@ -458,15 +594,7 @@ impl Transport for SqlServerTransport {
 
     async fn ping(&self) -> Result<(), TransportError> {
         let mut conn = self.inner.conn().await?;
-        let result = async {
-            conn.client
-                .simple_query("SELECT 1")
-                .await?
-                .into_results()
-                .await
-        }
-        .await;
-        result.map(|_| ()).map_err(|e| {
+        conn.run_batch("SELECT 1").await.map_err(|e| {
             conn.broken = true;
             map_error(e, None)
         })
@@ -475,17 +603,41 @@ impl Transport for SqlServerTransport {
 
 #[async_trait]
 impl QueueAdmin for SqlServerTransport {
+    async fn order_by_key(
+        &self,
+        queue: &QueueName,
+        ordering: &OrderingConfig,
+    ) -> Result<(), TransportError> {
+        super::check_orderable(self.inner.mode, queue)?;
+        let plain = QueueStatements::new(&self.inner.schema, queue, self.inner.dialect);
+        if ordering.stages {
+            return Err(TransportError::Config(format!(
+                "queue `{queue}`: ordered stages (queues.ordering.stages) are not available on SQL Server yet; per-key order is"
+            )));
+        }
+        let statements = match ordering.key_header() {
+            None => plain,
+            // Babelfish ignores READPAST, so its receives claim rows by lock timeouts
+            // (`claim.rs`); an ordered claim there is not built yet.
+            Some(_) if self.inner.dialect == Dialect::Babelfish => {
+                return Err(TransportError::Config(format!(
+                    "queue `{queue}`: key order (queues.ordering.key_header) is not available with transport.dialect = \"babelfish\" yet"
+                )));
+            }
+            Some(header) => plain.with_ordering(header, ordering.lookahead),
+        };
+        self.inner
+            .statements
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(queue.clone(), Arc::new(statements));
+        Ok(())
+    }
+
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
         let st = self.inner.statements(queue);
         let mut conn = self.inner.conn().await?;
-        let result = async {
-            conn.client
-                .simple_query(st.create.as_str())
-                .await?
-                .into_results()
-                .await
-        }
-        .await;
+        let result = conn.run_batch(&st.create).await;
         match result {
             Ok(_) => Ok(()),
             Err(e) => {
@@ -526,14 +678,7 @@ impl QueueAdmin for SqlServerTransport {
         let st = self.inner.statements(queue);
         {
             let mut conn = self.inner.conn().await?;
-            let dropped = async {
-                conn.client
-                    .simple_query(st.drop.as_str())
-                    .await?
-                    .into_results()
-                    .await
-            }
-            .await;
+            let dropped = conn.run_batch(&st.drop).await;
             if let Err(e) = dropped {
                 conn.broken = true;
                 return Err(map_error(e, Some(queue)));
@@ -677,14 +822,7 @@ async fn receive_rows(
     queue: &QueueName,
     sql: &str,
 ) -> Result<Vec<tiberius::Row>, TransportError> {
-    let rows = async {
-        conn.client
-            .simple_query(sql)
-            .await?
-            .into_first_result()
-            .await
-    }
-    .await;
+    let rows = conn.first_result(sql).await;
     rows.map_err(|e| {
         // Whatever the error, do not reuse a connection whose transaction state is in doubt.
         conn.broken = true;
@@ -741,6 +879,15 @@ impl SqlStore for Inner {
         self.send_on(conn, queue, message).await
     }
 
+    async fn insert_many(
+        &self,
+        conn: &mut Pooled,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), TransportError> {
+        self.send_many_on(conn, queue, messages).await
+    }
+
     async fn insert_alone(
         &self,
         queue: &QueueName,
@@ -785,7 +932,8 @@ impl SqlStore for Inner {
             true => "COMMIT TRAN;",
             false => "IF @@TRANCOUNT > 0 ROLLBACK TRAN;",
         };
-        let result = async { conn.client.simple_query(sql).await?.into_results().await }.await;
+        let result = conn.run_batch(sql).await;
+        conn.claim = None;
         // After an error inside the transaction the client's idea of it may be stale: start
         // the next unit of work on a fresh connection.
         conn.broken |= after_failure || result.is_err();
@@ -795,6 +943,7 @@ impl SqlStore for Inner {
     fn abandon(&self, mut conn: Pooled) {
         // Closing the connection makes the server roll the transaction back.
         conn.broken = true;
+        conn.claim = None;
     }
 
     async fn commit_and_receive(
@@ -803,6 +952,9 @@ impl SqlStore for Inner {
         _transport: &dyn Transport,
         queue: &QueueName,
     ) -> CommitAndReceive {
+        if self.dialect == Dialect::Babelfish {
+            return self.commit_and_claim(conn, queue).await;
+        }
         let st = self.statements(queue);
         // One batch: COMMIT, BEGIN, receive. With XACT_ABORT ON a failed COMMIT aborts the
         // batch before anything is received.

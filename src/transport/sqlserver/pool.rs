@@ -23,6 +23,30 @@ pub struct Connection {
     pub client: Client<Compat<TcpStream>>,
     /// Set after any error: the pool drops the connection instead of reusing it.
     pub broken: bool,
+    /// The row this connection's open transaction claimed (Babelfish's claiming receive);
+    /// counted as held until the transaction ends or the connection goes.
+    pub claim: Option<super::claim::Held>,
+}
+
+impl Connection {
+    /// Runs a batch of statements whose results are not needed (transaction control,
+    /// session settings), reading every result so the connection is ready for the next.
+    pub async fn run_batch(&mut self, sql: &str) -> Result<(), tiberius::error::Error> {
+        self.client.simple_query(sql).await?.into_results().await?;
+        Ok(())
+    }
+
+    /// Runs a batch and returns the rows of its first result set.
+    pub async fn first_result(
+        &mut self,
+        sql: &str,
+    ) -> Result<Vec<tiberius::Row>, tiberius::error::Error> {
+        self.client
+            .simple_query(sql)
+            .await?
+            .into_first_result()
+            .await
+    }
 }
 
 /// Opens connections for bb8.
@@ -77,6 +101,7 @@ impl Manager {
         Ok(Connection {
             client,
             broken: false,
+            claim: None,
         })
     }
 }

@@ -52,9 +52,20 @@ pub struct QueueStatements {
     pub purge_expired_batch: String,
     /// Deletes every row; returns the count.
     pub purge: String,
+    /// Whether the receives keep key order ([`ordered_receive`]); batch receives are refused.
+    pub ordered: bool,
 }
 
 /// The receive: the NServiceBus CTE form, or the Babelfish table-variable form.
+/// Reads back what a receive deleted into `@received`: id, expired flag, headers, body and
+/// expiry, the columns every receive returns.
+const READ_RECEIVED: &str = "SELECT Id,
+    CASE WHEN Expires IS NULL THEN 0 WHEN Expires > GETUTCDATE() THEN 0 ELSE 1 END,
+    Headers,
+    Body,
+    Expires
+FROM @received";
+
 fn receive(table: &str, dialect: Dialect) -> String {
     match dialect {
         Dialect::Sqlserver => format!(
@@ -71,12 +82,7 @@ OUTPUT deleted.Id,
 DELETE FROM {table}
 OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
 WHERE RowVersion IN (SELECT TOP(1) RowVersion FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion);
-SELECT Id,
-    CASE WHEN Expires IS NULL THEN 0 WHEN Expires > GETUTCDATE() THEN 0 ELSE 1 END,
-    Headers,
-    Body,
-    Expires
-FROM @received;"
+{READ_RECEIVED};"
         ),
     }
 }
@@ -109,12 +115,7 @@ WHERE RowVersion IN (SELECT TOP({max}) RowVersion FROM {table} WITH (UPDLOCK, RE
 DECLARE @received TABLE (RowVersion bigint, Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
 {delete}
 IF @@ROWCOUNT = 0 AND @@TRANCOUNT > 0 COMMIT TRAN;
-SELECT Id,
-    CASE WHEN Expires IS NULL THEN 0 WHEN Expires > GETUTCDATE() THEN 0 ELSE 1 END,
-    Headers,
-    Body,
-    Expires
-FROM @received
+{READ_RECEIVED}
 ORDER BY RowVersion;"
     )
 }
@@ -124,6 +125,140 @@ fn with_end_if_empty(receive: &str, end: &str) -> String {
         Some(at) => format!("{}\n{end}{}", &receive[..at], &receive[at..]),
         None => format!("{receive}\n{end}"),
     }
+}
+
+/// The receive of a queue that keeps key order, for the exact SQL Server dialect: a
+/// transaction begins (or, `after_commit`, the previous one commits first), the oldest
+/// message that may run now is deleted into `@received`, and an empty receive ends its
+/// transaction. Rows other receives hold are invisible to READPAST, so the key is guarded by
+/// an application lock (`sp_getapplock`, Exclusive, owned by the transaction, no wait) that
+/// every receive takes before it deletes a keyed row and keeps until it commits or rolls back:
+///
+/// 1. the `lookahead` oldest unlocked rows, and of each key the oldest of them (`@heads`);
+/// 2. in order: an unkeyed head is deleted if still free; for a keyed head the key's lock is
+///    tried, and with it held the key's oldest row at or before the head is taken (one that
+///    an ended receive rolled back comes first), else the lock is released and the next head
+///    is tried.
+///
+/// A key's rows are deleted only under its lock, so while one of its messages is in flight
+/// no other receive can take the next, and the lock is free only once that message is gone or
+/// back in place. Keys are read with `JSON_VALUE` (NULL for headers that are not JSON, or a
+/// value over 4 000 characters: such messages are not ordered). The lock's name is a hash of
+/// the table and the key, within the 255 characters a resource may have.
+pub fn ordered_receive(
+    table: &str,
+    key_header: &str,
+    lookahead: u32,
+    after_commit: bool,
+) -> String {
+    let begin = if after_commit {
+        "COMMIT TRAN;\nBEGIN TRAN;"
+    } else {
+        "BEGIN TRAN;"
+    };
+    let key = format!(
+        "CASE WHEN ISJSON(Headers) = 1 THEN JSON_VALUE(Headers, N'$.\"{key_header}\"') END"
+    );
+    format!(
+        "{begin}
+DECLARE @received TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
+DECLARE @heads TABLE (RowVersion bigint PRIMARY KEY, k nvarchar(4000) NULL);
+DECLARE @rv bigint, @k nvarchar(4000), @got int, @resource nvarchar(255);
+INSERT INTO @heads (RowVersion, k)
+SELECT RowVersion, k FROM (
+    SELECT RowVersion, k, ROW_NUMBER() OVER (PARTITION BY k ORDER BY RowVersion) AS nth
+    FROM (SELECT TOP ({lookahead}) RowVersion, {key} AS k FROM {table} WITH (READPAST) ORDER BY RowVersion) AS prefix
+) AS h WHERE k IS NULL OR nth = 1;
+WHILE NOT EXISTS (SELECT 1 FROM @received)
+BEGIN
+    SET @rv = NULL;
+    SELECT TOP (1) @rv = RowVersion, @k = k FROM @heads ORDER BY RowVersion;
+    IF @rv IS NULL BREAK;
+    DELETE FROM @heads WHERE RowVersion = @rv;
+    IF @k IS NOT NULL
+    BEGIN
+        SET @resource = N'throttlehost:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', N'{table}|' + @k), 2);
+        EXEC @got = sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
+        IF @got < 0 CONTINUE;
+        SELECT TOP (1) @rv = RowVersion FROM {table} WITH (READPAST)
+        WHERE RowVersion <= @rv AND {key} = @k ORDER BY RowVersion;
+    END;
+    WITH message AS (SELECT TOP (1) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion = @rv)
+    DELETE FROM message
+    OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received;
+    IF @@ROWCOUNT = 0 AND @k IS NOT NULL
+        EXEC sp_releaseapplock @Resource = @resource, @LockOwner = 'Transaction';
+END;
+IF NOT EXISTS (SELECT 1 FROM @received) AND @@TRANCOUNT > 0 COMMIT TRAN;
+{READ_RECEIVED};"
+    )
+}
+
+/// How long a Babelfish claim waits for a row another transaction holds before it gives up
+/// on that row (milliseconds). Not 0: `SET LOCK_TIMEOUT 0` may reach PostgreSQL as
+/// `lock_timeout = 0`, which there means "wait for ever".
+pub const CLAIM_LOCK_TIMEOUT_MS: u32 = 1;
+
+/// Babelfish's claiming receive (see `claim.rs`): deletes the row `skip` places from the
+/// head, giving up within [`CLAIM_LOCK_TIMEOUT_MS`] when another transaction holds it.
+/// `transactional`: inside a transaction it begins (committed at once when nothing was
+/// found); otherwise an autocommit delete (transaction mode `none`). The lock timeout is
+/// set back to "wait" before the rows are returned, so the rest of the unit of work (sends,
+/// commit) waits as usual. `skip` is a number the host computes, written into the text.
+pub fn babelfish_claim(table: &str, skip: u32, transactional: bool) -> String {
+    let (begin, end_if_empty) = if transactional {
+        (
+            "BEGIN TRAN;\n",
+            "IF @@ROWCOUNT = 0 AND @@TRANCOUNT > 0 COMMIT TRAN;\n",
+        )
+    } else {
+        ("", "")
+    };
+    format!(
+        "SET LOCK_TIMEOUT {CLAIM_LOCK_TIMEOUT_MS};
+{begin}DECLARE @received TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
+DELETE FROM {table}
+OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
+WHERE RowVersion IN (SELECT RowVersion FROM {table} ORDER BY RowVersion OFFSET {skip} ROWS FETCH NEXT 1 ROWS ONLY);
+{end_if_empty}SET LOCK_TIMEOUT -1;
+{READ_RECEIVED};"
+    )
+}
+
+/// Ends a claim attempt that failed on a held row: rolls back whatever the failed batch left
+/// open and sets the lock timeout back to "wait".
+pub const CLAIM_GIVE_UP: &str = "IF @@TRANCOUNT > 0 ROLLBACK TRAN;\nSET LOCK_TIMEOUT -1;";
+
+/// The most messages one multi-row insert carries: four parameters each, well under SQL
+/// Server's 2 100 parameters per request (and its 1 000 rows per table value constructor).
+pub const SEND_MANY_ROWS: usize = 500;
+
+/// Inserts `rows` messages (1 to [`SEND_MANY_ROWS`]) into `table` (`[schema].[table]`) in one
+/// statement. Message `i` (from 0) binds `@P{4i+1}` id, `@P{4i+2}` time-to-be-received in
+/// milliseconds (NULL: never expires), `@P{4i+3}` headers, `@P{4i+4}` body. The rows go through
+/// `INSERT ... SELECT ... ORDER BY`, for which SQL Server computes identity values in the
+/// ORDER BY's order, so RowVersion follows the order given (a VALUES list alone does not
+/// promise that).
+pub fn send_many(table: &str, rows: usize, recoverable: bool) -> String {
+    debug_assert!((1..=SEND_MANY_ROWS).contains(&rows));
+    let values: Vec<String> = (0..rows)
+        .map(|i| {
+            let p = 4 * i;
+            format!("({i}, @P{}, @P{}, @P{}, @P{})", p + 1, p + 2, p + 3, p + 4)
+        })
+        .collect();
+    let (column, value) = if recoverable {
+        ("Recoverable, ", "1, ")
+    } else {
+        ("", "")
+    };
+    format!(
+        "INSERT INTO {table} (Id, CorrelationId, ReplyToAddress, {column}Expires, Headers, Body)
+SELECT m.Id, NULL, NULL, {value}CASE WHEN m.Ttbr IS NULL THEN NULL ELSE DATEADD(ms, m.Ttbr % 1000, DATEADD(s, m.Ttbr / 1000, GETUTCDATE())) END, m.Headers, m.Body
+FROM (VALUES {}) AS m (N, Id, Ttbr, Headers, Body)
+ORDER BY m.N;",
+        values.join(", ")
+    )
 }
 
 impl QueueStatements {
@@ -199,8 +334,17 @@ COMMIT TRAN;",
 SELECT CAST(@@ROWCOUNT AS bigint);"
             ),
             purge: format!("DELETE FROM {table};\nSELECT CAST(@@ROWCOUNT AS bigint);"),
+            ordered: false,
             table,
         }
+    }
+
+    /// The same statements with receives that keep key order by `key_header`.
+    pub fn with_ordering(mut self, key_header: &str, lookahead: u32) -> Self {
+        self.begin_and_receive = ordered_receive(&self.table, key_header, lookahead, false);
+        self.commit_and_receive = ordered_receive(&self.table, key_header, lookahead, true);
+        self.ordered = true;
+        self
     }
 }
 

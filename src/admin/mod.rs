@@ -2,11 +2,14 @@
 //!
 //! | route | what |
 //! |---|---|
+//! | `GET /` | the live console (a page; see [`crate::console`]) |
+//! | `GET /console/data?after=N` | the console's poll: the `/status` document and new history samples |
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /status` | JSON: throttling per direction, sensors, queues |
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 when the transport answers and every queue's receiver runs, else 503 naming what is not |
-//! | `POST /queues/{name}/messages` | ingest through the throttled publish path |
+//! | `POST /queues/{name}/messages` | ingest one message (the body) through the throttled publish path |
+//! | `POST /queues/{name}/batch` | ingest a JSON array of messages, stored with multi-row inserts |
 //! | `PUT /throttling/{direction}/override` | `none`, `throttle` or `never` |
 //!
 //! Mutating routes need `Authorization: Bearer <admin.token>` when a token is set (compared in
@@ -17,8 +20,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, to_bytes};
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde::Deserialize;
@@ -27,12 +30,18 @@ use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AdminConfig, OverrideMode};
+use crate::console::{self, History};
+
+mod console_routes;
+mod ingest;
+
 use crate::isolate::on_host;
-use crate::message::OutgoingMessage;
 use crate::publish::Publisher;
 use crate::status::HostStatus;
 use crate::throttling::Direction;
 use crate::transport::{QueueName, Transport};
+use console_routes::{console_data, console_icon, console_page, console_script, console_style};
+use ingest::{ingest, ingest_batch};
 
 /// How long `/readyz` waits for the transport.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -83,7 +92,9 @@ pub async fn serve(listener: std::net::TcpListener, host: Shared, stop: Cancella
             return;
         }
     };
-    let app = router(host);
+    let history = Arc::new(History::default());
+    tokio::spawn(record_history(host.clone(), history.clone(), stop.clone()));
+    let app = router(host, history);
     let open = Arc::new(OpenConnections::default());
     let connections = tokio_util::task::TaskTracker::new();
     loop {
@@ -155,14 +166,36 @@ impl OpenConnections {
     }
 }
 
-/// The routes, for serving or for tests.
-pub fn router(host: Shared) -> Router {
+/// Takes a console history sample every [`console::SAMPLE_INTERVAL`] until `stop`, so a page
+/// opened late still draws the last ten minutes.
+async fn record_history(host: Shared, history: Arc<History>, stop: CancellationToken) {
+    let mut every = tokio::time::interval(console::SAMPLE_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = every.tick() => history.record(&host.status()),
+        }
+    }
+}
+
+/// The routes, for serving or for tests; `history` is what the console draws from.
+pub fn router(host: Shared, history: Arc<History>) -> Router {
     Router::new()
+        .route("/", get(console_page))
+        .route("/console/console.js", get(console_script))
+        .route("/console/console.css", get(console_style))
+        .route("/console/icon.svg", get(console_icon))
+        .route(
+            "/console/data",
+            get(console_data).layer(axum::Extension(history)),
+        )
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/queues/{name}/messages", post(ingest))
+        .route("/queues/{name}/batch", post(ingest_batch))
         .route("/throttling/{direction}/override", put(set_override))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -177,7 +210,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 async fn not_found() -> Response {
     error(
         StatusCode::NOT_FOUND,
-        "no such route; try /metrics, /status, /healthz, /readyz, POST /queues/{name}/messages, PUT /throttling/{direction}/override",
+        "no such route; try / (the console), /metrics, /status, /healthz, /readyz, POST /queues/{name}/messages, POST /queues/{name}/batch, PUT /throttling/{direction}/override",
     )
 }
 
@@ -252,147 +285,6 @@ fn authorize(host: &dyn AdminState, headers: &HeaderMap) -> Result<(), Box<Respo
             "this route needs `Authorization: Bearer <admin.token>`",
         )))
     }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct IngestQuery {
-    /// Time to be received, e.g. `30s`.
-    ttbr: Option<String>,
-}
-
-const HEADER_PREFIX: &str = "x-header-";
-
-async fn ingest(
-    State(host): State<Shared>,
-    Path(name): Path<String>,
-    query: Result<Query<IngestQuery>, axum::extract::rejection::QueryRejection>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    if let Err(denied) = authorize(host.as_ref(), &headers) {
-        return *denied;
-    }
-    let Ok(Query(query)) = query else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "the only query parameter is `ttbr` (a duration such as 30s)",
-        );
-    };
-    let queue = match QueueName::new(&name) {
-        Ok(q) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
-    };
-    if !host.accepts(&queue) {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "unknown queue `{queue}`: this host accepts messages for the queues it receives from, forwards to or sends errors to"
-            ),
-        );
-    }
-    let settings = host.settings();
-    let wait = host.publisher().current_wait();
-    if wait > settings.ingest_reject_after {
-        let retry_after = wait.as_secs_f64().ceil().max(1.0) as u64;
-        let mut response = error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "publishing is throttled (wait {:.3}s > admin.ingest_reject_after {}s); retry later",
-                wait.as_secs_f64(),
-                settings.ingest_reject_after.as_secs_f64()
-            ),
-        );
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
-        return response;
-    }
-    let limit = settings.max_body_size.bytes() as usize;
-    let body = match to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(_) => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "the body is larger than admin.max_body_size ({})",
-                    settings.max_body_size
-                ),
-            );
-        }
-    };
-    let message = match ingested_message(body.to_vec(), query.ttbr.as_deref(), &headers) {
-        Ok(m) => m,
-        Err(denied) => return *denied,
-    };
-    let id = message.logical_id();
-    let (publisher, runtime) = (host.publisher(), host.runtime());
-    let sent = on_host(&runtime, {
-        let queue = queue.clone();
-        async move { publisher.send(&queue, &message).await }
-    });
-    match sent.await {
-        None => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the host is stopping; retry later",
-        ),
-        Some(Ok(())) => (
-            StatusCode::ACCEPTED,
-            axum::Json(json!({ "id": id, "queue": queue.as_str() })),
-        )
-            .into_response(),
-        Some(Err(e)) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("could not store the message: {e}"),
-        ),
-    }
-}
-
-/// The message an ingest request describes: the body, `?ttbr=`, `Content-Type` as
-/// `NServiceBus.ContentType`, and every `X-Header-<Name>` header.
-fn ingested_message(
-    body: Vec<u8>,
-    ttbr: Option<&str>,
-    headers: &HeaderMap,
-) -> Result<OutgoingMessage, Box<Response>> {
-    let mut message = OutgoingMessage::new(body);
-    if let Some(ttbr) = ttbr {
-        let parsed = humantime::parse_duration(ttbr.trim())
-            .map_err(|e| format!("`{ttbr}` is not a duration ({e}); write for example 30s or 5m"))
-            .and_then(crate::message::check_time_to_be_received);
-        match parsed {
-            Ok(d) => message = message.with_time_to_be_received(d),
-            Err(e) => {
-                return Err(Box::new(error(
-                    StatusCode::BAD_REQUEST,
-                    format!("ttbr: {e}"),
-                )));
-            }
-        }
-    }
-    if let Some(ct) = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    {
-        message = message.with_header("NServiceBus.ContentType", ct);
-    }
-    for (name, value) in headers {
-        let Some(header_name) = name.as_str().strip_prefix(HEADER_PREFIX) else {
-            continue;
-        };
-        match value.to_str() {
-            Ok(v) => message = message.with_header(header_name, v),
-            Err(_) => {
-                return Err(Box::new(error(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "header `{name}` is not visible ASCII; send UTF-8 values in the body instead"
-                    ),
-                )));
-            }
-        }
-    }
-    Ok(message)
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,0 +1,276 @@
+//! Ingest: `POST /queues/{name}/messages` stores one message (the request body), and
+//! `POST /queues/{name}/batch` stores a JSON array of messages with multi-row inserts. Both
+//! go through the throttled publish path (one admission per message, paced exactly as sends
+//! are), both answer 503 with Retry-After while publishing waits longer than
+//! `admin.ingest_reject_after`, and a bad request is refused whole, naming what is wrong,
+//! before anything is stored.
+
+use std::collections::BTreeMap;
+
+use axum::body::{Body, Bytes, to_bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{AdminState, Shared, authorize, error};
+use crate::isolate::on_host;
+use crate::message::OutgoingMessage;
+use crate::transport::QueueName;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct IngestQuery {
+    /// Time to be received, e.g. `30s`.
+    ttbr: Option<String>,
+}
+
+const HEADER_PREFIX: &str = "x-header-";
+
+/// The steps both routes take before reading the body: authorised, a queue this host
+/// accepts, publishing not waiting too long.
+fn admit_request(
+    host: &dyn AdminState,
+    headers: &HeaderMap,
+    name: &str,
+) -> Result<QueueName, Box<Response>> {
+    authorize(host, headers)?;
+    let queue = QueueName::new(name)
+        .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, e.to_string())))?;
+    if !host.accepts(&queue) {
+        return Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "unknown queue `{queue}`: this host accepts messages for the queues it receives from, forwards to or sends errors to"
+            ),
+        )));
+    }
+    let settings = host.settings();
+    let wait = host.publisher().current_wait();
+    if wait > settings.ingest_reject_after {
+        let retry_after = wait.as_secs_f64().ceil().max(1.0) as u64;
+        let mut response = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "publishing is throttled (wait {:.3}s > admin.ingest_reject_after {}s); retry later",
+                wait.as_secs_f64(),
+                settings.ingest_reject_after.as_secs_f64()
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+        return Err(Box::new(response));
+    }
+    Ok(queue)
+}
+
+/// The request body, at most `admin.max_body_size`.
+async fn read_body(host: &dyn AdminState, body: Body) -> Result<Bytes, Box<Response>> {
+    let settings = host.settings();
+    to_bytes(body, settings.max_body_size.bytes() as usize)
+        .await
+        .map_err(|_| {
+            Box::new(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the body is larger than admin.max_body_size ({})",
+                    settings.max_body_size
+                ),
+            ))
+        })
+}
+
+/// Stores `messages` through the publisher on the host's runtime: one send, or one batch.
+async fn store(
+    host: &dyn AdminState,
+    queue: &QueueName,
+    messages: Vec<OutgoingMessage>,
+) -> Result<(), Box<Response>> {
+    let (publisher, runtime) = (host.publisher(), host.runtime());
+    let queue = queue.clone();
+    let sent = on_host(&runtime, async move {
+        match messages.as_slice() {
+            [one] => publisher.send(&queue, one).await,
+            many => publisher.send_batch(&queue, many).await,
+        }
+    });
+    match sent.await {
+        None => Err(Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the host is stopping; retry later",
+        ))),
+        Some(Ok(())) => Ok(()),
+        Some(Err(e)) => Err(Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("could not store the message: {e}"),
+        ))),
+    }
+}
+
+/// `POST /queues/{name}/messages`: the body is the message.
+pub(super) async fn ingest(
+    State(host): State<Shared>,
+    Path(name): Path<String>,
+    query: Result<Query<IngestQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let accepted = async {
+        let queue = admit_request(host.as_ref(), &headers, &name)?;
+        let Ok(Query(query)) = query else {
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "the only query parameter is `ttbr` (a duration such as 30s)",
+            )));
+        };
+        let body = read_body(host.as_ref(), body).await?;
+        let message = ingested_message(body.to_vec(), query.ttbr.as_deref(), &headers)?;
+        let id = message.logical_id();
+        store(host.as_ref(), &queue, vec![message]).await?;
+        Ok(json!({ "id": id, "queue": queue.as_str() }))
+    };
+    answer(accepted.await)
+}
+
+/// 202 with `accepted`, or the refusal.
+fn answer(accepted: Result<serde_json::Value, Box<Response>>) -> Response {
+    match accepted {
+        Ok(body) => (StatusCode::ACCEPTED, axum::Json(body)).into_response(),
+        Err(refused) => *refused,
+    }
+}
+
+/// One element of a batch: `body` is a string (stored as its UTF-8 bytes) or any other JSON
+/// value (stored as its JSON text, with `NServiceBus.ContentType: application/json` unless
+/// `headers` names a content type).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchItem {
+    body: serde_json::Value,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    ttbr: Option<String>,
+}
+
+/// The most messages one batch request may carry.
+pub const MAX_BATCH_MESSAGES: usize = 100_000;
+
+fn batch_messages(body: &[u8]) -> Result<Vec<OutgoingMessage>, String> {
+    let items: Vec<BatchItem> =
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body))
+            .map_err(|e| {
+                let at = e.path().to_string();
+                format!(
+                    "the body must be a JSON array of {{\"body\": ..., \"headers\": {{...}}, \"ttbr\": \"30s\"}}; at `{at}`: {}",
+                    e.inner()
+                )
+            })?;
+    if items.is_empty() || items.len() > MAX_BATCH_MESSAGES {
+        return Err(format!(
+            "a batch holds 1 to {MAX_BATCH_MESSAGES} messages, not {}",
+            items.len()
+        ));
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let json_body = !item.body.is_string();
+            let bytes = match item.body {
+                serde_json::Value::String(text) => text.into_bytes(),
+                other => other.to_string().into_bytes(),
+            };
+            let mut message = OutgoingMessage::new(bytes);
+            if let Some(ttbr) = &item.ttbr {
+                let ttbr = humantime::parse_duration(ttbr.trim())
+                    .map_err(|e| format!("[{i}].ttbr: `{ttbr}` is not a duration ({e}); write for example 30s or 5m"))
+                    .and_then(|d| {
+                        crate::message::check_time_to_be_received(d).map_err(|e| format!("[{i}].ttbr: {e}"))
+                    })?;
+                message = message.with_time_to_be_received(ttbr);
+            }
+            let names_content_type = item
+                .headers
+                .keys()
+                .any(|k| k.eq_ignore_ascii_case("NServiceBus.ContentType"));
+            if json_body && !names_content_type {
+                message = message.with_header("NServiceBus.ContentType", "application/json");
+            }
+            for (name, value) in item.headers {
+                message = message.with_header(name, value);
+            }
+            Ok(message)
+        })
+        .collect()
+}
+
+/// `POST /queues/{name}/batch`: a JSON array of messages, stored with multi-row inserts.
+pub(super) async fn ingest_batch(
+    State(host): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let accepted = async {
+        let queue = admit_request(host.as_ref(), &headers, &name)?;
+        let body = read_body(host.as_ref(), body).await?;
+        let messages = batch_messages(&body)
+            .map_err(|reason| Box::new(error(StatusCode::BAD_REQUEST, reason)))?;
+        let ids: Vec<String> = messages
+            .iter()
+            .map(|m| m.logical_id().to_string())
+            .collect();
+        store(host.as_ref(), &queue, messages).await?;
+        Ok(json!({ "queue": queue.as_str(), "count": ids.len(), "ids": ids }))
+    };
+    answer(accepted.await)
+}
+
+/// The message an ingest request describes: the body, `?ttbr=`, `Content-Type` as
+/// `NServiceBus.ContentType`, and every `X-Header-<Name>` header.
+fn ingested_message(
+    body: Vec<u8>,
+    ttbr: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<OutgoingMessage, Box<Response>> {
+    let mut message = OutgoingMessage::new(body);
+    if let Some(ttbr) = ttbr {
+        let parsed = humantime::parse_duration(ttbr.trim())
+            .map_err(|e| format!("`{ttbr}` is not a duration ({e}); write for example 30s or 5m"))
+            .and_then(crate::message::check_time_to_be_received);
+        match parsed {
+            Ok(d) => message = message.with_time_to_be_received(d),
+            Err(e) => {
+                return Err(Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    format!("ttbr: {e}"),
+                )));
+            }
+        }
+    }
+    if let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
+        message = message.with_header("NServiceBus.ContentType", ct);
+    }
+    for (name, value) in headers {
+        let Some(header_name) = name.as_str().strip_prefix(HEADER_PREFIX) else {
+            continue;
+        };
+        match value.to_str() {
+            Ok(v) => message = message.with_header(header_name, v),
+            Err(_) => {
+                return Err(Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "header `{name}` is not visible ASCII; send UTF-8 values in the body instead"
+                    ),
+                )));
+            }
+        }
+    }
+    Ok(message)
+}

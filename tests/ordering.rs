@@ -1,0 +1,288 @@
+//! Per-key order across hosts on PostgreSQL: three hosts, each with its own connection pool
+//! and receivers, drain one ordered queue. Nothing but the database is shared between them,
+//! so what holds here holds between processes. Every key's messages must be handled in send
+//! order with no overlap (checked from the recorded start and end times), each exactly once.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use throttlehost::config::{ConcurrencyModel, TransactionMode};
+use throttlehost::message::OutgoingMessage;
+use throttlehost::transport::{QueueAdmin, Transport};
+use throttlehost::{Context, Handler, HandlerError, HostBuilder};
+
+use common::{PgSchema, q, wait_until};
+
+/// The header the queue is ordered by.
+const KEY: &str = "Sales.OrderId";
+
+/// One handled message: key, its number within the key, start and end of the handler.
+type Handled = (u32, u32, Instant, Instant);
+
+/// Records each call and takes a pseudo-random 0-20 ms.
+struct Recorder {
+    log: Arc<Mutex<Vec<Handled>>>,
+}
+
+#[async_trait]
+impl Handler for Recorder {
+    async fn handle(&self, ctx: &mut Context<'_>) -> Result<(), HandlerError> {
+        let start = Instant::now();
+        let body = String::from_utf8_lossy(&ctx.message().body).to_string();
+        let (key, n) = body.split_once('/').ok_or("body is not key/n")?;
+        let (key, n): (u32, u32) = (key.parse()?, n.parse()?);
+        // Deterministic per message, spread over 0-20 ms.
+        let spread = (key.wrapping_mul(2654435761) ^ n.wrapping_mul(40503)) % 21;
+        tokio::time::sleep(Duration::from_millis(u64::from(spread))).await;
+        self.log
+            .lock()
+            .unwrap()
+            .push((key, n, start, Instant::now()));
+        Ok(())
+    }
+
+    fn name(&self) -> &str {
+        "recorder"
+    }
+}
+
+/// `per_key` messages for each of `keys` keys, shuffled across keys, in order within each.
+fn keyed_backlog(keys: u32, per_key: u32) -> Vec<OutgoingMessage> {
+    let mut order: Vec<u32> = (0..keys)
+        .flat_map(|k| std::iter::repeat_n(k, per_key as usize))
+        .collect();
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    for i in (1..order.len()).rev() {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        order.swap(i, (rng % (i as u64 + 1)) as usize);
+    }
+    let mut next = vec![0u32; keys as usize];
+    order
+        .into_iter()
+        .map(|k| {
+            let n = next[k as usize];
+            next[k as usize] += 1;
+            OutgoingMessage::new(format!("{k}/{n}").into_bytes()).with_header(KEY, k.to_string())
+        })
+        .collect()
+}
+
+/// Checks the log: every message once, each key's in order and never two at once.
+fn assert_key_order(log: &[Handled], keys: u32, per_key: u32) {
+    assert_eq!(log.len(), (keys * per_key) as usize, "each message once");
+    let mut by_key: HashMap<u32, Vec<&Handled>> = HashMap::new();
+    for h in log {
+        by_key.entry(h.0).or_default().push(h);
+    }
+    assert_eq!(by_key.len(), keys as usize);
+    for (key, mut runs) in by_key {
+        runs.sort_by_key(|h| h.2);
+        let numbers: Vec<u32> = runs.iter().map(|h| h.1).collect();
+        assert_eq!(
+            numbers,
+            (0..per_key).collect::<Vec<_>>(),
+            "key {key} in send order"
+        );
+        for pair in runs.windows(2) {
+            assert!(
+                pair[0].3 <= pair[1].2,
+                "key {key}: message {} started before {} ended",
+                pair[1].1,
+                pair[0].1
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_keep_every_keys_order() {
+    const KEYS: u32 = 500;
+    const PER_KEY: u32 = 20;
+    let schema = PgSchema::new();
+    let queue = "orders";
+    let setup = schema.transport(TransactionMode::ReceiveOnly, 4).await;
+    setup.create_queue(&q(queue)).await.unwrap();
+    for chunk in keyed_backlog(KEYS, PER_KEY).chunks(1000) {
+        setup.send_batch(&q(queue), chunk).await.unwrap();
+    }
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut config = common::pg_config(&schema, queue, ConcurrencyModel::Fixed, 16);
+    config.queues[0].ordering.key_header = KEY.into();
+    config.queues[0].ordering.lookahead = 128;
+    let started = Instant::now();
+    let mut hosts = Vec::new();
+    for _ in 0..3 {
+        let host = HostBuilder::new(config.clone())
+            .handler(queue, Recorder { log: log.clone() })
+            .start()
+            .await
+            .unwrap();
+        hosts.push(host);
+    }
+    let total = (KEYS * PER_KEY) as usize;
+    wait_until(Duration::from_secs(180), "every keyed message", || {
+        log.lock().unwrap().len() >= total
+    })
+    .await;
+    let elapsed = started.elapsed();
+    for host in hosts {
+        host.shutdown().await;
+    }
+    eprintln!(
+        "{total} messages over {KEYS} keys, three hosts of 16: {:.1} s ({:.0} msg/s)",
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64()
+    );
+    let log = log.lock().unwrap().clone();
+    assert_key_order(&log, KEYS, PER_KEY);
+    assert!(setup.receive(&q(queue)).await.unwrap().is_none(), "drained");
+}
+
+/// The stage example of the seed: stages 100 x4, 200 x2, 300, 400 x2 and 500, each message
+/// taking 150 ms, drained by three hosts: each stage starts only after the previous one has
+/// ended, and the members of a stage run side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_run_stages_one_after_another() {
+    use throttlehost::message::{EXECUTION_STAGE_HEADER, PREVIOUS_STAGE_HEADER};
+    let plan: [(u32, u32); 5] = [(100, 4), (200, 2), (300, 1), (400, 2), (500, 1)];
+    let schema = PgSchema::new();
+    let queue = "stages";
+    let setup = schema.transport(TransactionMode::ReceiveOnly, 4).await;
+    setup.create_queue(&q(queue)).await.unwrap();
+    let mut messages = Vec::new();
+    let mut previous: Option<u32> = None;
+    for (stage, members) in plan {
+        for n in 0..members {
+            let mut m = OutgoingMessage::new(format!("{stage}/{n}").into_bytes())
+                .with_header(EXECUTION_STAGE_HEADER, stage.to_string());
+            if let Some(p) = previous {
+                m = m.with_header(PREVIOUS_STAGE_HEADER, p.to_string());
+            }
+            messages.push(m);
+        }
+        previous = Some(stage);
+    }
+    setup.send_batch(&q(queue), &messages).await.unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut config = common::pg_config(&schema, queue, ConcurrencyModel::Fixed, 4);
+    config.queues[0].ordering.stages = true;
+    let mut hosts = Vec::new();
+    for _ in 0..3 {
+        let host = HostBuilder::new(config.clone())
+            .handler(queue, Sleeper { log: log.clone() })
+            .start()
+            .await
+            .unwrap();
+        hosts.push(host);
+    }
+    wait_until(Duration::from_secs(60), "every stage", || {
+        log.lock().unwrap().len() >= messages.len()
+    })
+    .await;
+    for host in hosts {
+        host.shutdown().await;
+    }
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), messages.len(), "each message once");
+    let span = |stage: u32| {
+        let runs: Vec<_> = log.iter().filter(|h| h.0 == stage).collect();
+        let first_start = runs.iter().map(|h| h.2).min().unwrap();
+        let last_start = runs.iter().map(|h| h.2).max().unwrap();
+        let first_end = runs.iter().map(|h| h.3).min().unwrap();
+        let last_end = runs.iter().map(|h| h.3).max().unwrap();
+        (first_start, last_start, first_end, last_end)
+    };
+    for pair in plan.windows(2) {
+        let (before, after) = (span(pair[0].0), span(pair[1].0));
+        assert!(
+            before.3 <= after.0,
+            "stage {} started before stage {} ended",
+            pair[1].0,
+            pair[0].0
+        );
+    }
+    for (stage, members) in plan.iter().filter(|(_, m)| *m > 1) {
+        let (_, last_start, first_end, _) = span(*stage);
+        assert!(
+            last_start < first_end,
+            "the {members} members of stage {stage} overlap in time"
+        );
+    }
+}
+
+/// Takes 150 ms per message and records stage, member, start and end.
+struct Sleeper {
+    log: Arc<Mutex<Vec<Handled>>>,
+}
+
+#[async_trait]
+impl Handler for Sleeper {
+    async fn handle(&self, ctx: &mut Context<'_>) -> Result<(), HandlerError> {
+        let start = Instant::now();
+        let body = String::from_utf8_lossy(&ctx.message().body).to_string();
+        let (stage, n) = body.split_once('/').ok_or("body is not stage/n")?;
+        let (stage, n): (u32, u32) = (stage.parse()?, n.parse()?);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        self.log
+            .lock()
+            .unwrap()
+            .push((stage, n, start, Instant::now()));
+        Ok(())
+    }
+
+    fn name(&self) -> &str {
+        "sleeper"
+    }
+}
+
+/// A receiver whose connection dies mid-message: the message comes back first, before the
+/// next of its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_receiver_keeps_its_keys_order() {
+    let schema = PgSchema::new();
+    let queue = q("orders");
+    let ordering = throttlehost::config::OrderingConfig {
+        key_header: KEY.into(),
+        ..Default::default()
+    };
+    let first = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    first.create_queue(&queue).await.unwrap();
+    first.order_by_key(&queue, &ordering).await.unwrap();
+    let messages: Vec<_> = ["a1", "a2"]
+        .iter()
+        .map(|b| OutgoingMessage::new(b.as_bytes().to_vec()).with_header(KEY, "a"))
+        .collect();
+    first.send_batch(&queue, &messages).await.unwrap();
+    let held = first.receive(&queue).await.unwrap().expect("a1");
+    let second = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    second.order_by_key(&queue, &ordering).await.unwrap();
+    assert!(
+        second.receive(&queue).await.unwrap().is_none(),
+        "a2 waits while a1 is in flight on another host"
+    );
+    assert!(schema.kill_connections().await >= 1);
+    // The server ends the killed session's transaction a moment after the kill.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        // The kill ends this host's pooled sessions too: a receive on one of them fails
+        // once and the pool opens a new one.
+        if let Ok(Some(r)) = second.receive(&queue).await {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "a1 came back within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let body = match again.payload() {
+        throttlehost::transport::Payload::Message(m) => m.body.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(body, b"a1", "the killed receive's message first, not a2");
+    drop(held);
+    again.commit().await.unwrap();
+}

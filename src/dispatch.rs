@@ -372,6 +372,7 @@ impl Dispatcher {
         follow: Option<FollowOn<'_>>,
     ) -> Next {
         let _in_process = InProcess::enter(&self.in_process);
+        self.throttle.delivery.message_started();
         let _key = KeyInFlight::enter(q, received.payload());
         let settings = q.settings();
         let max_attempts = settings.immediate_retries + 1;

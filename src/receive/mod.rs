@@ -28,6 +28,7 @@ use crate::dispatch::Dispatcher;
 use crate::queue::gate::Permit;
 pub use crate::queue::{QueueRuntime, QueueSettings};
 use crate::throttling::Throttle;
+use crate::throttling::admission::Receiving;
 use crate::transport::{Received, Transport};
 
 /// What receivers share: the transport, the dispatcher, the throttle and the lifecycle.
@@ -105,10 +106,12 @@ pub(crate) async fn turn(
     got: impl FnOnce(),
     mut on_message: impl FnMut(),
 ) -> Turn {
-    let Some(permit) = admit_then_acquire(q, ctx).await else {
+    let Some((permit, receiving)) = admit_then_acquire(q, ctx).await else {
         return Turn::Stop;
     };
-    let outcome = match batch::receive_some(q, ctx).await {
+    let received = batch::receive_some(q, ctx).await;
+    drop(receiving);
+    let outcome = match received {
         ReceiveOutcome::Got(received) => {
             got();
             on_message();
@@ -131,10 +134,16 @@ pub(crate) async fn turn(
     }
 }
 
-/// Waits the delivery throttle, then takes a permit of the queue's gate: a receiver waiting
-/// out a delay holds no slot and does not count as in flight, and when a delay ends, only as
-/// many receivers as the (possibly reduced) limit allows go on. None when shutdown began.
-pub(crate) async fn admit_then_acquire(q: &QueueRuntime, ctx: &ReceiveContext) -> Option<Permit> {
+/// Waits the delivery throttle, then takes a permit of the queue's gate, then starts the
+/// receive: a receiver waiting out a delay holds no slot and does not count as in flight, and
+/// when a delay ends, only as many receivers as the (possibly reduced) limit allows go on.
+/// The receive counts against the delivery ceiling's allowance only when it starts, with its
+/// permit: receivers admitted while the queue was at its limit would otherwise start later,
+/// one per freed slot, past any allowance set since. None when shutdown began.
+pub(crate) async fn admit_then_acquire<'c>(
+    q: &QueueRuntime,
+    ctx: &'c ReceiveContext,
+) -> Option<(Permit, Receiving<'c>)> {
     loop {
         tokio::select! {
             biased;
@@ -146,10 +155,10 @@ pub(crate) async fn admit_then_acquire(q: &QueueRuntime, ctx: &ReceiveContext) -
             _ = ctx.stop.cancelled() => return None,
             p = q.gate.acquire() => p,
         };
-        // The memory ceiling may have closed while this receiver waited for its permit:
-        // then it gives the permit back and waits again, so a closed ceiling starts nothing.
-        if !ctx.throttle.delivery.is_held() {
-            return Some(permit);
+        // The ceiling's allowance may have run out while this receiver waited for its
+        // permit: then it gives the permit back and waits again.
+        if let Some(receiving) = ctx.throttle.delivery.start() {
+            return Some((permit, receiving));
         }
     }
 }

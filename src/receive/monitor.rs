@@ -185,11 +185,13 @@ async fn receive_task(
     slot: OwnedSemaphorePermit,
     batch: Arc<Batch>,
 ) {
-    let Some(permit) = admit_then_acquire(&q, &ctx).await else {
+    let Some((permit, receiving)) = admit_then_acquire(&q, &ctx).await else {
         batch.received(true);
         return;
     };
-    match receive_some(&q, &ctx).await {
+    let received = receive_some(&q, &ctx).await;
+    drop(receiving);
+    match received {
         ReceiveOutcome::Got(received) => {
             batch.received(false);
             match process(&q, &ctx, received, || {}).await {

@@ -23,13 +23,17 @@ pub struct Admission {
     origin: Instant,
     delay_ns: AtomicU64,
     pace_ns: AtomicU64,
-    /// Admissions the memory ceiling still lets through before it reads memory again
-    /// ([`OPEN`] when it does not limit them); see `service::Ceiling`.
+    /// Receives the delivery ceiling still lets start before it reads again ([`OPEN`] when it
+    /// does not limit them); see `super::ceiling`. Taken by [`Admission::start`], not by the
+    /// wait: a receiver admitted long ago that waited for a slot of its queue starts only now,
+    /// and what it costs shows only now.
     allowance: AtomicU64,
     /// Callers inside the slow path (waiting out a delay, a hold or their pacing turn).
     waiting: AtomicU64,
-    /// Admissions granted since creation (what the memory ceiling measures its margin by).
-    admitted: AtomicU64,
+    /// Messages handed to handlers since creation ([`Admission::message_started`]).
+    started: AtomicU64,
+    /// Receives started ([`Admission::start`]) that have not come back yet.
+    receiving: AtomicU64,
     next_slot_ns: AtomicU64,
     /// Paced callers take turns in FIFO order.
     pacing_turn: Mutex<()>,
@@ -59,7 +63,8 @@ impl Admission {
             pace_ns: AtomicU64::new(0),
             allowance: AtomicU64::new(OPEN),
             waiting: AtomicU64::new(0),
-            admitted: AtomicU64::new(0),
+            started: AtomicU64::new(0),
+            receiving: AtomicU64::new(0),
             next_slot_ns: AtomicU64::new(0),
             pacing_turn: Mutex::new(()),
             relaxed: Notify::new(),
@@ -143,9 +148,28 @@ impl Admission {
             .is_ok()
     }
 
-    /// Admissions granted so far.
-    pub fn admitted(&self) -> u64 {
-        self.admitted.load(Ordering::Relaxed)
+    /// Starts one receive if the ceiling's allowance has room for it (it always has when
+    /// the ceiling does not limit receives), taking one from it. The receive counts as
+    /// [`Admission::started`] until the returned guard is dropped, when it has come back.
+    /// None: the allowance ran out since the wait; wait again.
+    pub fn start(&self) -> Option<Receiving<'_>> {
+        self.take_allowance().then(|| {
+            self.receiving.fetch_add(1, Ordering::Relaxed);
+            Receiving(&self.receiving)
+        })
+    }
+
+    /// Counts a message handed to its handler (on whatever path it came: a started receive,
+    /// a batch, a follow-on receive brought by a commit).
+    pub fn message_started(&self) {
+        self.started.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Messages handed to handlers so far, plus the receives out now that may bring one:
+    /// what the delivery ceiling counts as let through. A receive that comes back empty
+    /// leaves the count as if it had never started.
+    pub fn started(&self) -> u64 {
+        self.started.load(Ordering::Relaxed) + self.receiving.load(Ordering::Relaxed)
     }
 
     /// Callers waiting to be admitted now.
@@ -171,23 +195,19 @@ impl Admission {
     /// later messages this way, so any wait makes it a receive of one.
     #[inline]
     pub fn try_admit(&self) -> bool {
-        let open = self.is_open();
-        if open {
-            self.admitted.fetch_add(1, Ordering::Relaxed);
-        }
-        open
+        self.is_open()
     }
 
     /// Waits until this direction admits one more message; returns how long it waited.
+    /// While the ceiling holds receives (an allowance of none) it waits for it to give some;
+    /// the receive then takes its share with [`Admission::start`].
     /// Cancel-safe: dropping the future gives up the wait and its place in the pacing queue.
     #[inline]
     pub async fn admit(&self) -> Duration {
         if self.is_open() {
-            self.admitted.fetch_add(1, Ordering::Relaxed);
             return Duration::ZERO;
         }
         let waited = self.admit_slow().await;
-        self.admitted.fetch_add(1, Ordering::Relaxed);
         if !waited.is_zero() {
             self.wait_histogram.record(waited.as_secs_f64());
         }
@@ -214,9 +234,9 @@ impl Admission {
             }
         })
         .await;
-        self.until_relaxed(|| match self.take_allowance() {
-            true => Ready(()),
-            false => RecheckWhenRelaxed,
+        self.until_relaxed(|| match self.is_held() {
+            false => Ready(()),
+            true => RecheckWhenRelaxed,
         })
         .await;
         if self.pace_ns.load(Ordering::Relaxed) == 0 {
@@ -259,6 +279,17 @@ impl Admission {
                 RecheckWhenRelaxed => relaxed.await,
             }
         }
+    }
+}
+
+/// A receive started by [`Admission::start`]; dropped when it has come back.
+#[derive(Debug)]
+#[must_use = "the receive counts as out only while this lives"]
+pub struct Receiving<'a>(&'a AtomicU64);
+
+impl Drop for Receiving<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -401,23 +432,58 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_allowance_lets_that_many_waiters_through_and_no_more() {
+    async fn an_allowance_lets_that_many_receives_start_and_no_more() {
         let a = Arc::new(Admission::default());
         a.hold(true);
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let waiters: Vec<_> = (0..5)
             .map(|_| {
-                let a = a.clone();
-                tokio::spawn(async move { a.admit().await })
+                let (a, gate) = (a.clone(), gate.clone());
+                // A receiver: the wait, a slot of its queue, then the start.
+                tokio::spawn(async move {
+                    loop {
+                        a.admit().await;
+                        let _slot = gate.acquire().await.unwrap();
+                        if let Some(receiving) = a.start() {
+                            std::mem::forget(receiving); // out for the rest of the test
+                            break;
+                        }
+                    }
+                })
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(10)).await;
         a.allow(Some(2));
         tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            waiters.iter().all(|w| !w.is_finished()),
+            "no slot yet: nothing started, nothing taken"
+        );
+        assert_eq!(a.allowance(), Some(2));
+        // The slots free long after the wait ended: the allowance still bounds the starts.
+        gate.add_permits(5);
+        tokio::time::sleep(Duration::from_millis(10)).await;
         let done = waiters.iter().filter(|w| w.is_finished()).count();
-        assert_eq!(done, 2, "two admitted from an allowance of two");
+        assert_eq!(done, 2, "two started from an allowance of two");
         assert!(a.is_held(), "the allowance is used up");
+        assert_eq!(a.started(), 2, "two receives out");
         a.allow(None);
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(waiters.iter().all(|w| w.is_finished()), "released");
+        assert_eq!(a.started(), 5);
+    }
+
+    #[test]
+    fn a_receive_that_comes_back_empty_leaves_no_count() {
+        let a = Admission::default();
+        let empty = a.start().expect("open");
+        let full = a.start().expect("open");
+        assert_eq!(a.started(), 2);
+        drop(empty);
+        assert_eq!(a.started(), 1);
+        // The message is handed to its handler, then its receive guard goes.
+        a.message_started();
+        drop(full);
+        assert_eq!(a.started(), 1);
     }
 }

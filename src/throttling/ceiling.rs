@@ -7,12 +7,14 @@
 //! far past its threshold before the next tick cuts. The ceiling reads each guarded resource
 //! ([`CEILING_GUARDED`]: process and system memory, threads, database sessions) every
 //! [`CEILING_INTERVAL`] and lets through only what fits under every threshold: the room left
-//! divided by what a message in process costs, less what it admitted in the last
-//! [`CEILING_SETTLE`] and that does not show yet.
+//! divided by what a message in process costs, less what it let through in the last
+//! [`CEILING_SETTLE`] and that does not show yet. It counts what it let through where it
+//! shows: messages handed to handlers and receives out now (`Admission::started`); a
+//! receive that comes back empty does not count, and neither does a receiver that waits.
 //!
 //! What a message costs is the larger of two measures: the **average** (the value above the
 //! idle process, over the messages in process) and the **margin** (what the value rose by over
-//! the last [`CEILING_MARGINAL_WINDOW`], over the receives admitted a settle time earlier).
+//! the last [`CEILING_MARGINAL_WINDOW`], over the receives let through a settle time earlier).
 //! The average alone lags when messages start to cost more: with 60 cheap messages in process,
 //! the first costly ones look cheap, and a burst of them got through. A plain stop at the
 //! threshold is not enough either: what one completion frees would let every waiting receive
@@ -37,7 +39,7 @@ use super::controller::{CEILING_GUARDED, CeilingHolds, Thresholds};
 
 /// How often the ceiling reads the guarded resources between ticks.
 pub const CEILING_INTERVAL: Duration = Duration::from_millis(5);
-/// How long a message admitted by the ceiling counts as not showing yet: what it costs shows
+/// How long a receive let through counts as not showing yet: what it costs shows
 /// only once it has been received and its handler has allocated, blocked or kept its
 /// connection. Longer is not simply safer: 75 ms held `mixed`'s memory peaks at 0.92-1.14 x
 /// (1.07-1.36 x at 25 ms), but a receive counted here stays counted after its message is done,
@@ -46,6 +48,12 @@ pub const CEILING_INTERVAL: Duration = Duration::from_millis(5);
 pub const CEILING_SETTLE: Duration = Duration::from_millis(25);
 /// Over how long the ceiling measures what the latest messages added.
 pub const CEILING_MARGINAL_WINDOW: Duration = Duration::from_millis(50);
+/// How long a measured margin stays in the estimate. While messages finish, what they free
+/// hides what the latest ones add: the value falls or holds still although each new message
+/// costs as much as before, and the average over the messages in process (cheap ones among
+/// them) made room for a burst that carried `mixed` to 1.16-1.21 x. So the estimate is the
+/// largest margin measured this long back, and a cost that really fell is forgotten after it.
+pub const CEILING_MARGIN_MEMORY: Duration = Duration::from_secs(1);
 /// The longest pause between reads while the host is quiet (nothing in process, nothing
 /// admitted since the last read): reading every 5 ms cost an idle host 1.4 % of a core.
 pub const CEILING_QUIET_INTERVAL: Duration = Duration::from_millis(40);
@@ -80,8 +88,9 @@ impl Usage {
 /// What the ceiling sees of delivery's admission at one read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AdmissionCounts {
-    /// Admissions granted so far.
-    pub admitted: u64,
+    /// Receives let through so far: messages handed to handlers, plus receives out now
+    /// ([`super::admission::Admission::started`]).
+    pub started: u64,
     /// Receives were waiting on an allowance that had run out.
     pub held: bool,
 }
@@ -97,10 +106,12 @@ struct Guard {
     /// blocking pool keeps a thread some seconds after its message, and the next message
     /// reuses it).
     lowest_idle: Option<u64>,
-    /// Recent reads: when, the value, and delivery's admissions so far then.
+    /// Recent reads: when, the value, and the receives let through so far then.
     reads: VecDeque<(Instant, u64, u64)>,
     /// What one message cost at the last read with messages in process.
     last_per_message: Option<f64>,
+    /// The margins measured within [`CEILING_MARGIN_MEMORY`]: when, and the margin.
+    margins: VecDeque<(Instant, f64)>,
 }
 
 impl Guard {
@@ -112,18 +123,39 @@ impl Guard {
             lowest_idle: None,
             reads: VecDeque::new(),
             last_per_message: None,
+            margins: VecDeque::new(),
         }
     }
 
+    /// The largest margin measured within [`CEILING_MARGIN_MEMORY`], `fresh` (this read's)
+    /// included.
+    fn remembered_margin(&mut self, now: Instant, fresh: Option<f64>) -> Option<f64> {
+        while self
+            .margins
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > CEILING_MARGIN_MEMORY)
+        {
+            self.margins.pop_front();
+        }
+        if let Some(margin) = fresh {
+            // Only what could become the largest needs keeping.
+            while self.margins.back().is_some_and(|(_, m)| *m <= margin) {
+                self.margins.pop_back();
+            }
+            self.margins.push_back((now, margin));
+        }
+        self.margins.front().map(|(_, m)| *m)
+    }
+
     /// Records this read and returns what fits under the threshold now.
-    /// `pending_bound`: how many admitted messages can hold anything now (those in process
-    /// plus those the queue limits still let wait for their receive).
+    /// `pending_bound`: how many of the receives let through can hold anything now (the
+    /// messages in process plus the receives the queue limits let out).
     fn read(
         &mut self,
         now: Instant,
         value: u64,
         in_process: u64,
-        admitted: u64,
+        started: u64,
         pending_bound: u64,
     ) -> Fit {
         if in_process == 0 {
@@ -133,7 +165,17 @@ impl Guard {
             self.idle = Some(value);
             self.lowest_idle = Some(self.lowest_idle.map_or(value, |l| l.min(value)));
         }
-        let margin = self.margin(now, value, admitted);
+        let fresh = self.margin(now, value, started);
+        let remembered = self.remembered_margin(now, fresh);
+        // Near the threshold, a cost forgotten while messages finish lets a burst through
+        // (the documentation of CEILING_MARGIN_MEMORY). Far below it, a remembered margin
+        // only holds receives back for nothing: the runtime growing at start-up, read as a
+        // costly first message, held `mixed` at 0.15 x for a second.
+        let margin = if value.saturating_mul(2) >= self.threshold {
+            remembered
+        } else {
+            fresh
+        };
         // Receives let through within a settle time, whose cost may not show yet.
         let recent = self
             .reads
@@ -141,7 +183,7 @@ impl Guard {
             .rev()
             .find(|(at, _, _)| now.duration_since(*at) >= CEILING_SETTLE)
             .or(self.reads.front())
-            .map_or(0, |(_, _, then)| admitted.saturating_sub(*then))
+            .map_or(0, |(_, _, then)| started.saturating_sub(*then))
             // At thousands of messages a second most of them are done already, and a message
             // done holds nothing: only those still in flight can cost what does not show.
             .min(pending_bound);
@@ -175,8 +217,8 @@ impl Guard {
     }
 
     /// Records this read and returns what the value rose by per receive over the last window,
-    /// from the receives admitted a settle time before it (whose cost shows in it).
-    fn margin(&mut self, now: Instant, value: u64, admitted: u64) -> Option<f64> {
+    /// from the receives started a settle time before it (whose cost shows in it).
+    fn margin(&mut self, now: Instant, value: u64, started: u64) -> Option<f64> {
         let keep = CEILING_MARGINAL_WINDOW + CEILING_SETTLE + CEILING_INTERVAL;
         while self
             .reads
@@ -185,7 +227,7 @@ impl Guard {
         {
             self.reads.pop_front();
         }
-        self.reads.push_back((now, value, admitted));
+        self.reads.push_back((now, value, started));
         // The latest read at least `ago` old.
         let at = |ago: Duration| {
             self.reads
@@ -195,11 +237,11 @@ impl Guard {
                 .copied()
         };
         let (_, before, _) = at(CEILING_MARGINAL_WINDOW)?;
-        let (_, _, admitted_until) = at(CEILING_SETTLE)?;
-        let (_, _, admitted_from) = at(CEILING_MARGINAL_WINDOW + CEILING_SETTLE)?;
-        let admitted = admitted_until.saturating_sub(admitted_from);
+        let (_, _, started_until) = at(CEILING_SETTLE)?;
+        let (_, _, started_from) = at(CEILING_MARGINAL_WINDOW + CEILING_SETTLE)?;
+        let started = started_until.saturating_sub(started_from);
         let rise = value.saturating_sub(before);
-        (admitted > 0 && rise > 0).then(|| rise as f64 / admitted as f64)
+        (started > 0 && rise > 0).then(|| rise as f64 / started as f64)
     }
 }
 
@@ -216,8 +258,8 @@ pub struct Ceiling {
     binding: Option<(Condition, bool)>,
     /// What the ceiling measured where it held receives back since the last tick.
     held: CeilingHolds,
-    /// Delivery's admissions at the last read.
-    last_admitted: u64,
+    /// The receives let through at the last read.
+    last_started: u64,
     /// Reads in a row that found the host quiet: the pause before the next one doubles with
     /// each, up to [`CEILING_QUIET_INTERVAL`]; any admission or message in process ends it.
     quiet_reads: u32,
@@ -276,9 +318,9 @@ impl Ceiling {
         // The receives waiting now were held by the guard that bound at the last read. A
         // hold on the guess made before any message was measured lasts one read and is not
         // pressure: it is not reported (it showed as state 9 at a fifth of the threshold).
-        let quiet = usage.in_process == 0 && admission.admitted == self.last_admitted;
+        let quiet = usage.in_process == 0 && admission.started == self.last_started;
         self.quiet_reads = if quiet { self.quiet_reads + 1 } else { 0 };
-        self.last_admitted = admission.admitted;
+        self.last_started = admission.started;
         let held_by = match self.binding {
             Some((condition, true)) if admission.held => Some(condition),
             _ => None,
@@ -291,7 +333,7 @@ impl Ceiling {
                 now,
                 value,
                 usage.in_process,
-                admission.admitted,
+                admission.started,
                 pending_bound,
             );
             if held_by == Some(guard.condition) {
@@ -326,7 +368,7 @@ struct Fit {
 struct Estimate {
     /// The value with nothing in process.
     idle: Option<u64>,
-    /// What the value rose by per receive admitted lately.
+    /// What the value rose by per receive started lately.
     margin: Option<f64>,
     /// What one message cost at the last read with messages in process.
     last: Option<f64>,
@@ -338,7 +380,7 @@ fn fit(
     value: u64,
     in_process: u64,
     estimate: Estimate,
-    recently_admitted: u64,
+    recently_started: u64,
 ) -> Fit {
     let limit = threshold as f64;
     // With messages in process, what they hold on average (a value at or below the idle
@@ -353,7 +395,7 @@ fn fit(
     let idle = estimate.idle.unwrap_or(0).min(value);
     let room = ((limit - idle as f64) / per_message).floor().max(1.0) as u64;
     let fits = ((limit - value as f64) / per_message).floor().max(0.0) as u64;
-    let mut allowance = fits.saturating_sub(recently_admitted);
+    let mut allowance = fits.saturating_sub(recently_started);
     if in_process == 0 {
         // Never stop the last message: nothing in process would free anything.
         allowance = allowance.max(1);
@@ -453,13 +495,84 @@ mod tests {
             margin / MIB as f64,
             rss / MIB
         );
-        // Receives admitted while RSS holds still (others freed as much): no margin.
+        // Receives admitted while RSS holds still (others freed as much): no fresh margin,
+        // but the one measured is remembered for a while, and then forgotten.
+        let mut remembered = guard.remembered_margin(Instant::now(), last);
         for _ in 0..reads {
             last = guard.margin(Instant::now(), rss, admitted);
+            remembered = guard.remembered_margin(Instant::now(), last);
             admitted += 2;
             tokio::time::advance(CEILING_INTERVAL).await;
         }
         assert_eq!(last, None);
+        assert_eq!(remembered, Some(margin), "still within the margin memory");
+        tokio::time::advance(CEILING_MARGIN_MEMORY).await;
+        assert_eq!(guard.remembered_margin(Instant::now(), None), None);
+    }
+
+    /// Costly messages replace cheap ones while older costly ones finish: the value falls,
+    /// yet what each new one adds has not changed. The ceiling keeps charging it.
+    #[tokio::test(start_paused = true)]
+    async fn a_falling_value_does_not_make_the_next_messages_look_cheap() {
+        let threshold = 100 * MIB;
+        let mut ceiling = Ceiling::default();
+        ceiling.arm(
+            &Thresholds {
+                process_memory: Some(threshold),
+                ..Thresholds::default()
+            },
+            true,
+            120,
+        );
+        let quiet = Usage {
+            process_memory: 20 * MIB,
+            ..Usage::default()
+        };
+        ceiling.enforce(Instant::now(), quiet, AdmissionCounts::default());
+        tokio::time::advance(CEILING_INTERVAL).await;
+        // 50 cheap messages in process; one costly receive admitted per read, each showing
+        // 6 MiB a settle time later, until RSS is at 74 MiB.
+        let mut admitted = 0u64;
+        let mut rss = 20 * MIB;
+        let settle_reads = CEILING_SETTLE.as_millis() as u64 / 5;
+        // (And 20 reads more with nothing admitted, so the margin is measured whole.)
+        for read in 0..(9 + settle_reads + 20) {
+            if (settle_reads..settle_reads + 9).contains(&read) {
+                rss += 6 * MIB;
+            }
+            let usage = Usage {
+                process_memory: rss,
+                in_process: 50,
+                ..Usage::default()
+            };
+            let counts = AdmissionCounts {
+                started: admitted,
+                held: false,
+            };
+            ceiling.enforce(Instant::now(), usage, counts);
+            admitted += u64::from(read < 9);
+            tokio::time::advance(CEILING_INTERVAL).await;
+        }
+        // Three costly ones finish: RSS falls to 56 MiB with 47 in process (0.8 MiB each on
+        // average). 44 MiB left has room for about 7 more at 6 MiB, not 55 at the average.
+        let mut allowance = None;
+        for _ in 0..20 {
+            let usage = Usage {
+                process_memory: 56 * MIB,
+                in_process: 47,
+                ..Usage::default()
+            };
+            let counts = AdmissionCounts {
+                started: admitted,
+                held: false,
+            };
+            allowance = ceiling.enforce(Instant::now(), usage, counts);
+            tokio::time::advance(CEILING_INTERVAL).await;
+        }
+        assert!(
+            allowance.is_some_and(|a| (6..=8).contains(&a)),
+            "{allowance:?}"
+        );
     }
 
     fn thresholds(threads: u64, sessions: u64) -> Thresholds {
@@ -493,7 +606,7 @@ mod tests {
                 Instant::now(),
                 usage,
                 AdmissionCounts {
-                    admitted,
+                    started: admitted,
                     held: held_seen,
                 },
             );
@@ -564,7 +677,7 @@ mod tests {
             ..Usage::default()
         };
         let held = AdmissionCounts {
-            admitted: 16,
+            started: 16,
             held: true,
         };
         assert_eq!(
@@ -592,7 +705,7 @@ mod tests {
         }
         assert_eq!(pauses, vec![10, 20, 40, 40, 40, 40]);
         let admitted = AdmissionCounts {
-            admitted: 1,
+            started: 1,
             held: false,
         };
         ceiling.enforce(now, idle, admitted);

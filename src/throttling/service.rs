@@ -264,7 +264,7 @@ fn enforce_ceiling(ceiling: &mut Ceiling, parts: &mut ServiceParts) {
         in_process: parts.probe.in_process(),
     };
     let counts = AdmissionCounts {
-        admitted: admission.admitted(),
+        started: admission.started(),
         held: admission.is_held() && admission.waiting() > 0,
     };
     admission.allow(ceiling.enforce(tokio::time::Instant::now(), usage, counts));

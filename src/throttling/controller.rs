@@ -388,6 +388,10 @@ impl DirectionTick<'_> {
 struct LimitPressure {
     /// Worst value / threshold among shrinking conditions above their threshold.
     over: Option<f64>,
+    /// The same, leaving out the in-process count (see [`Controller::limit_queues`]).
+    over_but_in_process: Option<f64>,
+    /// Messages in process.
+    in_process: f64,
     /// A shrinking condition is active (above its resume line).
     holding: bool,
     /// 1 - value / resume line of the tightest shrinking condition (1 when none is on).
@@ -519,6 +523,8 @@ impl Controller {
         let resume = self.config.resume_ratio;
         let mut pressure = LimitPressure {
             over: None,
+            over_but_in_process: None,
+            in_process: readings.in_process as f64,
             holding: false,
             headroom: 1.0,
             approach: None,
@@ -540,7 +546,11 @@ impl Controller {
             if active {
                 pressure.holding = true;
                 if ratio > 1.0 {
-                    pressure.over = Some(pressure.over.map_or(ratio, |o: f64| o.max(ratio)));
+                    let worst = |over: Option<f64>| Some(over.map_or(ratio, |o: f64| o.max(ratio)));
+                    pressure.over = worst(pressure.over);
+                    if condition != Condition::InProcess {
+                        pressure.over_but_in_process = worst(pressure.over_but_in_process);
+                    }
                 }
             }
             pressure.headroom = pressure.headroom.min(1.0 - ratio / resume);
@@ -566,7 +576,11 @@ impl Controller {
     ///
     /// The in-process count *is* the messages in flight, so it gets an exact ceiling: the
     /// queues together never allow more than one message above the in-process threshold
-    /// (shared in proportion to their max). The condition still shows when it is reached.
+    /// (shared in proportion to their max). The condition still shows when it is reached, and
+    /// the limits hold there: a count no higher than the queues' limits let in is the bound
+    /// working, not an overage to cut for. (Cutting for it, a permanent backlog made a
+    /// sawtooth of one-second episodes: cut below the resume line, state 0, grown back to
+    /// the bound, cut again.)
     fn limit_queues(
         &mut self,
         pressure: &LimitPressure,
@@ -585,12 +599,22 @@ impl Controller {
             _ => u32::MAX,
         };
         let in_process_bound = self.thresholds.in_process.map(|t| t + 1);
+        let bounded_total: f64 = queues
+            .iter()
+            .map(|q| q.max.max(1).min(share(in_process_bound, q.max.max(1))) as f64)
+            .sum();
+        let over = match in_process_bound {
+            Some(_) if applies && pressure.in_process <= bounded_total => {
+                pressure.over_but_in_process
+            }
+            _ => pressure.over,
+        };
         let mut limits = BTreeMap::new();
         let mut reduced = false;
         for q in queues {
             let max = q.max.max(1).min(share(in_process_bound, q.max.max(1)));
             let current = self.limits.get(&q.name).copied().unwrap_or(max).min(max);
-            let next = match pressure.over {
+            let next = match over {
                 _ if !applies => max,
                 // A cut already made is still draining: wait for it before cutting again.
                 Some(_) if q.in_flight > current => current,

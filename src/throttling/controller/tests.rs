@@ -1014,3 +1014,44 @@ fn publishing_pacing_ends_soon_after_a_memory_cause_clears_far_below_its_thresho
         cleared.publishing.waiting = cleared.publishing.waiting.saturating_sub(passed);
     }
 }
+
+/// A permanent backlog on a queue whose max is above the in-process threshold: the limits let
+/// the threshold and one more message in, and that count is the bound working. The state
+/// shows in-process pressure in one episode and the limit stays at the bound.
+#[test]
+fn a_backlog_at_the_in_process_bound_is_held_at_the_threshold_in_one_episode() {
+    let mut c = controller();
+    let threshold = c.thresholds().in_process.unwrap() as u32;
+    let mut in_flight = 0u32;
+    let mut states = Vec::new();
+    let mut lowest = u32::MAX;
+    for tick in 0..60 {
+        let load = vec![QueueLoad {
+            name: "orders".into(),
+            max: 2 * threshold,
+            in_flight,
+        }];
+        let readings = Readings {
+            in_process: u64::from(in_flight),
+            ..quiet()
+        };
+        let d = c.tick(secs(f64::from(tick) * 0.5), &readings, &load);
+        states.push(d.delivery.state);
+        if tick >= 2 {
+            lowest = lowest.min(in_flight);
+        }
+        // The backlog fills every slot the limit gives before the next tick.
+        in_flight = d.queue_limits["orders"];
+    }
+    let episodes = states.windows(2).filter(|w| w[0] == 0 && w[1] != 0).count();
+    assert_eq!(episodes, 1, "one episode: {states:?}");
+    assert_eq!(
+        states.last(),
+        Some(&3),
+        "in-process pressure shows: {states:?}"
+    );
+    assert!(
+        lowest >= threshold,
+        "held at the bound, not cut below the threshold: lowest {lowest} of {threshold}"
+    );
+}

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use throttlehost::HostBuilder;
 use throttlehost::config::{ConcurrencyModel, TransactionMode};
+use throttlehost::message::OutgoingMessage;
 use throttlehost::transport::Transport;
 use throttlehost::transport::memory::MemoryTransport;
 
@@ -116,22 +117,35 @@ async fn monitor_never_has_more_than_max_in_flight() {
     );
 }
 
-/// Runs an idle host on the memory transport for `seconds` of paused (virtual) time and
-/// returns (receives, peeks) issued. The statements a receiver issues do not depend on the
-/// transport, so counting them at the transport boundary under virtual time is exact and takes
-/// milliseconds instead of a minute of wall time.
-async fn idle_statements(model: ConcurrencyModel, seconds: u64) -> (u64, u64) {
+/// Runs a host on the memory transport under paused (virtual) time and returns the (receives,
+/// peeks) it issued in a window of `seconds`, starting 3 s after `messages` were sent into its
+/// queue (handlers take `latency`; `key_header` orders the queue by that header). The
+/// statements a receiver issues do not depend on the transport, so counting them at the
+/// transport boundary under virtual time is exact and takes milliseconds instead of a minute.
+async fn queue_statements(
+    model: ConcurrencyModel,
+    key_header: Option<&str>,
+    messages: Vec<OutgoingMessage>,
+    latency: Duration,
+    seconds: u64,
+) -> (u64, u64) {
     let memory: Arc<dyn Transport> = Arc::new(MemoryTransport::new(TransactionMode::ReceiveOnly));
     memory.create_queue(&q("idle")).await.unwrap();
+    for message in &messages {
+        memory.send(&q("idle"), message).await.unwrap();
+    }
     let counting = Counting::new(memory);
     let mut config = common::memory_config("idle");
     config.host.admin_address = "off".into();
     config.queues[0].concurrency.model = model;
     config.queues[0].concurrency.max = 8;
     config.queues[0].concurrency.peek_interval = Duration::from_secs(1);
+    if let Some(header) = key_header {
+        config.queues[0].ordering.key_header = header.into();
+    }
     let host = HostBuilder::new(config)
         .transport(counting.clone())
-        .handler("idle", ProbeHandler(Probe::new(Duration::ZERO)))
+        .handler("idle", ProbeHandler(Probe::new(latency)))
         .start()
         .await
         .unwrap();
@@ -142,6 +156,11 @@ async fn idle_statements(model: ConcurrencyModel, seconds: u64) -> (u64, u64) {
     let counts = (counting.receives() - r0, counting.peeks() - p0);
     host.shutdown().await;
     counts
+}
+
+/// The statements an idle, unordered queue issues in `seconds` (see [`queue_statements`]).
+async fn idle_statements(model: ConcurrencyModel, seconds: u64) -> (u64, u64) {
+    queue_statements(model, None, Vec::new(), Duration::ZERO, seconds).await
 }
 
 #[tokio::test(start_paused = true)]
@@ -159,6 +178,38 @@ async fn an_idle_queue_costs_at_most_one_statement_per_peek_interval() {
         assert!(
             (58..=61).contains(&peeks),
             "{model:?}: {peeks} peeks in 60 s with peek_interval 1 s"
+        );
+    }
+}
+
+/// An ordered queue is peeked like any other when empty, and while its only message waits
+/// for its key's message in a handler it costs at most a peek and a receive per peek interval
+/// (the peek counts the waiting message; the receive finds nothing and the peeker backs off).
+#[tokio::test(start_paused = true)]
+async fn an_ordered_queue_costs_no_more_when_idle_or_waiting_for_a_key() {
+    const KEY: &str = "Sales.OrderId";
+    for model in [
+        ConcurrencyModel::Monitor,
+        ConcurrencyModel::Fixed,
+        ConcurrencyModel::Adaptive,
+    ] {
+        let (receives, peeks) =
+            queue_statements(model, Some(KEY), Vec::new(), Duration::ZERO, 60).await;
+        assert_eq!(receives, 0, "{model:?}: an idle ordered queue is peeked");
+        assert!(
+            (58..=61).contains(&peeks),
+            "{model:?}: {peeks} peeks in 60 s with peek_interval 1 s"
+        );
+        // Two messages of one key: the first stays in its handler through the window, the
+        // second waits for it.
+        let same_key = (0..2u8)
+            .map(|n| OutgoingMessage::new(vec![n]).with_header(KEY, "7"))
+            .collect();
+        let (receives, peeks) =
+            queue_statements(model, Some(KEY), same_key, Duration::from_secs(600), 60).await;
+        assert!(
+            receives <= 62 && peeks <= 62,
+            "{model:?}: {receives} receives and {peeks} peeks in 60 s while a key waits"
         );
     }
 }

@@ -329,12 +329,12 @@ impl IdlePolling {
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
         {
-            let alive = self.poll(q, ctx).await;
+            let depth = self.poll(q, ctx).await;
             self.poller_taken.store(false, Ordering::SeqCst);
-            if alive {
-                self.work_found();
+            if let Some(depth) = depth {
+                self.wake_for(depth);
             }
-            return alive;
+            return depth.is_some();
         }
         let woken = self.found_work.notified();
         tokio::pin!(woken);
@@ -353,12 +353,26 @@ impl IdlePolling {
         result
     }
 
-    /// Peeks with back-off until the queue shows messages.
-    async fn poll(&self, q: &QueueRuntime, ctx: &ReceiveContext) -> bool {
+    /// After a peek saw `depth` messages: wakes as many parked loops as there are messages
+    /// beyond the poller's own, and leaves the back-off alone. Only a receive that gets a
+    /// message resets it ([`IdlePolling::work_found`]): a peek can count messages no receive
+    /// can take (an ordered queue's rows waiting for their key, rows another host took
+    /// first), and resetting on the peek made a key waiting on a long handler cost a peek
+    /// every 50 ms and a receive from every loop after each (8 400 receives a minute at 8).
+    fn wake_for(&self, depth: u64) {
+        let parked = u64::from(self.parked.load(Ordering::SeqCst));
+        for _ in 0..depth.saturating_sub(1).min(parked) {
+            self.found_work.notify_one();
+        }
+    }
+
+    /// Peeks with back-off until the queue shows messages; returns how many (None when
+    /// shutdown began).
+    async fn poll(&self, q: &QueueRuntime, ctx: &ReceiveContext) -> Option<u64> {
         loop {
             let wait = self.backoff.next(q.settings().peek_interval);
             if !pause(ctx, wait).await {
-                return false;
+                return None;
             }
             let start = q.depth.read_started();
             match ctx.transport.peek_depth(&q.name).await {
@@ -370,14 +384,14 @@ impl IdlePolling {
                     }
                     q.depth.set_read(depth, start);
                     if depth > 0 {
-                        return true;
+                        return Some(depth);
                     }
                 }
                 Err(e) => {
                     q.metrics.receive_error.increment(1);
                     let p = q.breaker.failure(&e);
                     if !pause(ctx, p).await {
-                        return false;
+                        return None;
                     }
                 }
             }

@@ -31,6 +31,8 @@ struct BatchState {
     pending: usize,
     /// A receive found the queue empty: start no more receives in this batch.
     exhausted: bool,
+    /// Receives that brought a message.
+    got: usize,
 }
 
 impl Batch {
@@ -46,6 +48,7 @@ impl Batch {
         self.0.send_modify(|s| {
             s.pending -= 1;
             s.exhausted |= found_nothing;
+            s.got += usize::from(!found_nothing);
         });
     }
 
@@ -57,6 +60,11 @@ impl Batch {
 
     fn exhausted(&self) -> bool {
         self.0.borrow().exhausted
+    }
+
+    /// Whether any receive of this batch brought a message.
+    fn got_any(&self) -> bool {
+        self.0.borrow().got > 0
     }
 
     /// Returns once every started task has received, or the batch is exhausted.
@@ -112,7 +120,6 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
             }
             continue;
         }
-        backoff.reset();
         // While the breaker is triggered, one receive per peek.
         // While batches can form, a receive takes up to receive_batch messages, and fewer
         // receive tasks are outstanding, or their permits would split the batches.
@@ -161,6 +168,15 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
         tokio::select! {
             _ = batch.wait() => {}
             _ = ctx.stop.cancelled() => break,
+        }
+        if batch.got_any() {
+            backoff.reset();
+        } else if !pause(&ctx, backoff.next(q.settings().peek_interval)).await {
+            // The peek counted messages no receive could take: rows of an ordered queue
+            // waiting for their key's message in a handler, or rows another host took first.
+            // Peeking again at once spun a peek and a receive back to back for as long as a
+            // key waited; this backs off as an empty queue does.
+            break;
         }
     }
     q.loops.store(0, Ordering::Relaxed);

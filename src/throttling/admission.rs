@@ -30,6 +30,8 @@ pub struct Admission {
     allowance: AtomicU64,
     /// Callers inside the slow path (waiting out a delay, a hold or their pacing turn).
     waiting: AtomicU64,
+    /// Of those, the callers waiting for the ceiling's allowance (past any delay).
+    waiting_on_allowance: AtomicU64,
     /// Messages handed to handlers since creation ([`Admission::message_started`]).
     started: AtomicU64,
     /// Receives started ([`Admission::start`]) that have not come back yet.
@@ -63,6 +65,7 @@ impl Admission {
             pace_ns: AtomicU64::new(0),
             allowance: AtomicU64::new(OPEN),
             waiting: AtomicU64::new(0),
+            waiting_on_allowance: AtomicU64::new(0),
             started: AtomicU64::new(0),
             receiving: AtomicU64::new(0),
             next_slot_ns: AtomicU64::new(0),
@@ -177,6 +180,12 @@ impl Admission {
         self.waiting.load(Ordering::Relaxed)
     }
 
+    /// Callers waiting now for the ceiling's allowance, past any delay: those the ceiling
+    /// holds back.
+    pub fn waiting_on_allowance(&self) -> u64 {
+        self.waiting_on_allowance.load(Ordering::Relaxed)
+    }
+
     /// What is left of the ceiling's allowance (`None`: no limit).
     pub fn allowance(&self) -> Option<u64> {
         match self.allowance.load(Ordering::Acquire) {
@@ -215,15 +224,20 @@ impl Admission {
     }
 
     async fn admit_slow(&self) -> Duration {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
         // Counted down however the wait ends, cancellation included.
         struct Waiting<'a>(&'a AtomicU64);
+        impl<'a> Waiting<'a> {
+            fn enter(count: &'a AtomicU64) -> Self {
+                count.fetch_add(1, Ordering::Relaxed);
+                Waiting(count)
+            }
+        }
         impl Drop for Waiting<'_> {
             fn drop(&mut self) {
                 self.0.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        let _waiting = Waiting(&self.waiting);
+        let _waiting = Waiting::enter(&self.waiting);
         let start = self.now_ns();
         // The delay: every caller waits it, concurrently.
         self.until_relaxed(|| {
@@ -234,11 +248,15 @@ impl Admission {
             }
         })
         .await;
+        // Only callers past the delay wait on the ceiling: those still in a delay (an
+        // override, a throttling delay) are not the ceiling's to report.
+        let on_allowance = Waiting::enter(&self.waiting_on_allowance);
         self.until_relaxed(|| match self.is_held() {
             false => Ready(()),
             true => RecheckWhenRelaxed,
         })
         .await;
+        drop(on_allowance);
         if self.pace_ns.load(Ordering::Relaxed) == 0 {
             return Duration::from_nanos(self.now_ns() - start);
         }
@@ -328,6 +346,34 @@ mod tests {
             Duration::from_millis(20),
             "concurrent, not serial"
         );
+    }
+
+    /// Callers in a delay (an override) are waiting, but not on the ceiling's allowance,
+    /// even while it is used up: only those past the delay are the ceiling's holds.
+    #[tokio::test(start_paused = true)]
+    async fn callers_in_a_delay_are_not_counted_as_held_by_the_ceiling() {
+        let a = Arc::new(Admission::default());
+        a.set(Duration::from_secs(1), None);
+        a.hold(true);
+        let waiter = tokio::spawn({
+            let a = a.clone();
+            async move { a.admit().await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            (a.waiting(), a.waiting_on_allowance()),
+            (1, 0),
+            "in the delay"
+        );
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            (a.waiting(), a.waiting_on_allowance()),
+            (1, 1),
+            "past it, held"
+        );
+        a.hold(false);
+        waiter.await.unwrap();
+        assert_eq!((a.waiting(), a.waiting_on_allowance()), (0, 0));
     }
 
     #[tokio::test(start_paused = true)]

@@ -336,7 +336,10 @@ impl Ceiling {
                 admission.started,
                 pending_bound,
             );
-            if held_by == Some(guard.condition) {
+            // A hold whose cause is gone by this read (the value fell since the last one) is
+            // not pressure: reported, it showed a memory condition a tick after its messages
+            // had ended, and the state flipped back to 4 from an override.
+            if held_by == Some(guard.condition) && fit.allowance < self.limits_total {
                 self.held.record(guard.condition, fit.room);
             }
             if tightest.is_none_or(|(_, t)| fit.allowance < t.allowance) {
@@ -387,6 +390,13 @@ fn fit(
     // process: nothing measurable); with none, what one held when last measured.
     let average = match estimate.idle {
         Some(idle) if in_process > 0 => value.saturating_sub(idle) as f64 / in_process as f64,
+        // Messages were in process at every read so far (a host that starts on a backlog):
+        // the idle process was never seen. The whole value over the messages is the most one
+        // can hold; the guess of a twentieth of the threshold alone held a process at
+        // 0.003 x its memory threshold and showed it as state 4.
+        None if in_process > 0 => {
+            (value as f64 / in_process as f64).min(estimate.last.unwrap_or(limit / 20.0))
+        }
         _ => estimate.last.unwrap_or(limit / 20.0),
     };
     let per_message = average
@@ -452,9 +462,13 @@ mod tests {
         // a burst of them is not held back (a thousandth of the threshold each).
         let f = fit(threshold, 14 * MIB, 14, idle(14 * MIB), 15);
         assert_eq!(f.allowance, 860 - 15);
-        // With no idle reading the estimate is a twentieth of the threshold (5 MiB).
+        // With no idle reading the estimate is a twentieth of the threshold (5 MiB)...
         let f = fit(threshold, 80 * MIB, 4, Estimate::default(), 0);
         assert_eq!((f.allowance, f.room), (4, 20));
+        // ... or, with messages in process, the whole value over them when that is less
+        // (8 MiB over 4: 2 MiB each, 46 more fit).
+        let f = fit(threshold, 8 * MIB, 4, Estimate::default(), 0);
+        assert_eq!((f.allowance, f.room), (46, 50));
     }
 
     #[test]
@@ -686,6 +700,93 @@ mod tests {
             "measured: cheap"
         );
         assert_eq!(ceiling.take_holds(), CeilingHolds::default());
+    }
+
+    /// A host that starts on a backlog has messages in process at its first read, so the
+    /// idle value is unknown: far below the threshold, that is no reason to hold receives
+    /// back, and nothing is reported as pressure.
+    #[tokio::test(start_paused = true)]
+    async fn a_host_busy_from_its_first_read_is_not_held_far_below_the_threshold() {
+        let mut ceiling = Ceiling::default();
+        let memory = Thresholds {
+            process_memory: Some(6 * 1024 * MIB),
+            ..Thresholds::default()
+        };
+        ceiling.arm(&memory, true, 16);
+        for read in 1..=20u64 {
+            let busy = Usage {
+                process_memory: 20 * MIB + read * 64 * 1024,
+                in_process: 16,
+                ..Usage::default()
+            };
+            let counts = AdmissionCounts {
+                started: 16 * read,
+                held: true,
+            };
+            assert_eq!(
+                ceiling.enforce(Instant::now(), busy, counts),
+                None,
+                "read {read}: 20 MiB of 6 GiB binds nothing"
+            );
+            tokio::time::advance(CEILING_INTERVAL).await;
+        }
+        assert_eq!(ceiling.take_holds(), CeilingHolds::default());
+    }
+
+    /// Receives held at the last read, whose cause is gone by this one (their costly messages
+    /// ended and the value fell), are released without being reported as pressure.
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_whose_cause_has_gone_is_not_reported() {
+        let mut ceiling = Ceiling::default();
+        let memory = Thresholds {
+            process_memory: Some(100 * MIB),
+            ..Thresholds::default()
+        };
+        ceiling.arm(&memory, true, 16);
+        let idle = Usage {
+            process_memory: 20 * MIB,
+            ..Usage::default()
+        };
+        ceiling.enforce(Instant::now(), idle, AdmissionCounts::default());
+        tokio::time::advance(CEILING_INTERVAL).await;
+        // 8 messages hold 9 MiB each: 92 MiB, nothing more fits.
+        let full = Usage {
+            process_memory: 92 * MIB,
+            in_process: 8,
+            ..Usage::default()
+        };
+        let started = AdmissionCounts {
+            started: 8,
+            held: false,
+        };
+        assert_eq!(ceiling.enforce(Instant::now(), full, started), Some(0));
+        tokio::time::advance(CEILING_INTERVAL).await;
+        let held = AdmissionCounts {
+            started: 8,
+            held: true,
+        };
+        assert_eq!(ceiling.enforce(Instant::now(), full, held), Some(0));
+        assert!(
+            ceiling.take_holds().of(Condition::ProcessMemory).is_some(),
+            "held"
+        );
+        tokio::time::advance(CEILING_INTERVAL).await;
+        // They ended: the value is back near idle, with two cheap messages in process.
+        let fallen = Usage {
+            process_memory: 21 * MIB,
+            in_process: 2,
+            ..Usage::default()
+        };
+        assert_eq!(
+            ceiling.enforce(Instant::now(), fallen, held),
+            None,
+            "open again"
+        );
+        assert_eq!(
+            ceiling.take_holds(),
+            CeilingHolds::default(),
+            "not pressure"
+        );
     }
 
     /// A quiet host is read less often; the first admission brings the 5 ms reads back.

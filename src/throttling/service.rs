@@ -265,7 +265,9 @@ fn enforce_ceiling(ceiling: &mut Ceiling, parts: &mut ServiceParts) {
     };
     let counts = AdmissionCounts {
         started: admission.started(),
-        held: admission.is_held() && admission.waiting() > 0,
+        // Receives in a delay (an override, a throttling delay) are not held by the ceiling:
+        // counted as its holds, they showed a memory condition after its cause had gone.
+        held: admission.is_held() && admission.waiting_on_allowance() > 0,
     };
     admission.allow(ceiling.enforce(tokio::time::Instant::now(), usage, counts));
 }

@@ -17,7 +17,7 @@ use chrono::Utc;
 use futures_util::FutureExt;
 use uuid::Uuid;
 
-use crate::config::TransactionMode;
+use crate::config::{FailedKey, TransactionMode};
 use crate::handlers::{Context, Handler};
 use crate::message::{Headers, Message, OutgoingMessage, format_wire_time};
 use crate::publish::Publisher;
@@ -378,11 +378,19 @@ impl Dispatcher {
         let max_attempts = settings.immediate_retries + 1;
         let send_immediately = self.mode == TransactionMode::None;
 
-        let (id, logical_id, verdict) = {
+        let (id, logical_id, hold_key, verdict) = {
             let Payload::Message(message) = received.payload() else {
                 return None;
             };
             let id = message.id;
+            // The key a failure holds (`failed_key = "hold"`), when the message has one.
+            let hold_key = q
+                .ordering
+                .as_ref()
+                .filter(|o| o.failed_key == FailedKey::Hold)
+                .and_then(|o| o.key_header())
+                .and_then(|h| message.header(h))
+                .map(str::to_string);
             let logical_id = self.observer.as_ref().map(|_| message.logical_id());
             if let Some(o) = &self.observer {
                 o.started(&q.name, id, logical_id.as_deref());
@@ -421,7 +429,7 @@ impl Dispatcher {
                     }
                 }
             };
-            (id, logical_id, verdict)
+            (id, logical_id, hold_key, verdict)
         };
         if let Some(o) = &self.observer {
             o.handled(&q.name, id, logical_id.as_deref());
@@ -429,11 +437,18 @@ impl Dispatcher {
 
         let (outcome, next) = match verdict {
             Verdict::Success(outbox) => self.complete(q, received, id, outbox, follow).await,
-            Verdict::Failed(error_message, failure) => (
-                self.move_to_error(q, received, id, &error_message, &failure)
-                    .await,
-                None,
-            ),
+            Verdict::Failed(error_message, failure) => match hold_key {
+                Some(key) => (
+                    self.hold(q, received, id, &key, &error_message, &failure)
+                        .await,
+                    None,
+                ),
+                None => (
+                    self.move_to_error(q, received, id, &error_message, &failure)
+                        .await,
+                    None,
+                ),
+            },
         };
         if let Some(outcome) = outcome {
             self.observe(q, id, logical_id.as_deref(), outcome);
@@ -486,6 +501,36 @@ impl Dispatcher {
             }
         };
         (outcome, next)
+    }
+
+    /// A keyed message failed after its retries on a queue that holds its key: it stays in
+    /// place, its key held in the store, and this receive rolls back. When the hold cannot be
+    /// recorded, the message goes to the error queue as on any other queue: never lost, and
+    /// never left to fail again at once.
+    async fn hold(
+        &self,
+        q: &QueueRuntime,
+        mut received: Box<dyn Received>,
+        id: Uuid,
+        key: &str,
+        error_message: &OutgoingMessage,
+        failure: &Failure,
+    ) -> Option<Outcome> {
+        if let Err(e) = received.hold(key, &failure.message).await {
+            tracing::error!(queue = %q.name, %id, %key, error = %e,
+                "could not hold the key of a failed message; moving it to the error queue instead");
+            return self
+                .move_to_error(q, received, id, error_message, failure)
+                .await;
+        }
+        // Released, it is tried afresh: its earlier attempts do not count.
+        q.failures.forget(id);
+        tracing::warn!(queue = %q.name, %id, %key, error = %failure.message,
+            "message failed after its retries: it stays in the queue and holds its key until `throttlehost queues release {} --key {key}`", q.name);
+        if let Err(e) = received.rollback().await {
+            tracing::warn!(queue = %q.name, %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
+        }
+        None
     }
 
     async fn move_to_error(

@@ -135,6 +135,19 @@ enum Command {
         #[command(flatten)]
         runtime: RuntimeArgs,
     },
+    /// A peer host of a load run, started by `throttlehost load` when a scenario sets
+    /// `processes` above 1: runs the scenario's host (the scenario's text comes in
+    /// THROTTLEHOST_LOAD_PEER_SCENARIO) and reports its dispatcher's events on standard
+    /// output until standard input closes.
+    #[command(hide = true)]
+    LoadPeer {
+        /// The run's schema.
+        #[arg(long)]
+        schema: Option<String>,
+        /// The run's connection string.
+        #[arg(long, env = "THROTTLEHOST_LOAD_CONNECTION_STRING")]
+        connection_string: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -177,6 +190,23 @@ enum QueuesAction {
         #[arg(long, conflicts_with = "all")]
         expired: bool,
         /// Delete every message.
+        #[arg(long)]
+        all: bool,
+    },
+    /// List the keys held by a failed message on ordered queues with `failed_key = "hold"`
+    /// (default: the configured queues): key, message id, since when, and why.
+    Held {
+        /// Queue names.
+        names: Vec<String>,
+    },
+    /// Lift holds: the held message is the next of its key again and is tried afresh.
+    Release {
+        /// The queue.
+        name: String,
+        /// The key to release.
+        #[arg(long, conflicts_with = "all")]
+        key: Option<String>,
+        /// Release every held key of the queue.
         #[arg(long)]
         all: bool,
     },
@@ -236,7 +266,10 @@ impl Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let quiet_default = matches!(cli.command, Command::Demo { .. } | Command::Load { .. });
+    let quiet_default = matches!(
+        cli.command,
+        Command::Demo { .. } | Command::Load { .. } | Command::LoadPeer { .. }
+    );
     cli::init_logging(cli.log_format == LogFormat::Json, quiet_default);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(workers) = cli.worker_threads() {
@@ -272,6 +305,10 @@ fn main() -> ExitCode {
                         expired,
                         all,
                     },
+                    QueuesAction::Held { names } => cli::queues::Action::Held(names),
+                    QueuesAction::Release { name, key, all } => {
+                        cli::queues::Action::Release { name, key, all }
+                    }
                 };
                 cli::queues::queues(&config, action).await
             }
@@ -306,6 +343,10 @@ fn main() -> ExitCode {
                 connection_string,
                 ..
             } => cli::load::load(&file, duration_scale, &out, schema, connection_string).await,
+            Command::LoadPeer {
+                schema,
+                connection_string,
+            } => cli::load::load_peer(schema, connection_string).await,
         }
     });
     // Work the host already gave up on (a blocking handler past the shutdown timeout) must not

@@ -251,6 +251,13 @@ pub const METRICS: &[MetricDef] = &[
         "Messages of an ordered queue that may not run yet (key busy or previous stage unfinished), among the oldest `lookahead`, at the last depth read",
     ),
     def(
+        "ordered_held_keys",
+        G,
+        None,
+        &["queue"],
+        "Keys of an ordered queue held by a message that failed after its retries (`failed_key = \"hold\"`), read every 5 s: each waits for `throttlehost queues release`",
+    ),
+    def(
         "circuit_breaker_open",
         G,
         None,
@@ -452,6 +459,7 @@ impl Metrics {
             queue_depth: self.gauge("queue_depth", &q),
             ordered_keys_in_flight: self.gauge("ordered_keys_in_flight", &q),
             ordered_waiting: self.gauge("ordered_waiting", &q),
+            ordered_held_keys: self.gauge("ordered_held_keys", &q),
             circuit_breaker_open: self.gauge("circuit_breaker_open", &q),
         }
     }
@@ -588,6 +596,8 @@ pub struct QueueMetrics {
     pub ordered_keys_in_flight: Gauge,
     /// Messages waiting for their key or stage (ordered queues).
     pub ordered_waiting: Gauge,
+    /// Keys held by a failed message (ordered queues with `failed_key = "hold"`).
+    pub ordered_held_keys: Gauge,
     /// Circuit breaker open.
     pub circuit_breaker_open: Gauge,
 }

@@ -1,4 +1,4 @@
-//! `throttlehost queues create|list|depth|purge` and `throttlehost send` against PostgreSQL,
+//! `throttlehost queues create|list|depth|purge|held|release` and `throttlehost send` against PostgreSQL,
 //! and secrets kept out of every output.
 // Plain (non-async) tests driving a process: blocking sleeps are what they want.
 #![allow(clippy::disallowed_methods)]
@@ -128,5 +128,58 @@ fn passwords_never_reach_output_or_logs() {
         out.contains("postgres://postgres:***@127.0.0.1:1/test"),
         "{out}"
     );
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// `queues held` lists what a failed message holds, with its error; `queues release` asks
+/// what to release and lifts the hold.
+#[test]
+fn held_keys_are_listed_and_released_from_the_command_line() {
+    use throttlehost::config::{FailedKey, OrderingConfig, TransactionMode};
+    use throttlehost::message::OutgoingMessage;
+    use throttlehost::transport::{QueueAdmin, Transport};
+
+    let schema = PgSchema::new();
+    let path = config_file(&schema, &schema.connection_string());
+    let p = path.to_str().unwrap();
+    let (code, _, err) = throttlehost(&["queues", "held", "-c", p]);
+    assert_eq!(code, 0, "no holds, no table yet: {err}");
+
+    let message = OutgoingMessage::new(b"a1".to_vec()).with_header("Sales.OrderId", "a");
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let t = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+        let queue = common::q("orders");
+        t.create_queue(&queue).await.unwrap();
+        let ordering = OrderingConfig {
+            key_header: "Sales.OrderId".into(),
+            failed_key: FailedKey::Hold,
+            ..OrderingConfig::default()
+        };
+        t.order_by_key(&queue, &ordering).await.unwrap();
+        t.send(&queue, &message).await.unwrap();
+        let mut r = t.receive(&queue).await.unwrap().unwrap();
+        r.hold("a", "the order service is down").await.unwrap();
+        r.rollback().await.unwrap();
+    });
+
+    let (code, out, err) = throttlehost(&["queues", "held", "-c", p, "orders"]);
+    assert_eq!(code, 0, "{err}");
+    let line = out.lines().next().unwrap_or_default();
+    assert!(
+        line.starts_with(&format!("orders\ta\t{}\t", message.id))
+            && line.ends_with("\tthe order service is down"),
+        "{out}"
+    );
+    let (code, _, err) = throttlehost(&["queues", "release", "-c", p, "orders"]);
+    assert_eq!(code, 2, "release says what to release");
+    assert!(err.contains("--key") && err.contains("--all"), "{err}");
+    let (code, out, _) = throttlehost(&["queues", "release", "-c", p, "orders", "--key", "b"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("key `b` was not held"), "{out}");
+    let (code, out, _) = throttlehost(&["queues", "release", "-c", p, "orders", "--key", "a"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("released 1"), "{out}");
+    let (_, out, _) = throttlehost(&["queues", "held", "-c", p, "orders"]);
+    assert!(out.trim().is_empty(), "{out}");
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }

@@ -391,6 +391,49 @@ fn ordered_drain_on_postgres() {
     assert_eq!(s["key_order_violations"], 0);
 }
 
+/// Key order between processes: three host processes (this run's and two peers) drain
+/// one ordered queue of shuffled keys; every process handles part of it, and the ledger,
+/// fed by all three, finds every key in order and nothing lost or doubled.
+#[test]
+fn three_host_processes_keep_every_keys_order() {
+    let s = pg_scenario("ordered-three-hosts", 1.0);
+    assert_eq!(s["messages_processed"], 10000);
+    assert_eq!(s["messages_duplicated"], 0);
+    assert_eq!(s["key_order_violations"], 0);
+    assert_every_process_took_part("ordered-three-hosts", &s, 3);
+}
+
+/// Stage barriers between processes: ten stages over three host processes, none started
+/// before the stage before it had ended in any process.
+#[test]
+fn three_host_processes_keep_the_stage_barriers() {
+    let s = pg_scenario("staged-three-hosts", 1.0);
+    assert_eq!(s["messages_processed"], 3000);
+    assert_eq!(s["messages_duplicated"], 0);
+    assert_eq!(s["stage_barrier_violations"], 0);
+    assert_every_process_took_part("staged-three-hosts", &s, 3);
+}
+
+/// The run reports `processes` counts of messages done, each above zero, adding up to all.
+fn assert_every_process_took_part(name: &str, s: &Value, processes: usize) {
+    let done: Vec<u64> = s["messages_done_by_process"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{name}: {s:#}"))
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(done.len(), processes, "{name}: {done:?}");
+    assert!(
+        done.iter().all(|&n| n > 0),
+        "{name}: a process handled nothing: {done:?}"
+    );
+    assert_eq!(
+        done.iter().sum::<u64>(),
+        s["messages_processed"].as_u64().unwrap(),
+        "{name}"
+    );
+}
+
 /// Key order while the controller governs the queue: the in-process condition holds an
 /// ordered queue of 500 keys at its threshold and clears; no key runs out of order.
 #[test]

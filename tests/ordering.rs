@@ -1,7 +1,9 @@
-//! Per-key order across hosts on PostgreSQL: three hosts, each with its own connection pool
-//! and receivers, drain one ordered queue. Nothing but the database is shared between them,
-//! so what holds here holds between processes. Every key's messages must be handled in send
-//! order with no overlap (checked from the recorded start and end times), each exactly once.
+//! Order across hosts: three hosts, each with its own connection pool and receivers, drain
+//! one ordered queue. Nothing but the database is shared between them, so what holds here
+//! holds between processes. Every key's messages must be handled in send order with no
+//! overlap, and every stage after the previous one (checked from the recorded start and end
+//! times), each message exactly once. Each test runs on PostgreSQL, and on SQL Server when
+//! SQLSERVER_URL is set (`cargo test --test ordering -- --ignored`).
 
 mod common;
 
@@ -10,12 +12,57 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use throttlehost::config::{ConcurrencyModel, TransactionMode};
+use throttlehost::config::{ConcurrencyModel, Config, Dialect, TransactionMode};
+use throttlehost::load::scenario::KeyLayout;
 use throttlehost::message::OutgoingMessage;
-use throttlehost::transport::{QueueAdmin, Transport};
+use throttlehost::transport::Transport;
 use throttlehost::{Context, Handler, HandlerError, HostBuilder};
 
-use common::{PgSchema, q, wait_until};
+use common::{PgSchema, mssql, q, wait_until};
+
+/// The database a test runs on, in a schema of its own.
+enum Db {
+    Postgres(PgSchema),
+    SqlServer(mssql::Schema),
+}
+
+impl Db {
+    /// SQL Server at SQLSERVER_URL, or `None` (with the reason printed) when its dialect does
+    /// not keep an order: Babelfish refuses ordered queues at start-up.
+    fn sqlserver() -> Option<Db> {
+        if mssql::dialect() == Dialect::Babelfish {
+            eprintln!(
+                "not applicable on Babelfish: ordered receives are refused there (its receives claim rows by lock timeouts, not READPAST)"
+            );
+            return None;
+        }
+        Some(Db::SqlServer(mssql::Schema::new()))
+    }
+
+    async fn transport(&self, pool_size: u32) -> Arc<dyn Transport> {
+        match self {
+            Db::Postgres(s) => Arc::new(s.transport(TransactionMode::ReceiveOnly, pool_size).await),
+            Db::SqlServer(s) => s.transport(TransactionMode::ReceiveOnly, pool_size).await,
+        }
+    }
+
+    /// One queue's host configuration (fixed loops of `max`) on this database.
+    fn config(&self, queue: &str, max: u32) -> Config {
+        let transport = match self {
+            Db::Postgres(s) => s.transport_config(TransactionMode::ReceiveOnly, max + 8),
+            Db::SqlServer(s) => s.transport_config(TransactionMode::ReceiveOnly, max + 8),
+        };
+        common::host_config(transport, queue, ConcurrencyModel::Fixed, max)
+    }
+
+    /// Ends every session of this test's connections; how many it ended.
+    async fn kill_connections(&self) -> u64 {
+        match self {
+            Db::Postgres(s) => s.kill_connections().await,
+            Db::SqlServer(s) => s.kill_connections().await,
+        }
+    }
+}
 
 /// The header the queue is ordered by.
 const KEY: &str = "Sales.OrderId";
@@ -52,16 +99,7 @@ impl Handler for Recorder {
 
 /// `per_key` messages for each of `keys` keys, shuffled across keys, in order within each.
 fn keyed_backlog(keys: u32, per_key: u32) -> Vec<OutgoingMessage> {
-    let mut order: Vec<u32> = (0..keys)
-        .flat_map(|k| std::iter::repeat_n(k, per_key as usize))
-        .collect();
-    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
-    for i in (1..order.len()).rev() {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        order.swap(i, (rng % (i as u64 + 1)) as usize);
-    }
+    let order = KeyLayout::Shuffled.keys(u64::from(keys * per_key), keys);
     let mut next = vec![0u32; keys as usize];
     order
         .into_iter()
@@ -102,17 +140,29 @@ fn assert_key_order(log: &[Handled], keys: u32, per_key: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hosts_keep_every_keys_order() {
+    three_hosts_keep_every_keys_order_on(Db::Postgres(PgSchema::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_three_hosts_keep_every_keys_order() {
+    if let Some(db) = Db::sqlserver() {
+        three_hosts_keep_every_keys_order_on(db).await;
+    }
+}
+
+/// 10 000 messages over 500 keys, handlers of 0-20 ms, three hosts of 16 receivers each.
+async fn three_hosts_keep_every_keys_order_on(db: Db) {
     const KEYS: u32 = 500;
     const PER_KEY: u32 = 20;
-    let schema = PgSchema::new();
     let queue = "orders";
-    let setup = schema.transport(TransactionMode::ReceiveOnly, 4).await;
+    let setup = db.transport(4).await;
     setup.create_queue(&q(queue)).await.unwrap();
     for chunk in keyed_backlog(KEYS, PER_KEY).chunks(1000) {
         setup.send_batch(&q(queue), chunk).await.unwrap();
     }
     let log = Arc::new(Mutex::new(Vec::new()));
-    let mut config = common::pg_config(&schema, queue, ConcurrencyModel::Fixed, 16);
+    let mut config = db.config(queue, 16);
     config.queues[0].ordering.key_header = KEY.into();
     config.queues[0].ordering.lookahead = 128;
     let started = Instant::now();
@@ -149,11 +199,22 @@ async fn three_hosts_keep_every_keys_order() {
 /// ended, and the members of a stage run side by side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hosts_run_stages_one_after_another() {
+    three_hosts_run_stages_one_after_another_on(Db::Postgres(PgSchema::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_three_hosts_run_stages_one_after_another() {
+    if let Some(db) = Db::sqlserver() {
+        three_hosts_run_stages_one_after_another_on(db).await;
+    }
+}
+
+async fn three_hosts_run_stages_one_after_another_on(db: Db) {
     use throttlehost::message::{EXECUTION_STAGE_HEADER, PREVIOUS_STAGE_HEADER};
     let plan: [(u32, u32); 5] = [(100, 4), (200, 2), (300, 1), (400, 2), (500, 1)];
-    let schema = PgSchema::new();
     let queue = "stages";
-    let setup = schema.transport(TransactionMode::ReceiveOnly, 4).await;
+    let setup = db.transport(4).await;
     setup.create_queue(&q(queue)).await.unwrap();
     let mut messages = Vec::new();
     let mut previous: Option<u32> = None;
@@ -170,7 +231,7 @@ async fn three_hosts_run_stages_one_after_another() {
     }
     setup.send_batch(&q(queue), &messages).await.unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
-    let mut config = common::pg_config(&schema, queue, ConcurrencyModel::Fixed, 4);
+    let mut config = db.config(queue, 4);
     config.queues[0].ordering.stages = true;
     let mut hosts = Vec::new();
     for _ in 0..3 {
@@ -245,13 +306,24 @@ impl Handler for Sleeper {
 /// next of its key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_receiver_keeps_its_keys_order() {
-    let schema = PgSchema::new();
+    a_killed_receiver_keeps_its_keys_order_on(Db::Postgres(PgSchema::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_a_killed_receiver_keeps_its_keys_order() {
+    if let Some(db) = Db::sqlserver() {
+        a_killed_receiver_keeps_its_keys_order_on(db).await;
+    }
+}
+
+async fn a_killed_receiver_keeps_its_keys_order_on(db: Db) {
     let queue = q("orders");
     let ordering = throttlehost::config::OrderingConfig {
         key_header: KEY.into(),
         ..Default::default()
     };
-    let first = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    let first = db.transport(2).await;
     first.create_queue(&queue).await.unwrap();
     first.order_by_key(&queue, &ordering).await.unwrap();
     let messages: Vec<_> = ["a1", "a2"]
@@ -260,13 +332,13 @@ async fn a_killed_receiver_keeps_its_keys_order() {
         .collect();
     first.send_batch(&queue, &messages).await.unwrap();
     let held = first.receive(&queue).await.unwrap().expect("a1");
-    let second = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    let second = db.transport(2).await;
     second.order_by_key(&queue, &ordering).await.unwrap();
     assert!(
         second.receive(&queue).await.unwrap().is_none(),
         "a2 waits while a1 is in flight on another host"
     );
-    assert!(schema.kill_connections().await >= 1);
+    assert!(db.kill_connections().await >= 1);
     // The server ends the killed session's transaction a moment after the kill.
     let deadline = Instant::now() + Duration::from_secs(10);
     let again = loop {
@@ -285,4 +357,130 @@ async fn a_killed_receiver_keeps_its_keys_order() {
     assert_eq!(body, b"a1", "the killed receive's message first, not a2");
     drop(held);
     again.commit().await.unwrap();
+}
+
+/// `failed_key = "hold"` through a host: a keyed message that fails after its retries stays
+/// in the queue and holds its key (its later message waits, other keys run, nothing goes to
+/// the error queue) until released; then it is handled first, and the rest of its key after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_message_holds_its_key_until_released() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    /// Fails `a/0` while `failing`; records every handled body in order.
+    struct FailsFirstOfA {
+        failing: AtomicBool,
+        attempts: AtomicU32,
+        handled: Mutex<Vec<String>>,
+    }
+    struct Handle(Arc<FailsFirstOfA>);
+    #[async_trait]
+    impl Handler for Handle {
+        async fn handle(&self, ctx: &mut Context<'_>) -> Result<(), HandlerError> {
+            let body = String::from_utf8_lossy(&ctx.message().body).to_string();
+            if body == "a/0" {
+                self.0.attempts.fetch_add(1, Ordering::SeqCst);
+                if self.0.failing.load(Ordering::SeqCst) {
+                    return Err("the order service is down".into());
+                }
+            }
+            self.0.handled.lock().unwrap().push(body);
+            Ok(())
+        }
+        fn name(&self) -> &str {
+            "fails-first-of-a"
+        }
+    }
+
+    let db = Db::Postgres(PgSchema::new());
+    let queue = "orders";
+    let setup = db.transport(4).await;
+    setup.create_queue(&q(queue)).await.unwrap();
+    let backlog: Vec<_> = [("a", "a/0"), ("a", "a/1"), ("b", "b/0"), ("b", "b/1")]
+        .iter()
+        .map(|(k, body)| OutgoingMessage::new(body.as_bytes().to_vec()).with_header(KEY, *k))
+        .collect();
+    setup.send_batch(&q(queue), &backlog).await.unwrap();
+    let state = Arc::new(FailsFirstOfA {
+        failing: AtomicBool::new(true),
+        attempts: AtomicU32::new(0),
+        handled: Mutex::new(Vec::new()),
+    });
+    let mut config = db.config(queue, 4);
+    config.queues[0].ordering.key_header = KEY.into();
+    config.queues[0].ordering.failed_key = throttlehost::config::FailedKey::Hold;
+    config.queues[0].immediate_retries = 1;
+    let port = common::free_port();
+    config.host.admin_address = format!("127.0.0.1:{port}");
+    let host = HostBuilder::new(config)
+        .handler(queue, Handle(state.clone()))
+        .start()
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(20), "a/0 held", || {
+        state.attempts.load(Ordering::SeqCst) >= 2 && state.handled.lock().unwrap().len() >= 2
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while setup.held_keys(&q(queue)).await.unwrap().len() != 1 {
+        assert!(Instant::now() < deadline, "the hold recorded within 20 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A second: the held key stays held, however often the queue is polled.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        state.attempts.load(Ordering::SeqCst),
+        2,
+        "two attempts, no more"
+    );
+    assert_eq!(
+        *state.handled.lock().unwrap(),
+        ["b/0", "b/1"],
+        "a/1 waits behind a/0"
+    );
+    let held = setup.held_keys(&q(queue)).await.unwrap();
+    assert_eq!(
+        (held[0].key.as_str(), held[0].message_id),
+        ("a", backlog[0].id)
+    );
+    assert_eq!(held[0].reason, "the order service is down");
+    assert_eq!(
+        setup.peek_depth(&q("error")).await.unwrap_or(0),
+        0,
+        "nothing in the error queue"
+    );
+    // What an operator alerts on: the held key shows as a gauge.
+    let held_gauge = || {
+        let (_, metrics, _) =
+            common::http("GET", &format!("http://127.0.0.1:{port}/metrics"), b"", &[]);
+        metrics
+            .lines()
+            .find(|l| l.starts_with("throttlehost_ordered_held_keys{queue=\"orders\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while held_gauge() != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "held keys gauge at 1: {:?}",
+            held_gauge()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    state.failing.store(false, Ordering::SeqCst);
+    assert_eq!(setup.release_held(&q(queue), Some("a")).await.unwrap(), 1);
+    wait_until(
+        Duration::from_secs(20),
+        "a/0 and a/1 after the release",
+        || state.handled.lock().unwrap().len() >= 4,
+    )
+    .await;
+    host.shutdown().await;
+    assert_eq!(
+        *state.handled.lock().unwrap(),
+        ["b/0", "b/1", "a/0", "a/1"],
+        "released, a/0 first (two full attempts afresh allowed), then a/1"
+    );
+    assert_eq!(state.attempts.load(Ordering::SeqCst), 3);
 }

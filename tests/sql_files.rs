@@ -57,3 +57,13 @@ fn postgres_ordering_sql_is_what_an_ordered_queue_creates() {
     .join(";\n");
     assert_eq!(normalize(&file), normalize(&format!("{code};")));
 }
+
+#[test]
+fn held_keys_sql_is_what_a_holding_queue_creates() {
+    let file = std::fs::read_to_string("sql/postgres/held.sql").unwrap();
+    let code = throttlehost::transport::postgres::held_statements("\"public\"").create;
+    assert_eq!(normalize(&file), normalize(&format!("{code};")));
+    let file = std::fs::read_to_string("sql/sqlserver/held.sql").unwrap();
+    let code = throttlehost::transport::sqlserver::held_statements("[dbo]").create;
+    assert_eq!(normalize(&file), normalize(&code));
+}

@@ -3,7 +3,7 @@
 //! server: they pin down what would be sent, so a change to the wire behaviour is a visible,
 //! reviewed change.
 
-use throttlehost::config::Dialect;
+use throttlehost::config::{Dialect, OrderingConfig};
 use throttlehost::transport::QueueName;
 use throttlehost::transport::sqlserver::QueueStatements;
 use throttlehost::transport::sqlserver::statements::{
@@ -161,7 +161,11 @@ fn catalog_queries() {
 /// NServiceBus hints on the row it deletes.
 #[test]
 fn ordered_receive() {
-    let s = statements(Dialect::Sqlserver).with_ordering("NServiceBus.ConversationId", 64);
+    let ordering = OrderingConfig {
+        key_header: "NServiceBus.ConversationId".into(),
+        ..OrderingConfig::default()
+    };
+    let s = statements(Dialect::Sqlserver).with_ordering(&ordering);
     assert!(s.ordered);
     insta::assert_snapshot!("ordered_begin_and_receive", s.begin_and_receive);
     assert!(
@@ -186,4 +190,84 @@ fn ordered_receive() {
     }
     // The key's lock comes before the key's row is deleted.
     assert!(sql.find("sp_getapplock").unwrap() < sql.find("DELETE FROM message").unwrap());
+}
+
+/// Ordered stages: the own stage is locked Shared before the row is deleted; the previous
+/// stage's lock is taken Exclusive, without waiting, around the look for its rows and let go
+/// at once; with a key as well, the key's lock comes first.
+#[test]
+fn ordered_receive_with_stages() {
+    let stages = OrderingConfig {
+        stages: true,
+        ..OrderingConfig::default()
+    };
+    let s = statements(Dialect::Sqlserver).with_ordering(&stages);
+    assert!(s.ordered);
+    insta::assert_snapshot!("ordered_stages_begin_and_receive", s.begin_and_receive);
+    let sql = &s.begin_and_receive;
+    assert!(!sql.contains("PARTITION BY"), "no key, no per-key heads");
+    let shared = sql.find("@LockMode = 'Shared'").expect("own stage Shared");
+    let exclusive = sql
+        .find("@LockMode = 'Exclusive'")
+        .expect("previous stage Exclusive");
+    let look = sql
+        .find("WHERE CASE WHEN ISJSON(Headers) = 1 THEN JSON_VALUE(Headers, N'$.\"throttlehost.ExecutionStage\"') END = @previous")
+        .expect("the look for rows of the previous stage");
+    let release = sql
+        .find("EXEC sp_releaseapplock @Resource = @previous_lock")
+        .expect("the previous stage's lock let go");
+    let delete = sql.find("DELETE FROM message").unwrap();
+    assert!(shared < exclusive && exclusive < look && look < release && release < delete);
+    for part in [
+        "JSON_VALUE(Headers, N'$.\"throttlehost.PreviousStage\"')",
+        "@LockOwner = 'Transaction', @LockTimeout = 0",
+        "IF @stage_held = 1 EXEC sp_releaseapplock @Resource = @stage_lock",
+    ] {
+        assert!(sql.contains(part), "missing {part}");
+    }
+    let both = OrderingConfig {
+        key_header: "Sales.OrderId".into(),
+        stages: true,
+        ..OrderingConfig::default()
+    };
+    let sql = statements(Dialect::Sqlserver)
+        .with_ordering(&both)
+        .begin_and_receive;
+    assert!(sql.contains("PARTITION BY k"));
+    assert!(
+        sql.find("@Resource = @key_lock").unwrap() < sql.find("@Resource = @stage_lock").unwrap()
+    );
+}
+
+/// `failed_key = "hold"`: with the key's lock held, a candidate that holds its key is passed
+/// over (the key's lock let go), before anything is deleted.
+#[test]
+fn ordered_receive_passes_over_a_held_key() {
+    let ordering = OrderingConfig {
+        key_header: "Sales.OrderId".into(),
+        failed_key: throttlehost::config::FailedKey::Hold,
+        ..OrderingConfig::default()
+    };
+    let sql = statements(Dialect::Sqlserver)
+        .with_ordering(&ordering)
+        .begin_and_receive;
+    let check = sql
+        .find("FROM [dbo].[throttlehost_held] h JOIN [dbo].[Sales.Node-1] m WITH (READPAST) ON m.Id = h.message_id")
+        .expect("the held check");
+    assert!(
+        sql[check..]
+            .contains("WHERE h.queue_table = N'[dbo].[Sales.Node-1]' AND m.RowVersion = @rv")
+    );
+    assert!(sql.find("@Resource = @key_lock, @LockMode").unwrap() < check);
+    assert!(check < sql.find("DELETE FROM message").unwrap());
+    let plain = OrderingConfig {
+        failed_key: throttlehost::config::FailedKey::Continue,
+        ..ordering
+    };
+    assert!(
+        !statements(Dialect::Sqlserver)
+            .with_ordering(&plain)
+            .begin_and_receive
+            .contains("throttlehost_held")
+    );
 }

@@ -59,3 +59,33 @@ pub async fn load(
         ExitCode::from(1)
     }
 }
+
+/// Runs as a peer of a load run (`throttlehost load-peer`, started by the run itself).
+pub async fn load_peer(schema: Option<String>, connection_string: Option<String>) -> ExitCode {
+    let Ok(text) = std::env::var(load::peer::SCENARIO_ENV) else {
+        eprintln!(
+            "error: load-peer is started by `throttlehost load` for scenarios with processes above 1; {} is not set",
+            load::peer::SCENARIO_ENV
+        );
+        return ExitCode::from(super::INVALID);
+    };
+    let scenario = match Scenario::parse(&text, load::peer::SCENARIO_ENV) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(super::INVALID);
+        }
+    };
+    let options = LoadOptions {
+        schema,
+        connection_string,
+        ..LoadOptions::default()
+    };
+    match load::peer::serve(&scenario, &options).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: load peer: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,4 +1,4 @@
-//! `throttlehost queues create|list|depth|purge`.
+//! `throttlehost queues create|list|depth|purge|held|release`.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -21,6 +21,17 @@ pub enum Action {
         /// Expired only.
         expired: bool,
         /// Everything.
+        all: bool,
+    },
+    /// Held keys of these queues, or of all configured ones.
+    Held(Vec<String>),
+    /// Lift the holds of one queue: of one key, or all.
+    Release {
+        /// The queue.
+        name: String,
+        /// The key.
+        key: Option<String>,
+        /// Every key.
         all: bool,
     },
 }
@@ -103,6 +114,16 @@ pub async fn queues(path: &Path, action: Action) -> ExitCode {
             }
             purge(&*transport, names, expired).await
         }
+        Action::Held(names) => held(&*transport, or_configured(names)).await,
+        Action::Release { name, key, all } => {
+            if key.is_none() && !all {
+                eprintln!(
+                    "error: say what to release: --key KEY (one key) or --all (every held key)"
+                );
+                return ExitCode::from(super::INVALID);
+            }
+            release(&*transport, &name, key.as_deref()).await
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -112,6 +133,38 @@ pub async fn queues(path: &Path, action: Action) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Prints each held key: queue, key, message id, since when, why.
+async fn held(transport: &dyn Transport, names: Vec<String>) -> Result<(), String> {
+    let queues = parse_names(&names).map_err(|_| String::new())?;
+    for queue in queues {
+        let held = transport
+            .held_keys(&queue)
+            .await
+            .map_err(|e| e.to_string())?;
+        for h in held {
+            println!(
+                "{queue}\t{}\t{}\t{}\t{}",
+                h.key, h.message_id, h.held_at, h.reason
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Lifts the holds of `name` (of `key`, or all) and says how many.
+async fn release(transport: &dyn Transport, name: &str, key: Option<&str>) -> Result<(), String> {
+    let queue = parse_names(&[name.to_string()]).map_err(|_| String::new())?;
+    let released = transport
+        .release_held(&queue[0], key)
+        .await
+        .map_err(|e| e.to_string())?;
+    match key {
+        Some(key) if released == 0 => println!("{name}: key `{key}` was not held"),
+        _ => println!("{name}: released {released} held key(s)"),
+    }
+    Ok(())
 }
 
 async fn create(transport: &dyn Transport, names: Vec<String>) -> Result<(), String> {

@@ -369,6 +369,22 @@ pub struct OrderingConfig {
     /// above the in-flight messages of every host on the queue together: a receive that sees
     /// only waiting messages finds nothing and waits like an empty one.
     pub lookahead: u32,
+    /// What a keyed message that failed after its retries does to its key: `continue` (it
+    /// goes to the error queue and the key goes on) or `hold` (it stays in the queue, its
+    /// key's later messages wait behind it, until `throttlehost queues release` lifts the
+    /// hold and it is tried again, first).
+    pub failed_key: FailedKey,
+}
+
+/// What a keyed message that failed after its retries does to its key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailedKey {
+    /// To the error queue; the key continues with its next message.
+    #[default]
+    Continue,
+    /// Stays in place and holds its key (recorded in the database) until released.
+    Hold,
 }
 
 impl OrderingConfig {
@@ -389,6 +405,7 @@ impl Default for OrderingConfig {
             key_header: String::new(),
             stages: false,
             lookahead: 64,
+            failed_key: FailedKey::Continue,
         }
     }
 }

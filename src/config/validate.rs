@@ -5,7 +5,9 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{Config, HandlerConfig, QueueConfig, ThrottlingConfig, TransactionMode, TransportKind};
+use super::{
+    Config, FailedKey, HandlerConfig, QueueConfig, ThrottlingConfig, TransactionMode, TransportKind,
+};
 use crate::names::{validate_postgres_table_name, validate_queue_name, validate_schema_name};
 
 /// The most async worker threads a host may ask for; each costs a stack and a run queue.
@@ -44,10 +46,16 @@ pub fn validate(config: &Config) -> Problems {
 /// `[queues.ordering]`: a usable key header and lookahead, and a receive that can keep order.
 fn validate_ordering(i: usize, config: &Config, add: &mut impl FnMut(String, String)) {
     let q = &config.queues[i];
+    let key = |field: &str| format!("queues[{i}].ordering.{field}");
+    if q.ordering.failed_key == FailedKey::Hold && q.ordering.key_header().is_none() {
+        add(
+            key("failed_key"),
+            "\"hold\" holds a key: it needs key_header (the header whose value is the key)".into(),
+        );
+    }
     if !q.ordering.is_ordered() {
         return;
     }
-    let key = |field: &str| format!("queues[{i}].ordering.{field}");
     let what = if q.ordering.key_header().is_some() {
         "key_header"
     } else {
@@ -485,6 +493,23 @@ mod tests {
             "[[queues]]\nname = \"q\"\n[queues.concurrency]\nreceive_batch = 8\n[queues.ordering]\nkey_header = \"k\"\n",
         );
         assert!(p.iter().any(|m| m.contains("receive_batch = 8")), "{p:?}");
+    }
+
+    #[test]
+    fn holding_a_failed_key_needs_a_key() {
+        let queue = "[[queues]]\nname = \"q\"\n[queues.ordering]\n";
+        let p = problems(&format!("{queue}failed_key = \"hold\"\n"));
+        assert!(
+            p.iter()
+                .any(|m| m.contains("queues[0].ordering.failed_key") && m.contains("key_header")),
+            "{p:?}"
+        );
+        let p = problems(&format!(
+            "{queue}failed_key = \"hold\"\nkey_header = \"k\"\n"
+        ));
+        assert!(!p.iter().any(|m| m.contains("failed_key")), "{p:?}");
+        let p = problems(&format!("{queue}failed_key = \"stop\"\n"));
+        assert!(p.iter().any(|m| m.contains("failed_key")), "{p:?}");
     }
 
     #[test]

@@ -192,6 +192,7 @@ impl HostBuilder {
             include_error_queues: config.throttling.database_size_includes_error_queue,
             runtime: tokio::runtime::Handle::current(),
             refreshing: Arc::default(),
+            held_read_at: Default::default(),
         });
         let controller = start_controller(ServiceParts {
             control: control.clone(),
@@ -382,7 +383,7 @@ async fn prepare_transport(
                 }
                 TransportError::Config(m) => HostError::Config(m),
                 e => HostError::Config(format!(
-                    "queue `{name}`: cannot prepare ordered receives (queues.ordering): {e} (on PostgreSQL an account that may not create indexes needs sql/postgres/ordering.sql run first by one that may)"
+                    "queue `{name}`: cannot prepare ordered receives (queues.ordering): {e} (on PostgreSQL an account that may not create indexes and tables needs sql/postgres/ordering.sql, and with failed_key = \"hold\" sql/postgres/held.sql, run first by one that may)"
                 )),
             })?;
     }

@@ -7,11 +7,12 @@
 //! peeked again in the background, on the host's runtime, so a tick never waits on the
 //! database and an idle monitor queue costs no extra statement.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::config::FailedKey;
 use crate::dispatch::Dispatcher;
 use crate::publish::Publisher;
 use crate::queue::{DepthCell, ERROR_DEPTH_MAX_AGE, QueueRuntime};
@@ -31,11 +32,38 @@ pub struct HostAdapter {
     /// The host's runtime: depth refreshes run there, beside the transport's connections.
     pub(super) runtime: tokio::runtime::Handle,
     pub(super) refreshing: Arc<AtomicBool>,
+    /// When each queue that holds keys last had its held keys read.
+    pub(super) held_read_at: std::sync::Mutex<HashMap<QueueName, std::time::Instant>>,
 }
+
+/// How often the held keys of a queue with `failed_key = "hold"` are read: a hold is lifted
+/// from another process (`throttlehost queues release`), and receivers keep the depth fresh,
+/// so the depth's own refresh cannot be counted on to come.
+const HELD_READ_INTERVAL: Duration = Duration::from_secs(5);
 
 impl HostAdapter {
     fn counts(&self, name: &QueueName) -> bool {
         self.include_error_queues || !self.error_queues.contains(name)
+    }
+
+    /// Whether `q`'s held keys are due for a read (and, if so, counts it as read now).
+    fn held_due(&self, q: &QueueRuntime) -> bool {
+        if !q
+            .ordering
+            .as_ref()
+            .is_some_and(|o| o.failed_key == FailedKey::Hold)
+        {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        let mut read_at = self.held_read_at.lock().unwrap_or_else(|e| e.into_inner());
+        match read_at.get(&q.name) {
+            Some(at) if now.duration_since(*at) < HELD_READ_INTERVAL => false,
+            _ => {
+                read_at.insert(q.name.clone(), now);
+                true
+            }
+        }
     }
 
     /// Reads the stale depths in the background (and, for an ordered queue holding messages,
@@ -52,6 +80,7 @@ impl HostAdapter {
                 cell,
                 rare,
                 waiting,
+                held,
             } in stale
             {
                 let start = cell.read_started();
@@ -66,6 +95,16 @@ impl HostAdapter {
                                     Ok(Some(n)) => gauge.set(n as f64),
                                     Ok(None) => {}
                                     Err(e) => tracing::debug!(queue = %name, error = %e, "counting the messages waiting for their order failed"),
+                                },
+                            }
+                        }
+                        if let Some(gauge) = held {
+                            // A held message stays in its queue: none held in an empty one.
+                            match depth {
+                                0 => gauge.set(0.0),
+                                _ => match transport.held_keys(&name).await {
+                                    Ok(keys) => gauge.set(keys.len() as f64),
+                                    Err(e) => tracing::debug!(queue = %name, error = %e, "reading the held keys failed"),
                                 },
                             }
                         }
@@ -91,6 +130,8 @@ struct StaleDepth {
     rare: bool,
     /// An ordered queue's gauge of messages waiting for their key or stage.
     waiting: Option<metrics::Gauge>,
+    /// An ordered queue's gauge of keys held by a failed message (`failed_key = "hold"`).
+    held: Option<metrics::Gauge>,
 }
 
 impl StaleDepth {
@@ -100,6 +141,7 @@ impl StaleDepth {
             cell,
             rare,
             waiting: None,
+            held: None,
         }
     }
 }
@@ -134,12 +176,17 @@ impl HostProbe for HostAdapter {
         let receiving: HashSet<&QueueName> = self.queues.iter().map(|q| &q.name).collect();
         for q in self.queues.iter().filter(|q| self.counts(&q.name)) {
             total += q.depth.get();
-            if is_stale(&q.depth) {
+            if is_stale(&q.depth) | self.held_due(q) {
                 let mut read = StaleDepth::new(q.name.clone(), q.depth.clone(), false);
                 read.waiting = q
                     .ordering
                     .as_ref()
                     .map(|_| q.metrics.ordered_waiting.clone());
+                read.held = q
+                    .ordering
+                    .as_ref()
+                    .filter(|o| o.failed_key == FailedKey::Hold)
+                    .map(|_| q.metrics.ordered_held_keys.clone());
                 stale.push(read);
             }
         }

@@ -60,6 +60,15 @@ pub struct Accounting {
     pub order_violations: u64,
     /// The first of them, in words.
     pub first_order_violation: Option<String>,
+    /// Messages of a staged backlog that started before the stage before theirs had ended.
+    pub stage_violations: u64,
+    /// The first of them, in words.
+    pub first_stage_violation: Option<String>,
+    /// Messages done by each process of the run: the run's own host first, then its peers
+    /// (one entry unless the scenario sets `processes`).
+    pub done_by_process: Vec<u64>,
+    /// Peer processes that failed to run or stop cleanly, in words.
+    pub peer_failures: Vec<String>,
 }
 
 /// Everything a run produced.

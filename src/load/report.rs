@@ -65,8 +65,18 @@ pub struct Summary {
     /// The first such violation, in words.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_key_order_violation: Option<String>,
+    /// Messages of a staged backlog that started before the stage before theirs had ended.
+    pub stage_barrier_violations: u64,
+    /// The first such violation, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_stage_barrier_violation: Option<String>,
     /// Sends refused by the publish path.
     pub send_failures: u64,
+    /// Messages done by each host process: the run's own first, then its peers.
+    pub messages_done_by_process: Vec<u64>,
+    /// Peer processes that failed to run or stop cleanly, in words.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peer_failures: Vec<String>,
     /// Messages done per second from the first phase to the last message done.
     pub throughput_per_second: f64,
     /// Lowest effective concurrency limit seen per queue.
@@ -163,7 +173,11 @@ pub fn summarize(run: &RunResult) -> Summary {
         messages_duplicated: a.duplicated,
         key_order_violations: a.order_violations,
         first_key_order_violation: a.first_order_violation.clone(),
+        stage_barrier_violations: a.stage_violations,
+        first_stage_barrier_violation: a.first_stage_violation.clone(),
         send_failures: a.send_failures,
+        messages_done_by_process: a.done_by_process.clone(),
+        peer_failures: a.peer_failures.clone(),
         throughput_per_second: throughput.round(),
         min_concurrency_limit: min_limit,
         phases: run
@@ -179,7 +193,9 @@ pub fn summarize(run: &RunResult) -> Summary {
             && control_violations.is_empty()
             && run.cleared
             && a.lost == 0
-            && a.order_violations == 0,
+            && a.order_violations == 0
+            && a.stage_violations == 0
+            && a.peer_failures.is_empty(),
         episodes,
         control_violations,
     }
@@ -451,6 +467,19 @@ fn text_details(s: &Summary, out: &mut String) {
         s.messages_duplicated,
         s.messages_lost
     );
+    if s.messages_done_by_process.len() > 1 {
+        let each: Vec<String> = s
+            .messages_done_by_process
+            .iter()
+            .map(u64::to_string)
+            .collect();
+        let _ = writeln!(
+            out,
+            "  processes: {} (this one, then its peers), messages done by each: {}",
+            each.len(),
+            each.join(" / ")
+        );
+    }
     if !s.min_concurrency_limit.is_empty() {
         let limits: Vec<String> = s
             .min_concurrency_limit
@@ -459,6 +488,11 @@ fn text_details(s: &Summary, out: &mut String) {
             .collect();
         let _ = writeln!(out, "  lowest concurrency limit: {}", limits.join(", "));
     }
+    verdict_line(s, out);
+}
+
+/// PASS, or FAIL with every reason.
+fn verdict_line(s: &Summary, out: &mut String) {
     let verdict = if s.passed { "PASS" } else { "FAIL" };
     let mut reasons = Vec::new();
     if !s.missing_states.is_empty() {
@@ -478,6 +512,16 @@ fn text_details(s: &Summary, out: &mut String) {
     }
     if s.messages_lost > 0 {
         reasons.push(format!("{} messages lost", s.messages_lost));
+    }
+    if s.stage_barrier_violations > 0 {
+        reasons.push(format!(
+            "{} stage-barrier violations (first: {})",
+            s.stage_barrier_violations,
+            s.first_stage_barrier_violation.as_deref().unwrap_or("?")
+        ));
+    }
+    for failure in &s.peer_failures {
+        reasons.push(failure.clone());
     }
     if s.key_order_violations > 0 {
         reasons.push(format!(

@@ -14,12 +14,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use super::peer::{PeerEvent, Peers, now_ns};
 use super::record::{Accounting, PhaseSpan, RunResult, Sample};
 use super::scenario::{Phase, Scenario};
 use crate::config::{Config, HostConfig, OverrideMode, TransportKind};
 use crate::dispatch::{DispatchObserver, Outcome};
 use crate::host::{HostBuilder, HostError, HostInner};
-use crate::message::OutgoingMessage;
+use crate::message::{EXECUTION_STAGE_HEADER, OutgoingMessage, PREVIOUS_STAGE_HEADER};
 use crate::throttling::Direction;
 use crate::throttling::sensors::{ResourceSensor, SystemSensor};
 use crate::transport::{self, QueueAdmin, QueueName, Transport, TransportError};
@@ -62,6 +63,8 @@ pub struct LoadOptions {
     pub track_ids: bool,
     /// Wait for the queues to drain and the states to clear at the end (off for the demo).
     pub drain: bool,
+    /// The program a scenario's peer processes run (`load-peer`); None: this program.
+    pub peer_program: Option<std::path::PathBuf>,
 }
 
 impl Default for LoadOptions {
@@ -77,6 +80,7 @@ impl Default for LoadOptions {
             stop: CancellationToken::new(),
             track_ids: true,
             drain: true,
+            peer_program: None,
         }
     }
 }
@@ -93,6 +97,9 @@ pub enum LoadError {
     /// A scenario queue name is not a valid name.
     #[error(transparent)]
     QueueName(#[from] crate::names::InvalidName),
+    /// A peer process (`processes` above 1) could not be started.
+    #[error("cannot start a peer process (scenario setting `processes`): {0}")]
+    Peer(#[source] std::io::Error),
 }
 
 /// Records every controller tick (subscribed to its decisions, not sampled on a timer of
@@ -190,6 +197,8 @@ struct Ledger {
     /// Per outcome (success, error, expired, poison), counted whether or not ids are tracked.
     outcomes: [AtomicU64; 4],
     last_done: Mutex<Option<Instant>>,
+    /// Messages done per process: this one first, then its peers.
+    done_by_process: Mutex<Vec<u64>>,
     ids: Mutex<LedgerIds>,
 }
 
@@ -201,11 +210,10 @@ struct LedgerIds {
     messages: HashMap<Uuid, Tally>,
     /// Row ids whose logical id is not the row id itself (the id header was set).
     native: HashMap<Uuid, Uuid>,
-    /// Per key of a keyed backlog: which of its messages is due and which one runs.
-    keys: Vec<KeyRun>,
-    /// Key-order violations seen, and the first one in words.
-    order_violations: u64,
-    first_violation: Option<String>,
+    /// Per key of a keyed backlog: every handling of its messages, in any process.
+    keys: Vec<Vec<KeyRun>>,
+    /// Per stage of a staged backlog: every handling of its messages, in any process.
+    stages: Vec<Vec<KeyRun>>,
 }
 
 impl LedgerIds {
@@ -226,13 +234,82 @@ struct Tally {
     successes: u32,
     /// Its key and its place among the key's messages (keyed backlogs).
     place: Option<(u32, u32)>,
+    /// Its stage (from 0) and its place among the stage's messages (staged backlogs).
+    stage: Option<(u32, u32)>,
 }
 
-/// One key's progress: the place of the message due next and the message running.
-#[derive(Default, Clone)]
+/// One handling of a keyed message: its place among the key's messages, when its handling
+/// began and when its last attempt ended (None while it runs, or if it never ended), in
+/// nanoseconds of the wall clock ([`now_ns`]), which every process of the machine shares.
+#[derive(Clone, Copy)]
 struct KeyRun {
-    due: u32,
-    running: Option<Uuid>,
+    place: u32,
+    start: u64,
+    end: Option<u64>,
+}
+
+/// Checks stage barriers: no handling of a stage began before every handling of the stage
+/// before it had ended. Returns how many began too early and the first, in words.
+fn stage_barrier_problems(stages: &[Vec<KeyRun>]) -> (u64, Option<String>) {
+    let mut count = 0;
+    let mut first = None;
+    for (s, pair) in stages.windows(2).enumerate() {
+        let (before, after) = (&pair[0], &pair[1]);
+        // Until when the stage before ran (a handling that never ended: for ever).
+        let Some(barrier) = before.iter().map(|r| r.end.unwrap_or(u64::MAX)).max() else {
+            continue;
+        };
+        for run in after.iter().filter(|r| r.start < barrier) {
+            count += 1;
+            first.get_or_insert(format!(
+                "stage {}: message {} started before stage {} had ended",
+                (s + 2) * 100,
+                run.place,
+                (s + 1) * 100
+            ));
+        }
+    }
+    (count, first)
+}
+
+/// Checks one key's handlings: in the order they began, each is the message due (the one
+/// after the last, or the last again after a rollback), and none began before a different
+/// message's handling ended. Returns the first violation and how many there were.
+fn key_order_problems(key: usize, runs: &[KeyRun]) -> (u64, Option<String>) {
+    let mut runs = runs.to_vec();
+    runs.sort_by_key(|r| r.start);
+    let mut count = 0;
+    let mut first = None;
+    for pair in runs.windows(2) {
+        let (before, after) = (pair[0], pair[1]);
+        let problem =
+            if after.place != before.place && before.end.is_none_or(|end| end > after.start) {
+                Some(format!(
+                    "key {key}: message {} started while another of the key was running",
+                    after.place
+                ))
+            } else if after.place > before.place + 1 || after.place < before.place {
+                Some(format!(
+                    "key {key}: message {} started before message {} ended",
+                    after.place,
+                    before.place + 1
+                ))
+            } else {
+                None
+            };
+        if let Some(what) = problem {
+            count += 1;
+            first.get_or_insert(what);
+        }
+    }
+    if let Some(r) = runs.first().filter(|r| r.place > 0) {
+        count += 1;
+        first.get_or_insert(format!(
+            "key {key}: message {} started before message 0 ended",
+            r.place
+        ));
+    }
+    (count, first)
 }
 
 /// A logical id as a ledger key: itself when it is a UUID (the host's own ids), else a
@@ -282,19 +359,121 @@ impl Ledger {
         let k = ledger_key(&message.logical_id());
         ids.messages.entry(k).or_default().place = Some((key, place));
         if ids.keys.len() <= key as usize {
-            ids.keys.resize(key as usize + 1, KeyRun::default());
+            ids.keys.resize(key as usize + 1, Vec::new());
         }
     }
 
-    fn violation(ids: &mut LedgerIds, what: String) {
-        ids.order_violations += 1;
-        ids.first_violation.get_or_insert(what);
+    /// Records a prefilled message as the `place`-th of stage `stage` (from 0).
+    fn sent_staged(&self, message: &OutgoingMessage, stage: u32, place: u32) {
+        let mut ids = self.ids();
+        let k = ledger_key(&message.logical_id());
+        ids.messages.entry(k).or_default().stage = Some((stage, place));
+        if ids.stages.len() <= stage as usize {
+            ids.stages.resize(stage as usize + 1, Vec::new());
+        }
+    }
+
+    /// Enters what process `source` (0: this one) saw.
+    fn record(&self, source: usize, event: PeerEvent) {
+        match event {
+            PeerEvent::Started(s) => self.began(s.id, s.logical_id.as_deref(), s.at),
+            PeerEvent::Handled(s) => self.ended(s.id, s.logical_id.as_deref(), s.at),
+            PeerEvent::Completed(s, outcome) => {
+                self.finished(source, s.id, s.logical_id.as_deref(), outcome)
+            }
+        }
+    }
+
+    fn finished(&self, source: usize, id: Uuid, logical_id: Option<&str>, outcome: Outcome) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        self.outcomes[outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
+        *self.last_done.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        {
+            let mut by = self
+                .done_by_process
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if by.len() <= source {
+                by.resize(source + 1, 0);
+            }
+            by[source] += 1;
+        }
+        if !self.track_ids {
+            return;
+        }
+        let mut ids = self.ids();
+        let key = ids.key_of(id, logical_id);
+        let tally = ids.messages.entry(key).or_default();
+        tally.last = Some(outcome);
+        tally.successes += u32::from(outcome == Outcome::Success);
+    }
+
+    /// A keyed message's handling began at `at`.
+    fn began(&self, id: Uuid, logical_id: Option<&str>, at: u64) {
+        if !self.track_ids {
+            return;
+        }
+        let mut ids = self.ids();
+        let key = ids.key_of(id, logical_id);
+        let Some(tally) = ids.messages.get(&key) else {
+            return;
+        };
+        let (place, stage) = (tally.place, tally.stage);
+        let ids = &mut *ids;
+        for (runs, (k, place)) in [(&mut ids.keys, place), (&mut ids.stages, stage)]
+            .into_iter()
+            .filter_map(|(runs, at_place)| Some((runs, at_place?)))
+        {
+            if let Some(runs) = runs.get_mut(k as usize) {
+                runs.push(KeyRun {
+                    place,
+                    start: at,
+                    end: None,
+                });
+            }
+        }
+    }
+
+    /// A keyed message's last attempt ended at `at` (before its unit of work ends, so before
+    /// the next of its key can be received).
+    fn ended(&self, id: Uuid, logical_id: Option<&str>, at: u64) {
+        if !self.track_ids {
+            return;
+        }
+        let mut ids = self.ids();
+        let key = ids.key_of(id, logical_id);
+        let Some(tally) = ids.messages.get(&key) else {
+            return;
+        };
+        let (place, stage) = (tally.place, tally.stage);
+        let ids = &mut *ids;
+        for (runs, (k, place)) in [(&mut ids.keys, place), (&mut ids.stages, stage)]
+            .into_iter()
+            .filter_map(|(runs, at_place)| Some((runs, at_place?)))
+        {
+            if let Some(run) = runs.get_mut(k as usize).and_then(|runs| {
+                runs.iter_mut()
+                    .rev()
+                    .find(|r| r.place == place && r.end.is_none())
+            }) {
+                run.end = Some(at);
+            }
+        }
     }
 
     fn accounting(&self, remaining: u64) -> Accounting {
         let ids = self.ids();
         let count = |o: Outcome| self.outcomes[outcome_index(o)].load(Ordering::Relaxed);
         let unaccounted = ids.messages.values().filter(|t| t.last.is_none()).count() as u64;
+        let (mut order_violations, mut first_order_violation) = (0, None);
+        for (key, runs) in ids.keys.iter().enumerate() {
+            let (count, first) = key_order_problems(key, runs);
+            order_violations += count;
+            if first_order_violation.is_none() {
+                first_order_violation = first;
+            }
+        }
+        let (stage_violations, first_stage_violation) = stage_barrier_problems(&ids.stages);
         Accounting {
             sent: self.sent.load(Ordering::Relaxed),
             processed: count(Outcome::Success),
@@ -309,71 +488,31 @@ impl Ledger {
             remaining,
             duplicated: ids.messages.values().filter(|t| t.successes > 1).count() as u64,
             send_failures: self.send_failures.load(Ordering::Relaxed),
-            order_violations: ids.order_violations,
-            first_order_violation: ids.first_violation.clone(),
+            order_violations,
+            first_order_violation,
+            stage_violations,
+            first_stage_violation,
+            done_by_process: self
+                .done_by_process
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            peer_failures: Vec::new(),
         }
     }
 }
 
 impl DispatchObserver for Ledger {
     fn completed(&self, _queue: &QueueName, id: Uuid, logical_id: Option<&str>, outcome: Outcome) {
-        self.done.fetch_add(1, Ordering::Relaxed);
-        self.outcomes[outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
-        *self.last_done.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        if !self.track_ids {
-            return;
-        }
-        let mut ids = self.ids();
-        let key = ids.key_of(id, logical_id);
-        let tally = ids.messages.entry(key).or_default();
-        tally.last = Some(outcome);
-        tally.successes += u32::from(outcome == Outcome::Success);
+        self.finished(0, id, logical_id, outcome);
     }
 
     fn handled(&self, _queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
-        if !self.track_ids {
-            return;
-        }
-        let mut ids = self.ids();
-        let key = ids.key_of(id, logical_id);
-        // The key moves on once its message's handler has ended (success or failure): the
-        // next one may start once this unit of work has ended.
-        if let Some((k, place)) = ids.messages.get(&key).and_then(|t| t.place)
-            && let Some(run) = ids.keys.get_mut(k as usize)
-            && run.running == Some(key)
-        {
-            run.running = None;
-            run.due = run.due.max(place + 1);
-        }
+        self.ended(id, logical_id, now_ns());
     }
 
     fn started(&self, _queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
-        if !self.track_ids {
-            return;
-        }
-        let mut ids = self.ids();
-        let key = ids.key_of(id, logical_id);
-        let Some((k, place)) = ids.messages.get(&key).and_then(|t| t.place) else {
-            return;
-        };
-        let Some(run) = ids.keys.get(k as usize).cloned() else {
-            return;
-        };
-        let problem = match run.running {
-            // The same message again (its earlier receive rolled back) is no overlap.
-            Some(other) if other != key => Some(format!(
-                "key {k}: message {place} started while another of the key was running"
-            )),
-            _ if place > run.due => Some(format!(
-                "key {k}: message {place} started before message {} ended",
-                run.due
-            )),
-            _ => None,
-        };
-        if let Some(what) = problem {
-            Self::violation(&mut ids, what);
-        }
-        ids.keys[k as usize].running = Some(key);
+        self.began(id, logical_id, now_ns());
     }
 }
 
@@ -441,24 +580,12 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     let transport: Arc<dyn Transport> = transport::connect(&config.transport).await?;
     let queue_names = fresh_tables(scenario, &config, transport.as_ref()).await?;
     let ledger = Arc::new(Ledger::new(options.track_ids));
+    *ledger
+        .done_by_process
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = vec![0; scenario.processes as usize];
     let body = vec![b'x'; scenario.message_size.bytes() as usize];
-    if scenario.prefill > 0 {
-        let target = first_queue(scenario, &scenario.phases[0]);
-        transport.create_queue(&target).await?;
-        let key_header = scenario
-            .queues
-            .iter()
-            .find(|q| q.name == target.as_str())
-            .and_then(|q| q.ordering.key_header())
-            .filter(|_| scenario.prefill_keys > 0)
-            .map(|h| (h.to_string(), scenario.prefill_keys));
-        let backlog = Backlog {
-            count: scenario.prefill,
-            body: &body,
-            keys: key_header,
-        };
-        prefill(&transport, &target, backlog, &ledger).await?;
-    }
+    store_backlog(scenario, &transport, &body, &ledger).await?;
 
     let host = HostBuilder::new(config)
         .transport(transport.clone())
@@ -466,6 +593,13 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         .start()
         .await?;
     let inner = host.inner().clone();
+    let peers = match start_peers(scenario, options, &ledger) {
+        Ok(peers) => peers,
+        Err(e) => {
+            host.shutdown().await;
+            return Err(e);
+        }
+    };
     if let Some(addr) = host.admin_address() {
         tracing::info!("status: http://{addr}/status  metrics: http://{addr}/metrics");
     }
@@ -488,6 +622,11 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     session.play().await;
     session.stop_load().await;
     let busy_seconds = session.drain().await;
+    // The peers finish what they hold in flight and report it before the count is taken.
+    let peer_failures = match peers {
+        Some(peers) => peers.stop().await,
+        None => Vec::new(),
+    };
     let cleared = session.settle().await;
     if options.display == Display::Progress {
         eprintln!();
@@ -512,12 +651,71 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         transport: description,
         samples,
         phases: spans,
-        accounting: ledger.accounting(remaining),
+        accounting: Accounting {
+            peer_failures,
+            ..ledger.accounting(remaining)
+        },
         busy_seconds: (busy_seconds - phase_start).max(0.0),
         cleared,
         expect: scenario.expect.clone(),
         resume_ratio,
     })
+}
+
+/// Stores the scenario's backlog (`prefill`, with its keys and stages) in the first phase's
+/// queue, each message in the ledger.
+async fn store_backlog(
+    scenario: &Scenario,
+    transport: &Arc<dyn Transport>,
+    body: &[u8],
+    ledger: &Arc<Ledger>,
+) -> Result<(), TransportError> {
+    if scenario.prefill == 0 {
+        return Ok(());
+    }
+    let target = first_queue(scenario, &scenario.phases[0]);
+    transport.create_queue(&target).await?;
+    let key_header = scenario
+        .queues
+        .iter()
+        .find(|q| q.name == target.as_str())
+        .and_then(|q| q.ordering.key_header())
+        .filter(|_| scenario.prefill_keys > 0)
+        .map(|h| {
+            (
+                h.to_string(),
+                scenario
+                    .prefill_key_layout
+                    .keys(scenario.prefill, scenario.prefill_keys),
+            )
+        });
+    let backlog = Backlog {
+        count: scenario.prefill,
+        body,
+        keys: key_header,
+        stages: scenario.prefill_stages,
+    };
+    prefill(transport, &target, backlog, ledger).await
+}
+
+/// The scenario's peer processes (`processes` above 1), reporting into the ledger.
+fn start_peers(
+    scenario: &Scenario,
+    options: &LoadOptions,
+    ledger: &Arc<Ledger>,
+) -> Result<Option<Peers>, LoadError> {
+    let count = scenario.processes.saturating_sub(1);
+    if count == 0 {
+        return Ok(None);
+    }
+    let sink = ledger.clone();
+    Peers::spawn(
+        count,
+        scenario,
+        options,
+        Arc::new(move |source, event| sink.record(source, event)),
+    )
+    .map(Some)
 }
 
 /// The scenario's queues; on a database, their tables (and their error queues') dropped and
@@ -757,11 +955,21 @@ fn apply_phase(host: &HostInner, phase: &Phase, queue: &QueueName) {
 struct Backlog<'a> {
     count: u64,
     body: &'a [u8],
-    /// The key header and how many keys take turns in it.
-    keys: Option<(String, u32)>,
+    /// The key header and each message's key.
+    keys: Option<(String, Vec<u32>)>,
+    /// Stages the backlog is cut into, in send order (0: none).
+    stages: u32,
 }
 
-/// Stores the backlog, in batches, each message in the ledger (with its key and place).
+impl Backlog<'_> {
+    /// The stage (from 0) of the `i`-th message.
+    fn stage_of(&self, i: u64) -> Option<u32> {
+        (self.stages > 0).then(|| (i * u64::from(self.stages) / self.count) as u32)
+    }
+}
+
+/// Stores the backlog, in batches, each message in the ledger (with its key and its place
+/// among the key's messages).
 async fn prefill(
     transport: &Arc<dyn Transport>,
     queue: &QueueName,
@@ -770,28 +978,47 @@ async fn prefill(
 ) -> Result<(), TransportError> {
     /// Messages per statement (PostgreSQL stores a batch with one INSERT).
     const BATCH: u64 = 1000;
+    let mut places: HashMap<u32, u32> = HashMap::new();
+    let mut stage_places: HashMap<u32, u32> = HashMap::new();
     let mut stored = 0;
     while stored < backlog.count {
         let first = stored;
-        let messages: Vec<OutgoingMessage> = (first..first + BATCH.min(backlog.count - stored))
+        let (messages, keys): (Vec<OutgoingMessage>, Vec<Option<u32>>) = (first
+            ..first + BATCH.min(backlog.count - stored))
             .map(|i| {
-                let m = OutgoingMessage::new(backlog.body.to_vec());
+                let mut m = OutgoingMessage::new(backlog.body.to_vec());
+                if let Some(stage) = backlog.stage_of(i) {
+                    m = m.with_header(EXECUTION_STAGE_HEADER, ((stage + 1) * 100).to_string());
+                    if stage > 0 {
+                        m = m.with_header(PREVIOUS_STAGE_HEADER, (stage * 100).to_string());
+                    }
+                }
                 match &backlog.keys {
                     Some((header, keys)) => {
-                        m.with_header(header.clone(), format!("key-{}", i % u64::from(*keys)))
+                        let key = keys[i as usize];
+                        (
+                            m.with_header(header.clone(), format!("key-{key}")),
+                            Some(key),
+                        )
                     }
-                    None => m,
+                    None => (m, None),
                 }
             })
-            .collect();
+            .unzip();
         transport.send_batch(queue, &messages).await?;
-        for (i, message) in (first..).zip(&messages) {
-            match &backlog.keys {
-                Some((_, keys)) => {
-                    let keys = u64::from(*keys);
-                    ledger.sent_keyed(message, (i % keys) as u32, (i / keys) as u32)
+        for ((message, key), i) in messages.iter().zip(&keys).zip(first..) {
+            match key {
+                Some(key) => {
+                    let place = places.entry(*key).or_insert(0);
+                    ledger.sent_keyed(message, *key, *place);
+                    *place += 1;
                 }
                 None => ledger.sent(message),
+            }
+            if let Some(stage) = backlog.stage_of(i) {
+                let place = stage_places.entry(stage).or_insert(0);
+                ledger.sent_staged(message, stage, *place);
+                *place += 1;
             }
         }
         stored += messages.len() as u64;
@@ -1017,6 +1244,7 @@ fn show(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::peer::Seen;
     use crate::message::MESSAGE_ID_HEADER;
 
     fn queue() -> QueueName {
@@ -1065,13 +1293,14 @@ mod tests {
             }
             ledger
         };
-        let run_on = |ledger: &Ledger, i: usize| {
-            ledger.started(&queue(), m[i].id, None);
-            ledger.handled(&queue(), m[i].id, None);
+        // Message i handled from `start` to `end` (nanoseconds).
+        let run_on = |ledger: &Ledger, i: usize, start: u64, end: u64| {
+            ledger.began(m[i].id, None, start);
+            ledger.ended(m[i].id, None, end);
         };
         let ledger = keyed_ledger();
-        for i in [0, 0, 1, 2] {
-            run_on(&ledger, i);
+        for (i, start) in [(0, 10), (0, 20), (1, 30), (2, 40)] {
+            run_on(&ledger, i, start, start + 5);
         }
         assert_eq!(
             ledger.accounting(0).order_violations,
@@ -1080,15 +1309,15 @@ mod tests {
         );
 
         let ledger = keyed_ledger();
-        ledger.started(&queue(), m[0].id, None);
-        ledger.started(&queue(), m[1].id, None);
+        ledger.began(m[0].id, None, 10);
+        ledger.began(m[1].id, None, 20);
         let a = ledger.accounting(0);
         assert_eq!(a.order_violations, 1, "1 began beside 0");
         assert!(a.first_order_violation.unwrap().contains("while another"));
 
         let ledger = keyed_ledger();
-        run_on(&ledger, 0);
-        ledger.started(&queue(), m[2].id, None);
+        run_on(&ledger, 0, 10, 15);
+        ledger.began(m[2].id, None, 20);
         let a = ledger.accounting(0);
         assert_eq!(a.order_violations, 1, "2 began before 1");
         assert!(
@@ -1096,5 +1325,100 @@ mod tests {
                 .unwrap()
                 .contains("before message 1 ended")
         );
+    }
+
+    /// A stage may start only once every message of the stage before it has ended, in
+    /// whichever process; its own members may overlap.
+    #[test]
+    fn the_ledger_sees_a_stage_start_before_the_stage_before_it_ended() {
+        let m: Vec<OutgoingMessage> = (0..4)
+            .map(|_| OutgoingMessage::new(b"x".to_vec()))
+            .collect();
+        let staged_ledger = || {
+            let ledger = Ledger::new(true);
+            // Stage 100: m0, m1; stage 200: m2, m3.
+            for (i, message) in m.iter().enumerate() {
+                ledger.sent(message);
+                ledger.sent_staged(message, (i / 2) as u32, (i % 2) as u32);
+            }
+            ledger
+        };
+        let seen = |i: usize, at: u64| Seen {
+            at,
+            id: m[i].id,
+            logical_id: None,
+        };
+        let ledger = staged_ledger();
+        for (source, i, start, end) in [
+            (1, 0, 10, 30),
+            (0, 1, 12, 25),
+            (2, 2, 31, 50),
+            (0, 3, 32, 40),
+        ] {
+            ledger.record(source, PeerEvent::Started(seen(i, start)));
+            ledger.record(source, PeerEvent::Handled(seen(i, end)));
+        }
+        let a = ledger.accounting(0);
+        assert_eq!(a.stage_violations, 0, "{:?}", a.first_stage_violation);
+
+        let ledger = staged_ledger();
+        for (source, i, start, end) in [
+            (1, 0, 10, 30),
+            (0, 1, 12, 25),
+            (2, 2, 29, 50),
+            (0, 3, 32, 40),
+        ] {
+            ledger.record(source, PeerEvent::Started(seen(i, start)));
+            ledger.record(source, PeerEvent::Handled(seen(i, end)));
+        }
+        let a = ledger.accounting(0);
+        assert_eq!(a.stage_violations, 1, "m2 began at 29, m0 ended at 30");
+        assert!(
+            a.first_stage_violation
+                .unwrap()
+                .contains("stage 200: message 0 started before stage 100 had ended")
+        );
+    }
+
+    /// Events of peer processes arrive late and out of order; the ledger judges by their
+    /// times, not by when they arrived.
+    #[test]
+    fn the_ledger_judges_key_order_across_processes_by_the_events_times() {
+        let m: Vec<OutgoingMessage> = (0..2)
+            .map(|_| OutgoingMessage::new(b"x".to_vec()))
+            .collect();
+        let ledger = Ledger::new(true);
+        for (place, message) in m.iter().enumerate() {
+            ledger.sent_keyed(message, 0, place as u32);
+        }
+        let seen = |i: usize, at: u64| Seen {
+            at,
+            id: m[i].id,
+            logical_id: None,
+        };
+        // Process 0 takes message 1 at 30, after peer 1 ended message 0 at 25; peer 1's
+        // lines arrive only afterwards.
+        ledger.record(0, PeerEvent::Started(seen(1, 30)));
+        ledger.record(1, PeerEvent::Started(seen(0, 10)));
+        ledger.record(1, PeerEvent::Handled(seen(0, 25)));
+        ledger.record(1, PeerEvent::Completed(seen(0, 26), Outcome::Success));
+        ledger.record(0, PeerEvent::Handled(seen(1, 40)));
+        ledger.record(0, PeerEvent::Completed(seen(1, 41), Outcome::Success));
+        let a = ledger.accounting(0);
+        assert_eq!(a.order_violations, 0, "{:?}", a.first_order_violation);
+        assert_eq!(a.done_by_process, vec![1, 1]);
+        assert_eq!((a.processed, a.lost, a.duplicated), (2, 0, 0));
+
+        // The same, but message 1 began at 20, while message 0 ran elsewhere until 25.
+        let ledger = Ledger::new(true);
+        for (place, message) in m.iter().enumerate() {
+            ledger.sent_keyed(message, 0, place as u32);
+        }
+        ledger.record(0, PeerEvent::Started(seen(1, 20)));
+        ledger.record(1, PeerEvent::Started(seen(0, 10)));
+        ledger.record(1, PeerEvent::Handled(seen(0, 25)));
+        let a = ledger.accounting(0);
+        assert_eq!(a.order_violations, 1);
+        assert!(a.first_order_violation.unwrap().contains("while another"));
     }
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::units::{self, ByteSize};
 use crate::config::{
     ConfigError, LatencyDistribution, OverrideMode, QueueConfig, SimulateConfig, ThrottlingConfig,
-    TransportConfig,
+    TransportConfig, TransportKind,
 };
 
 /// A scenario.
@@ -46,6 +46,18 @@ pub struct Scenario {
     /// from its ledger that each key's messages were handled in order, one at a time.
     #[serde(default)]
     pub prefill_keys: u32,
+    /// How the backlog's keys follow each other: `turns` (key 0, 1, ... N-1, 0, 1, ...: a
+    /// key's messages are N rows apart) or `shuffled` (each key still has its share, in a
+    /// fixed pseudo-random order, so a key's next message is often a few rows behind).
+    #[serde(default)]
+    pub prefill_key_layout: KeyLayout,
+    /// Stages of the backlog: with N above 0 the prefill is cut into N runs of messages in
+    /// send order, stage 100, 200, ... (`throttlehost.ExecutionStage`), each naming the one
+    /// before (`throttlehost.PreviousStage`), and the run checks from its ledger that no
+    /// message of a stage started before every message of the stage before it had ended.
+    /// Needs `[queues.ordering] stages = true` on the prefilled queue.
+    #[serde(default)]
+    pub prefill_stages: u32,
     /// Body size of generated messages.
     #[serde(default = "default_body")]
     pub message_size: ByteSize,
@@ -60,7 +72,52 @@ pub struct Scenario {
     /// How many times the list of phases plays (a cause switched on and off repeatedly).
     #[serde(default = "one_round")]
     pub rounds: u32,
+    /// Host processes on the queues (1 to 8): the run's own host and `processes - 1` peers,
+    /// each a `throttlehost load-peer` process with its own pool, receivers and controller,
+    /// reporting to the run's ledger. Above 1 only on a database transport.
+    #[serde(default = "one_process")]
+    pub processes: u32,
+    /// The scenario file's text (what peers are started with).
+    #[serde(skip)]
+    pub source: String,
 }
+
+/// How a keyed backlog's keys follow each other (`prefill_key_layout`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyLayout {
+    /// Key 0, 1, ... N-1, then 0 again.
+    #[default]
+    Turns,
+    /// The same shares in a fixed pseudo-random order.
+    Shuffled,
+}
+
+impl KeyLayout {
+    /// The key of each of `count` messages over `keys` keys.
+    pub fn keys(self, count: u64, keys: u32) -> Vec<u32> {
+        let keys = u64::from(keys.max(1));
+        let mut order: Vec<u32> = (0..count).map(|i| (i % keys) as u32).collect();
+        if self == KeyLayout::Shuffled {
+            // Fisher-Yates with a fixed xorshift: the same backlog on every run.
+            let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+            for i in (1..order.len()).rev() {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                order.swap(i, (rng % (i as u64 + 1)) as usize);
+            }
+        }
+        order
+    }
+}
+
+fn one_process() -> u32 {
+    1
+}
+
+/// The most processes a scenario may run.
+pub const MAX_PROCESSES: u32 = 8;
 
 fn one_round() -> u32 {
     1
@@ -260,12 +317,7 @@ impl Scenario {
         if self.prefill_keys == 0 {
             return None;
         }
-        let target = self.phases.first().and_then(|p| p.queue.clone());
-        let queue = match &target {
-            Some(name) => self.queues.iter().find(|q| &q.name == name),
-            None => self.queues.first(),
-        };
-        queue
+        self.prefilled_queue()
             .and_then(|q| q.ordering.key_header())
             .is_none()
             .then(|| {
@@ -277,10 +329,54 @@ impl Scenario {
             })
     }
 
+    /// `processes` within range, and above 1 only where other processes can reach the queues.
+    fn processes_problem(&self) -> Option<(String, String)> {
+        let problem = if !(1..=MAX_PROCESSES).contains(&self.processes) {
+            format!(
+                "{} is out of range: 1 (this process alone) to {MAX_PROCESSES}",
+                self.processes
+            )
+        } else if self.processes > 1 && self.transport.kind == TransportKind::Memory {
+            "more than one process needs a database transport (postgres or sqlserver): the memory transport lives in one process".to_string()
+        } else {
+            return None;
+        };
+        Some(("processes".to_string(), problem))
+    }
+
+    /// `prefill_stages` needs the prefilled queue to keep stages, and a message per stage.
+    fn prefill_stages_problem(&self) -> Option<(String, String)> {
+        if self.prefill_stages == 0 {
+            return None;
+        }
+        let problem = if !self.prefilled_queue().is_some_and(|q| q.ordering.stages) {
+            "needs the prefilled queue to keep stages: [queues.ordering] stages = true".to_string()
+        } else if u64::from(self.prefill_stages) > self.prefill {
+            format!(
+                "{} stages need at least as many prefilled messages (prefill = {})",
+                self.prefill_stages, self.prefill
+            )
+        } else {
+            return None;
+        };
+        Some(("prefill_stages".to_string(), problem))
+    }
+
+    /// The queue the backlog is stored in: the first phase's, else the first queue.
+    fn prefilled_queue(&self) -> Option<&QueueConfig> {
+        let target = self.phases.first().and_then(|p| p.queue.clone());
+        match &target {
+            Some(name) => self.queues.iter().find(|q| &q.name == name),
+            None => self.queues.first(),
+        }
+    }
+
     /// Parses a scenario file's text, with located errors.
     pub fn parse(text: &str, origin: &str) -> Result<Scenario, ConfigError> {
-        let scenario: Scenario = crate::config::load::deserialize_located(text, origin)?;
+        let mut scenario: Scenario = crate::config::load::deserialize_located(text, origin)?;
+        scenario.source = text.to_string();
         let mut problems = Vec::new();
+        problems.extend(scenario.processes_problem());
         if scenario.queues.is_empty() {
             problems.push((
                 "queues".to_string(),
@@ -300,6 +396,7 @@ impl Scenario {
             ));
         }
         problems.extend(scenario.prefill_keys_problem());
+        problems.extend(scenario.prefill_stages_problem());
         if scenario.rounds == 0 {
             problems.push((
                 "rounds".to_string(),
@@ -418,5 +515,55 @@ mod tests {
         ] {
             assert!(err.contains(key), "{key} not named in: {err}");
         }
+    }
+
+    #[test]
+    fn processes_keys_and_stages_are_checked_with_their_names() {
+        let phase = "[[phases]]\nname = 'p'\nduration = '1s'\n";
+        let text = format!("processes = 0\nprefill = 2\nprefill_stages = 3\n{BASE}{phase}");
+        let err = Scenario::parse(&text, "t.toml").unwrap_err().to_string();
+        for (key, why) in [
+            ("processes", "out of range"),
+            ("prefill_stages", "stages = true"),
+        ] {
+            assert!(err.contains(key) && err.contains(why), "{key}: {err}");
+        }
+        // More than one process on the memory transport (the default).
+        let text = format!("processes = 3\n{BASE}{phase}");
+        let err = Scenario::parse(&text, "t.toml").unwrap_err().to_string();
+        assert!(
+            err.contains("processes") && err.contains("database transport"),
+            "{err}"
+        );
+        // Stages on a queue that keeps them, more than the messages.
+        let text = format!(
+            "prefill = 2\nprefill_stages = 3\n{BASE}[queues.ordering]\nstages = true\n{phase}"
+        );
+        let err = Scenario::parse(&text, "t.toml").unwrap_err().to_string();
+        assert!(err.contains("at least as many prefilled messages"), "{err}");
+        let text = format!(
+            "prefill = 30\nprefill_stages = 3\n{BASE}[queues.ordering]\nstages = true\n{phase}"
+        );
+        let s = Scenario::parse(&text, "t.toml").unwrap();
+        assert_eq!((s.prefill_stages, s.processes), (3, 1));
+        assert_eq!(s.source, text, "peers are started with the scenario's text");
+    }
+
+    #[test]
+    fn a_shuffled_layout_gives_every_key_its_share_in_another_order() {
+        let turns = KeyLayout::Turns.keys(100, 7);
+        let shuffled = KeyLayout::Shuffled.keys(100, 7);
+        assert_eq!(&turns[..8], &[0, 1, 2, 3, 4, 5, 6, 0]);
+        assert_ne!(turns, shuffled);
+        let mut sorted = shuffled.clone();
+        sorted.sort_unstable();
+        let mut expected = turns.clone();
+        expected.sort_unstable();
+        assert_eq!(sorted, expected, "the same shares");
+        assert_eq!(
+            shuffled,
+            KeyLayout::Shuffled.keys(100, 7),
+            "the same on every run"
+        );
     }
 }

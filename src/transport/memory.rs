@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
-use super::{Payload, QueueAdmin, QueueName, Received, Transport, TransportError};
+use super::{HeldKey, Payload, QueueAdmin, QueueName, Received, Transport, TransportError};
 use crate::config::{OrderingConfig, TransactionMode};
 use crate::message::{
     EXECUTION_STAGE_HEADER, Headers, Message, OutgoingMessage, PREVIOUS_STAGE_HEADER,
@@ -48,6 +48,8 @@ struct QueueState {
     busy_keys: HashSet<String>,
     /// Stages with messages in flight, and how many.
     busy_stages: HashMap<String, usize>,
+    /// Keys held by a failed message (`failed_key = "hold"`), oldest first.
+    held: Vec<HeldKey>,
 }
 
 /// What an ordered message holds while it is in flight: its key and its stage.
@@ -85,6 +87,7 @@ impl QueueState {
     ) -> bool {
         let key = ordering.key_header().and_then(|h| header_of(m, h));
         key.is_none_or(|k| !self.busy_keys.contains(&k))
+            && !self.held.iter().any(|h| h.message_id == m.id)
             && (!ordering.stages
                 || header_of(m, PREVIOUS_STAGE_HEADER).is_none_or(|p| !unfinished.contains(&p)))
     }
@@ -99,10 +102,18 @@ impl QueueState {
                 .map(|(seq, m)| (seq, m, Holds::default()));
         };
         let unfinished = self.unfinished_stages(&ordering);
+        // Of each key only the oldest ready message may run (a held one holds the rest).
+        let mut seen_keys = HashSet::new();
         let seq = self
             .ready
             .iter()
-            .find(|(_, m)| self.may_run(&ordering, &unfinished, m))
+            .find(|(_, m)| {
+                ordering
+                    .key_header()
+                    .and_then(|h| header_of(m, h))
+                    .is_none_or(|k| seen_keys.insert(k))
+                    && self.may_run(&ordering, &unfinished, m)
+            })
             .map(|(seq, _)| *seq)?;
         let message = self.ready.remove(&seq)?;
         let holds = Holds {
@@ -402,6 +413,24 @@ impl QueueAdmin for MemoryTransport {
         Ok(n)
     }
 
+    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let held = lock(&state).held.clone();
+        Ok(held)
+    }
+
+    async fn release_held(
+        &self,
+        queue: &QueueName,
+        key: Option<&str>,
+    ) -> Result<u64, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let mut state = lock(&state);
+        let before = state.held.len();
+        state.held.retain(|h| key.is_some_and(|k| h.key != k));
+        Ok((before - state.held.len()) as u64)
+    }
+
     async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
         let mut names: Vec<String> = lock(&self.shared.queues)
             .keys()
@@ -511,6 +540,22 @@ impl Received for MemoryReceived {
     async fn rollback(mut self: Box<Self>) -> Result<(), TransportError> {
         self.pending_sends.clear();
         self.finish(true);
+        Ok(())
+    }
+
+    async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
+        let id = self.payload.id();
+        let mut queue = lock(&self.queue);
+        if !queue.held.iter().any(|h| h.message_id == id) {
+            queue.held.push(HeldKey {
+                key: key.to_string(),
+                message_id: id,
+                reason: reason.to_string(),
+                held_at: chrono::Utc::now()
+                    .format("%Y-%m-%d %H:%M:%S%.3f")
+                    .to_string(),
+            });
+        }
         Ok(())
     }
 }

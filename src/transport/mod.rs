@@ -236,6 +236,19 @@ pub trait Received: Send {
     /// Ends the receive: the message is back at its original position; sends are discarded.
     async fn rollback(self: Box<Self>) -> Result<(), TransportError>;
 
+    /// Holds the received message's key (`[queues.ordering] failed_key = "hold"`): records
+    /// in the store, outside this unit of work and while it still holds the message, that
+    /// the message with `key` failed (`reason`), so that once this receive rolls back no
+    /// receive on any host takes it again, nor (being its key's oldest) any later message of
+    /// its key, until [`QueueAdmin::release_held`]. The caller rolls back next. Default:
+    /// refused (a receive that cannot keep order cannot hold a key).
+    async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
+        let _ = (key, reason);
+        Err(TransportError::Config(
+            "this receive cannot hold a key (queues.ordering.failed_key)".into(),
+        ))
+    }
+
     /// Commits, then receives the next message from `queue` on the same connection. A
     /// transport that can pipelines both into one round trip (PostgreSQL does); the default
     /// commits and then calls [`Transport::receive`]. The caller must be allowed to receive
@@ -248,6 +261,36 @@ pub trait Received: Send {
         let committed = self.commit().await;
         CommitAndReceive::then_receive(committed, transport, queue).await
     }
+}
+
+/// The statements of a schema's held-keys table (`failed_key = "hold"`): a row per failed
+/// message that holds its key, by its queue table (as the transport quotes it) and id. Each
+/// SQL transport writes them in its dialect (`held_statements`).
+#[derive(Debug)]
+pub struct HeldStatements {
+    /// The table, quoted.
+    pub table: String,
+    /// Creates the table when missing.
+    pub create: String,
+    /// Records a hold: queue table, message id, key, reason (bound in that order).
+    pub insert: String,
+    /// The holds of a queue table: key, message id, reason, held at (text), oldest first.
+    pub list: String,
+    /// Lifts the holds of a queue table, of a key (NULL: all); the count comes back.
+    pub release: String,
+}
+
+/// A key held by its failed message ([`Received::hold`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldKey {
+    /// The key's value.
+    pub key: String,
+    /// The native id of the message that failed (still in the queue).
+    pub message_id: Uuid,
+    /// Why it failed: the last attempt's error.
+    pub reason: String,
+    /// When it was held (UTC, as the store writes it).
+    pub held_at: String,
 }
 
 /// What [`Received::commit_and_receive`] did.
@@ -309,6 +352,23 @@ pub trait QueueAdmin: Send + Sync + 'static {
         queue: &QueueName,
         ordering: &OrderingConfig,
     ) -> Result<(), TransportError>;
+
+    /// The keys of `queue` held by a failed message ([`Received::hold`]), oldest first.
+    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
+        let _ = queue;
+        Ok(Vec::new())
+    }
+
+    /// Lifts the holds of `queue` (of one key, or all): each held message is the next of its
+    /// key again and is tried afresh. Returns how many holds were lifted.
+    async fn release_held(
+        &self,
+        queue: &QueueName,
+        key: Option<&str>,
+    ) -> Result<u64, TransportError> {
+        let _ = (queue, key);
+        Ok(0)
+    }
 
     /// Warnings about the setup of these queues (missing indexes, column types, pool size);
     /// an error when a queue cannot be received from at all (a column of the wrong type).

@@ -80,6 +80,16 @@ pub(crate) trait SqlStore: Send + Sync + Sized + 'static {
         transport: &dyn Transport,
         queue: &QueueName,
     ) -> CommitAndReceive;
+
+    /// Records, on a connection of its own and committed at once, that message `id` of
+    /// `queue` holds its `key` ([`Received::hold`]).
+    async fn hold(
+        &self,
+        queue: &QueueName,
+        id: Uuid,
+        key: &str,
+        reason: &str,
+    ) -> Result<(), TransportError>;
 }
 
 /// What a received row became, with its raw headers and body when they could not be parsed.
@@ -241,6 +251,18 @@ impl<S: SqlStore> Received for SqlReceived<S> {
             return Err(TransportError::aborted(&self.queue));
         }
         self.end(true).await
+    }
+
+    async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
+        if self.conn.is_none() {
+            // Mode `none`: the row is gone already; there is nothing left to hold in place.
+            return Err(TransportError::Config(
+                "a receive without a transaction cannot hold a key".into(),
+            ));
+        }
+        self.store
+            .hold(&self.queue, self.payload.id(), key, reason)
+            .await
     }
 
     async fn rollback(mut self: Box<Self>) -> Result<(), TransportError> {

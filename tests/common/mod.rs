@@ -2,6 +2,8 @@
 //! counts statements, polling helpers.
 #![allow(dead_code)]
 
+pub mod mssql;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -258,10 +260,21 @@ use throttlehost::{Context, Handler, HandlerError};
 
 /// A host configuration for tests on PostgreSQL: one queue, no admin endpoint.
 pub fn pg_config(schema: &PgSchema, queue: &str, model: ConcurrencyModel, max: u32) -> Config {
+    let transport = schema.transport_config(TransactionMode::ReceiveOnly, max + 8);
+    host_config(transport, queue, model, max)
+}
+
+/// A host configuration for tests on any database: one queue, no admin endpoint.
+pub fn host_config(
+    transport: TransportConfig,
+    queue: &str,
+    model: ConcurrencyModel,
+    max: u32,
+) -> Config {
     let mut config = Config::default();
     config.host.admin_address = "off".into();
     config.host.shutdown_timeout = Duration::from_secs(10);
-    config.transport = schema.transport_config(TransactionMode::ReceiveOnly, max + 8);
+    config.transport = transport;
     let mut qc = QueueConfig {
         name: queue.into(),
         ..QueueConfig::default()

@@ -21,14 +21,16 @@ use deadpool_postgres::{
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
-pub use statements::{QueueStatements, quote_ident};
+pub use statements::{QueueStatements, held_statements, quote_ident};
 
 use super::batch;
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
 use super::unit_of_work::{RawRow, SqlBatchWork, SqlReceived, SqlStore, payload_of};
-use super::{CommitAndReceive, QueueAdmin, QueueName, Received, Transport, TransportError};
-use crate::config::{OrderingConfig, TransactionMode, TransportConfig};
+use super::{
+    CommitAndReceive, HeldKey, QueueAdmin, QueueName, Received, Transport, TransportError,
+};
+use crate::config::{FailedKey, OrderingConfig, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
 
 /// Rows deleted per statement by [`Transport::purge_expired`].
@@ -253,6 +255,42 @@ impl Inner {
             discard(client);
             map_error(e, Some(queue))
         })
+    }
+
+    /// The held-keys table of this schema, created when missing (under an advisory lock on
+    /// its name: concurrent `CREATE TABLE IF NOT EXISTS` can still collide).
+    async fn ensure_held_table(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let held = held_statements(&quote_ident(&self.schema));
+        let mut client = self.client().await?;
+        let created: Result<(), tokio_postgres::Error> = async {
+            let tx = client.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&held.table])
+                .await?;
+            tx.batch_execute(&held.create).await?;
+            tx.commit().await
+        }
+        .await;
+        match created {
+            Ok(()) => Ok(()),
+            Err(e)
+                if e.code().is_some_and(|c| {
+                    [SqlState::DUPLICATE_TABLE, SqlState::UNIQUE_VIOLATION].contains(c)
+                }) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(map_error(e, Some(queue))),
+        }
+    }
+
+    /// Whether this schema has a held-keys table (queues that never held a key have none).
+    async fn has_held_table(&self, client: &Object) -> Result<bool, TransportError> {
+        let held = held_statements(&quote_ident(&self.schema));
+        client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&held.table])
+            .await
+            .map(|row| row.get(0))
+            .map_err(|e| map_error(e, None))
     }
 
     /// Runs a statement that answers one bigint count (negative read as 0).
@@ -689,6 +727,9 @@ impl QueueAdmin for PostgresTransport {
             false => plain,
         };
         self.inner.ensure_indexes(queue, &statements).await?;
+        if ordering.failed_key == FailedKey::Hold && ordering.key_header().is_some() {
+            self.inner.ensure_held_table(queue).await?;
+        }
         self.inner
             .statements
             .write()
@@ -734,6 +775,45 @@ impl QueueAdmin for PostgresTransport {
         created?;
         // CREATE TABLE IF NOT EXISTS leaves a table of another layout in place.
         check_layout(&client, &self.inner.schema, queue).await
+    }
+
+    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        if !self.inner.has_held_table(&client).await? {
+            return Ok(Vec::new());
+        }
+        let held = held_statements(&quote_ident(&self.inner.schema));
+        let rows = client
+            .query(&held.list, &[&st.table])
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        Ok(rows
+            .iter()
+            .map(|r| HeldKey {
+                key: r.get(0),
+                message_id: r.get(1),
+                reason: r.get(2),
+                held_at: r.get(3),
+            })
+            .collect())
+    }
+
+    async fn release_held(
+        &self,
+        queue: &QueueName,
+        key: Option<&str>,
+    ) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        if !self.inner.has_held_table(&client).await? {
+            return Ok(0);
+        }
+        let held = held_statements(&quote_ident(&self.inner.schema));
+        client
+            .execute(&held.release, &[&st.table, &key])
+            .await
+            .map_err(|e| map_error(e, Some(queue)))
     }
 
     async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
@@ -853,6 +933,23 @@ async fn commit_and_begin(
 #[async_trait]
 impl SqlStore for Inner {
     type Conn = Object;
+
+    async fn hold(
+        &self,
+        queue: &QueueName,
+        id: Uuid,
+        key: &str,
+        reason: &str,
+    ) -> Result<(), TransportError> {
+        let st = self.statements(queue)?;
+        let held = held_statements(&quote_ident(&self.schema));
+        let client = self.client().await?;
+        client
+            .execute(&held.insert, &[&st.table, &id, &key, &reason])
+            .await
+            .map(|_| ())
+            .map_err(|e| map_error(e, Some(queue)))
+    }
 
     async fn insert(
         &self,

@@ -3,9 +3,9 @@
 //! (`PostgreSqlConstants`): same columns, same receive and peek semantics. DDL shipped in
 //! `sql/postgres/queue.sql` is the same as [`QueueStatements::create`].
 
-use crate::config::OrderingConfig;
+use crate::config::{FailedKey, OrderingConfig};
 use crate::message::{EXECUTION_STAGE_HEADER, PREVIOUS_STAGE_HEADER};
-use crate::transport::QueueName;
+use crate::transport::{HeldStatements, QueueName};
 
 /// Quotes a validated identifier for PostgreSQL. Names reaching here passed
 /// [`crate::transport::names`], which rejects `"`; quoting keeps case and dots intact.
@@ -115,8 +115,7 @@ impl QueueStatements {
     fn ordering_index(&self, header: &str, then: &str) -> OrderingIndex {
         let table = &self.table;
         let index = index_name(table, header);
-        // The table's quoted schema: everything before the `.` that joins it to the name.
-        let schema = &table[..table.find("\".\"").map_or(0, |at| at + 1)];
+        let schema = schema_of(table);
         let columns = match then {
             "" => format!("({})", header_value(header, "Headers")),
             column => format!("({}), {column}", header_value(header, "Headers")),
@@ -157,6 +156,15 @@ impl QueueStatements {
             ));
             indexes.push(self.ordering_index(header, "Seq"));
         }
+        if key.is_some() && ordering.failed_key == FailedKey::Hold {
+            // A held message stays its key's oldest row, so this one check holds the key.
+            let held = held_statements(schema_of(table));
+            checks.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM {} h WHERE h.queue_table = {} AND h.message_id = t.Id)",
+                held.table,
+                sql_literal(table)
+            ));
+        }
         if stages {
             checks.push_str(&format!(
                 " AND NOT EXISTS (SELECT 1 FROM {table} s WHERE {} = {})",
@@ -186,6 +194,41 @@ impl QueueStatements {
         self.ordering_indexes = indexes;
         self.ordered = true;
         self
+    }
+}
+
+/// The quoted schema of a `"schema"."table"`: everything before the `.` that joins them.
+fn schema_of(table: &str) -> &str {
+    &table[..table.find("\".\"").map_or(0, |at| at + 1)]
+}
+
+/// The held-keys table of `schema` (quoted), `"schema".throttlehost_held`: queue tables
+/// as `"schema"."table"`; `$1` .. `$4` bound as [`HeldStatements`] says.
+pub fn held_statements(schema: &str) -> HeldStatements {
+    let table = format!("{schema}.throttlehost_held");
+    HeldStatements {
+        create: format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+    queue_table text NOT NULL,
+    message_id uuid NOT NULL,
+    key text NOT NULL,
+    reason text NOT NULL,
+    held_at timestamp NOT NULL DEFAULT (now() AT TIME ZONE 'UTC'),
+    PRIMARY KEY (queue_table, message_id)
+)"
+        ),
+        insert: format!(
+            "INSERT INTO {table} (queue_table, message_id, key, reason) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT DO NOTHING"
+        ),
+        list: format!(
+            "SELECT key, message_id, reason, held_at::text FROM {table} \
+             WHERE queue_table = $1 ORDER BY held_at, key"
+        ),
+        release: format!(
+            "DELETE FROM {table} WHERE queue_table = $1 AND ($2::text IS NULL OR key = $2)"
+        ),
+        table,
     }
 }
 

@@ -24,15 +24,17 @@ use bb8::{PooledConnection, RunError};
 use chrono::NaiveDateTime;
 use uuid::Uuid;
 
-pub use statements::{QueueStatements, bracket};
+pub use statements::{QueueStatements, bracket, held_statements};
 
 use self::pool::{Connection, Manager};
 use super::batch;
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
 use super::unit_of_work::{RawRow, SqlBatchWork, SqlReceived, SqlStore, payload_of};
-use super::{CommitAndReceive, QueueAdmin, QueueName, Received, Transport, TransportError};
-use crate::config::{Dialect, OrderingConfig, TransactionMode, TransportConfig};
+use super::{
+    CommitAndReceive, HeldKey, QueueAdmin, QueueName, Received, Transport, TransportError,
+};
+use crate::config::{Dialect, FailedKey, OrderingConfig, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
 
 /// Rows deleted per statement by [`Transport::purge_expired`] (NServiceBus default).
@@ -484,6 +486,25 @@ impl Inner {
         }
     }
 
+    /// The held-keys statements of this transport's schema.
+    fn held(&self) -> super::HeldStatements {
+        held_statements(&bracket(&self.schema))
+    }
+
+    /// The held-keys table of this schema, created when missing.
+    async fn ensure_held_table(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let mut conn = self.conn().await?;
+        match conn.run_batch(&self.held().create).await {
+            Ok(()) => Ok(()),
+            // Another host created it between the check and the CREATE.
+            Err(tiberius::error::Error::Server(t)) if t.code() == 2714 => Ok(()),
+            Err(e) => {
+                conn.broken |= !is_server_error(&e);
+                Err(map_error(e, Some(queue)))
+            }
+        }
+    }
+
     /// Runs a batch whose first result's first value is a bigint count.
     async fn count(
         &self,
@@ -610,22 +631,20 @@ impl QueueAdmin for SqlServerTransport {
     ) -> Result<(), TransportError> {
         super::check_orderable(self.inner.mode, queue)?;
         let plain = QueueStatements::new(&self.inner.schema, queue, self.inner.dialect);
-        if ordering.stages {
+        // Babelfish ignores READPAST, so its receives claim rows by lock timeouts
+        // (`claim.rs`); an ordered claim there is not built.
+        if self.inner.dialect == Dialect::Babelfish && ordering.is_ordered() {
             return Err(TransportError::Config(format!(
-                "queue `{queue}`: ordered stages (queues.ordering.stages) are not available on SQL Server yet; per-key order is"
+                "queue `{queue}`: ordered receives (queues.ordering) are not available with transport.dialect = \"babelfish\": its receives claim rows by lock timeouts, not READPAST"
             )));
         }
-        let statements = match ordering.key_header() {
-            None => plain,
-            // Babelfish ignores READPAST, so its receives claim rows by lock timeouts
-            // (`claim.rs`); an ordered claim there is not built yet.
-            Some(_) if self.inner.dialect == Dialect::Babelfish => {
-                return Err(TransportError::Config(format!(
-                    "queue `{queue}`: key order (queues.ordering.key_header) is not available with transport.dialect = \"babelfish\" yet"
-                )));
-            }
-            Some(header) => plain.with_ordering(header, ordering.lookahead),
+        let statements = match ordering.is_ordered() {
+            false => plain,
+            true => plain.with_ordering(ordering),
         };
+        if ordering.failed_key == FailedKey::Hold && ordering.key_header().is_some() {
+            self.inner.ensure_held_table(queue).await?;
+        }
         self.inner
             .statements
             .write()
@@ -690,6 +709,56 @@ impl QueueAdmin for SqlServerTransport {
             .unwrap_or_else(|e| e.into_inner())
             .remove(queue);
         self.create_queue(queue).await
+    }
+
+    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
+        let table = self.inner.statements(queue).table.clone();
+        let mut conn = self.inner.conn().await?;
+        let rows = async {
+            conn.client
+                .query(&self.inner.held().list, &[&table.as_str()])
+                .await?
+                .into_first_result()
+                .await
+        }
+        .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            // 208: no held-keys table, so nothing was ever held here.
+            Err(tiberius::error::Error::Server(t)) if t.code() == 208 => return Ok(Vec::new()),
+            Err(e) => {
+                conn.broken |= !is_server_error(&e);
+                return Err(map_error(e, Some(queue)));
+            }
+        };
+        Ok(rows
+            .iter()
+            .map(|r| HeldKey {
+                key: r.get::<&str, _>(0).unwrap_or_default().to_string(),
+                message_id: r.get::<Uuid, _>(1).unwrap_or_default(),
+                reason: r.get::<&str, _>(2).unwrap_or_default().to_string(),
+                held_at: r.get::<&str, _>(3).unwrap_or_default().to_string(),
+            })
+            .collect())
+    }
+
+    async fn release_held(
+        &self,
+        queue: &QueueName,
+        key: Option<&str>,
+    ) -> Result<u64, TransportError> {
+        let table = self.inner.statements(queue).table.clone();
+        let mut conn = self.inner.conn().await?;
+        let release = self.inner.held().release;
+        match self
+            .inner
+            .count(&mut conn, queue, &release, &[&table.as_str(), &key])
+            .await
+        {
+            // No held-keys table: nothing was ever held here.
+            Err(TransportError::QueueNotFound(_)) => Ok(0),
+            other => other,
+        }
     }
 
     async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
@@ -869,6 +938,26 @@ pub fn int_at(row: &tiberius::Row, index: usize) -> Option<i64> {
 #[async_trait]
 impl SqlStore for Inner {
     type Conn = Pooled;
+
+    async fn hold(
+        &self,
+        queue: &QueueName,
+        id: Uuid,
+        key: &str,
+        reason: &str,
+    ) -> Result<(), TransportError> {
+        let table = self.statements(queue).table.clone();
+        let mut conn = self.conn().await?;
+        let insert = self.held().insert;
+        let result = conn
+            .client
+            .execute(insert.as_str(), &[&table.as_str(), &id, &key, &reason])
+            .await;
+        result.map(|_| ()).map_err(|e| {
+            conn.broken |= !is_server_error(&e);
+            map_error(e, Some(queue))
+        })
+    }
 
     async fn insert(
         &self,

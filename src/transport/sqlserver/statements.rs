@@ -7,8 +7,9 @@
 //! PostgreSQL rejects DELETE through a CTE and OUTPUT expressions over `deleted`, and ignores
 //! READPAST; see `sql/sqlserver/README.md`).
 
-use crate::config::Dialect;
-use crate::transport::QueueName;
+use crate::config::{Dialect, FailedKey, OrderingConfig};
+use crate::message::{EXECUTION_STAGE_HEADER, PREVIOUS_STAGE_HEADER};
+use crate::transport::{HeldStatements, QueueName};
 
 /// Quotes a validated identifier for SQL Server. Names reaching here passed
 /// [`crate::transport::names`], which rejects `[` and `]`.
@@ -52,7 +53,7 @@ pub struct QueueStatements {
     pub purge_expired_batch: String,
     /// Deletes every row; returns the count.
     pub purge: String,
-    /// Whether the receives keep key order ([`ordered_receive`]); batch receives are refused.
+    /// Whether the receives keep an order ([`ordered_receive`]); batch receives are refused.
     pub ordered: bool,
 }
 
@@ -127,71 +128,214 @@ fn with_end_if_empty(receive: &str, end: &str) -> String {
     }
 }
 
-/// The receive of a queue that keeps key order, for the exact SQL Server dialect: a
-/// transaction begins (or, `after_commit`, the previous one commits first), the oldest
-/// message that may run now is deleted into `@received`, and an empty receive ends its
-/// transaction. Rows other receives hold are invisible to READPAST, so the key is guarded by
-/// an application lock (`sp_getapplock`, Exclusive, owned by the transaction, no wait) that
-/// every receive takes before it deletes a keyed row and keeps until it commits or rolls back:
+/// The receive of a queue that keeps an order (per key, stages or both), for the exact SQL
+/// Server dialect: a transaction begins (or, `after_commit`, the previous one commits first),
+/// the oldest message that may run now is deleted into `@received`, and an empty receive ends
+/// its transaction. Rows other receives hold are invisible to READPAST, so what they hold back
+/// is guarded by application locks (`sp_getapplock`, owned by the transaction, tried without
+/// waiting, so no receive ever waits for a lock or deadlocks on one):
 ///
-/// 1. the `lookahead` oldest unlocked rows, and of each key the oldest of them (`@heads`);
-/// 2. in order: an unkeyed head is deleted if still free; for a keyed head the key's lock is
-///    tried, and with it held the key's oldest row at or before the head is taken (one that
-///    an ended receive rolled back comes first), else the lock is released and the next head
-///    is tried.
+/// 1. the `lookahead` oldest unlocked rows, and with a key, of each key the oldest of them
+///    (`@heads`); they are tried in order until one is deleted;
+/// 2. key: the key's lock (Exclusive) is taken and the key's oldest row at or before the head
+///    becomes the candidate (one that an ended receive rolled back comes first). A key's rows
+///    are deleted only under its lock, so while one is in flight no receive can take the next;
+/// 3. stages: the candidate's own stage is locked Shared, before its row is deleted, and held
+///    until the unit of work ends, so every message of a stage in flight holds its stage's lock.
+///    A candidate with a previous stage then takes that stage's lock Exclusive, looks for a row
+///    of the previous stage still in the table, and lets the lock go. Holding the Exclusive
+///    lock while it looks closes the race of the original scheme: a message of the previous
+///    stage is either in flight (its Shared lock makes the Exclusive one fail), or still a row
+///    in the table (it cannot be deleted while the Exclusive lock is held, since its receive
+///    must first take the Shared one), or gone;
+/// 4. the row is deleted with the NServiceBus hints; if any step fails, the locks this
+///    candidate took are released and the next head is tried.
 ///
-/// A key's rows are deleted only under its lock, so while one of its messages is in flight
-/// no other receive can take the next, and the lock is free only once that message is gone or
-/// back in place. Keys are read with `JSON_VALUE` (NULL for headers that are not JSON, or a
-/// value over 4 000 characters: such messages are not ordered). The lock's name is a hash of
-/// the table and the key, within the 255 characters a resource may have.
-pub fn ordered_receive(
-    table: &str,
-    key_header: &str,
-    lookahead: u32,
-    after_commit: bool,
-) -> String {
+/// Keys and stages are read with `JSON_VALUE` (NULL for headers that are not JSON, or a value
+/// over 4 000 characters: such messages are not ordered). A lock's name is a hash of the table
+/// and the key or stage, within the 255 characters a resource may have. The look for a row of
+/// the previous stage reads the whole queue (there is no index on a header); it runs only for
+/// messages that name a previous stage.
+pub fn ordered_receive(table: &str, ordering: &OrderingConfig, after_commit: bool) -> String {
     let begin = if after_commit {
         "COMMIT TRAN;\nBEGIN TRAN;"
     } else {
         "BEGIN TRAN;"
     };
-    let key = format!(
-        "CASE WHEN ISJSON(Headers) = 1 THEN JSON_VALUE(Headers, N'$.\"{key_header}\"') END"
-    );
+    // `failed_key = "hold"`: the held-keys table of the queue's schema.
+    let held = (ordering.failed_key == FailedKey::Hold)
+        .then(|| held_statements(&table[..table.find("].[").map_or(0, |at| at + 1)]).table);
+    let (heads, key_step) = match ordering.key_header() {
+        Some(name) => ordered_key_step(table, name, ordering.lookahead, held.as_deref()),
+        None => (
+            format!(
+                "SELECT TOP ({}) RowVersion, NULL FROM {table} WITH (READPAST) ORDER BY RowVersion",
+                ordering.lookahead
+            ),
+            String::new(),
+        ),
+    };
+    let stage_step = if ordering.stages {
+        ordered_stage_step(table)
+    } else {
+        String::new()
+    };
+    // Lets go of what a candidate that was not taken locked. (The CTE's WITH must follow a
+    // statement that ends with a semicolon, so the delete stays outside any BEGIN block.)
+    let release = "        IF @k IS NOT NULL EXEC sp_releaseapplock @Resource = @key_lock, @LockOwner = 'Transaction';
+        IF @stage_held = 1 EXEC sp_releaseapplock @Resource = @stage_lock, @LockOwner = 'Transaction';
+";
     format!(
         "{begin}
 DECLARE @received TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
 DECLARE @heads TABLE (RowVersion bigint PRIMARY KEY, k nvarchar(4000) NULL);
-DECLARE @rv bigint, @k nvarchar(4000), @got int, @resource nvarchar(255);
+DECLARE @rv bigint, @k nvarchar(4000), @got int, @free bit, @stage_held bit;
+DECLARE @stage nvarchar(4000), @previous nvarchar(4000);
+DECLARE @key_lock nvarchar(255), @stage_lock nvarchar(255), @previous_lock nvarchar(255);
 INSERT INTO @heads (RowVersion, k)
-SELECT RowVersion, k FROM (
-    SELECT RowVersion, k, ROW_NUMBER() OVER (PARTITION BY k ORDER BY RowVersion) AS nth
-    FROM (SELECT TOP ({lookahead}) RowVersion, {key} AS k FROM {table} WITH (READPAST) ORDER BY RowVersion) AS prefix
-) AS h WHERE k IS NULL OR nth = 1;
+{heads};
 WHILE NOT EXISTS (SELECT 1 FROM @received)
 BEGIN
-    SET @rv = NULL;
+    SELECT @rv = NULL, @stage = NULL, @previous = NULL, @free = 1, @stage_held = 0;
     SELECT TOP (1) @rv = RowVersion, @k = k FROM @heads ORDER BY RowVersion;
     IF @rv IS NULL BREAK;
     DELETE FROM @heads WHERE RowVersion = @rv;
-    IF @k IS NOT NULL
+{key_step}{stage_step}    IF @free = 0
     BEGIN
-        SET @resource = N'throttlehost:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', N'{table}|' + @k), 2);
-        EXEC @got = sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
-        IF @got < 0 CONTINUE;
-        SELECT TOP (1) @rv = RowVersion FROM {table} WITH (READPAST)
-        WHERE RowVersion <= @rv AND {key} = @k ORDER BY RowVersion;
+{release}        CONTINUE;
     END;
     WITH message AS (SELECT TOP (1) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion = @rv)
     DELETE FROM message
     OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received;
-    IF @@ROWCOUNT = 0 AND @k IS NOT NULL
-        EXEC sp_releaseapplock @Resource = @resource, @LockOwner = 'Transaction';
+    IF @@ROWCOUNT = 0
+    BEGIN
+{release}    END;
 END;
 IF NOT EXISTS (SELECT 1 FROM @received) AND @@TRANCOUNT > 0 COMMIT TRAN;
 {READ_RECEIVED};"
     )
+}
+
+/// A header's value in a queue row, NULL when the headers are not JSON.
+fn header_value(name: &str) -> String {
+    format!("CASE WHEN ISJSON(Headers) = 1 THEN JSON_VALUE(Headers, N'$.\"{name}\"') END")
+}
+
+/// An application lock's name: `throttlehost:<kind>:` and a hash of the table and `value`
+/// (an expression), within the 255 characters a resource may have.
+fn lock_name(table: &str, kind: &str, value: &str) -> String {
+    format!(
+        "N'throttlehost:{kind}:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', N'{table}|' + {value}), 2)"
+    )
+}
+
+/// Per-key order ([`ordered_receive`] step 2): the candidates (each key's oldest in the
+/// window, and every unkeyed row) and the step that locks the key and moves the candidate to
+/// the key's oldest row.
+/// With `held` (the held-keys table), a candidate that holds its key is passed over, and
+/// with it the key: it is the key's oldest row.
+fn ordered_key_step(
+    table: &str,
+    key_header: &str,
+    lookahead: u32,
+    held: Option<&str>,
+) -> (String, String) {
+    let key = header_value(key_header);
+    let held_check = match held {
+        Some(held) => format!(
+            "        IF EXISTS (SELECT 1 FROM {held} h JOIN {table} m WITH (READPAST) ON m.Id = h.message_id
+                   WHERE h.queue_table = N'{table}' AND m.RowVersion = @rv)
+        BEGIN
+            EXEC sp_releaseapplock @Resource = @key_lock, @LockOwner = 'Transaction';
+            CONTINUE;
+        END;
+"
+        ),
+        None => String::new(),
+    };
+    let heads = format!(
+        "SELECT RowVersion, k FROM (
+    SELECT RowVersion, k, ROW_NUMBER() OVER (PARTITION BY k ORDER BY RowVersion) AS nth
+    FROM (SELECT TOP ({lookahead}) RowVersion, {key} AS k FROM {table} WITH (READPAST) ORDER BY RowVersion) AS prefix
+) AS h WHERE k IS NULL OR nth = 1"
+    );
+    let step = format!(
+        "    IF @k IS NOT NULL
+    BEGIN
+        SET @key_lock = {};
+        EXEC @got = sp_getapplock @Resource = @key_lock, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
+        IF @got < 0 CONTINUE;
+        SELECT TOP (1) @rv = RowVersion FROM {table} WITH (READPAST)
+        WHERE RowVersion <= @rv AND {key} = @k ORDER BY RowVersion;
+{held_check}    END;
+",
+        lock_name(table, "key", "@k")
+    );
+    (heads, step)
+}
+
+/// Ordered stages ([`ordered_receive`] step 3): the candidate's own stage locked Shared, and
+/// the previous stage's lock held Exclusive around the look for its rows.
+fn ordered_stage_step(table: &str) -> String {
+    let stage = header_value(EXECUTION_STAGE_HEADER);
+    let previous = header_value(PREVIOUS_STAGE_HEADER);
+    format!(
+        "    SELECT @stage = {stage}, @previous = {previous} FROM {table} WITH (READPAST) WHERE RowVersion = @rv;
+    IF @stage IS NOT NULL
+    BEGIN
+        SET @stage_lock = {};
+        EXEC @got = sp_getapplock @Resource = @stage_lock, @LockMode = 'Shared', @LockOwner = 'Transaction', @LockTimeout = 0;
+        SET @stage_held = CASE WHEN @got < 0 THEN 0 ELSE 1 END;
+        IF @stage_held = 0 SET @free = 0;
+    END;
+    IF @free = 1 AND @previous IS NOT NULL
+    BEGIN
+        SET @previous_lock = {};
+        EXEC @got = sp_getapplock @Resource = @previous_lock, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
+        IF @got < 0 SET @free = 0;
+        IF @got >= 0
+        BEGIN
+            IF EXISTS (SELECT 1 FROM {table} WITH (READPAST) WHERE {stage} = @previous) SET @free = 0;
+            EXEC sp_releaseapplock @Resource = @previous_lock, @LockOwner = 'Transaction';
+        END;
+    END;
+",
+        lock_name(table, "stage", "@stage"),
+        lock_name(table, "stage", "@previous"),
+    )
+}
+
+/// The held-keys table of `schema` (bracket-quoted), `[schema].[throttlehost_held]`: queue
+/// tables as `[schema].[table]`; `@P1` .. `@P4` bound as [`HeldStatements`] says.
+pub fn held_statements(schema: &str) -> HeldStatements {
+    let table = format!("{schema}.[throttlehost_held]");
+    HeldStatements {
+        create: format!(
+            "IF OBJECT_ID(N'{table}', N'U') IS NULL
+CREATE TABLE {table} (
+    queue_table nvarchar(400) NOT NULL,
+    message_id uniqueidentifier NOT NULL,
+    [key] nvarchar(4000) NOT NULL,
+    reason nvarchar(max) NOT NULL,
+    held_at datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
+    PRIMARY KEY (queue_table, message_id)
+);"
+        ),
+        insert: format!(
+            "INSERT INTO {table} (queue_table, message_id, [key], reason)
+SELECT @P1, @P2, @P3, @P4
+WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE queue_table = @P1 AND message_id = @P2);"
+        ),
+        list: format!(
+            "SELECT [key], message_id, reason, CONVERT(nvarchar(30), held_at, 121) FROM {table}
+WHERE queue_table = @P1 ORDER BY held_at, [key];"
+        ),
+        release: format!(
+            "DELETE FROM {table} WHERE queue_table = @P1 AND (@P2 IS NULL OR [key] = @P2);
+SELECT CAST(@@ROWCOUNT AS bigint);"
+        ),
+        table,
+    }
 }
 
 /// How long a Babelfish claim waits for a row another transaction holds before it gives up
@@ -339,10 +483,10 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
         }
     }
 
-    /// The same statements with receives that keep key order by `key_header`.
-    pub fn with_ordering(mut self, key_header: &str, lookahead: u32) -> Self {
-        self.begin_and_receive = ordered_receive(&self.table, key_header, lookahead, false);
-        self.commit_and_receive = ordered_receive(&self.table, key_header, lookahead, true);
+    /// The same statements with receives that keep the order `ordering` asks for.
+    pub fn with_ordering(mut self, ordering: &OrderingConfig) -> Self {
+        self.begin_and_receive = ordered_receive(&self.table, ordering, false);
+        self.commit_and_receive = ordered_receive(&self.table, ordering, true);
         self.ordered = true;
         self
     }

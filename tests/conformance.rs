@@ -1227,12 +1227,6 @@ impl Harness for SqlServerHarness {
         if mssql::dialect() != throttlehost::config::Dialect::Babelfish {
             return None;
         }
-        if behaviour.contains("key") || behaviour.contains("ordered") || behaviour.contains("stage")
-        {
-            return Some(
-                "ordered receives are not built for Babelfish: its receives claim rows by lock timeouts, not READPAST (the transport refuses them at start-up)",
-            );
-        }
         match behaviour {
             "peek_ignores_rows_locked_by_in_flight_receives" => Some(
                 "Babelfish parses READPAST and ignores it, so the peek counts the rows receivers hold",

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use throttlehost::config::{ConcurrencyModel, Config, Dialect, TransactionMode};
+use throttlehost::config::{ConcurrencyModel, Config, TransactionMode};
 use throttlehost::load::scenario::KeyLayout;
 use throttlehost::message::OutgoingMessage;
 use throttlehost::transport::Transport;
@@ -27,15 +27,8 @@ enum Db {
 }
 
 impl Db {
-    /// SQL Server at SQLSERVER_URL, or `None` (with the reason printed) when its dialect does
-    /// not keep an order: Babelfish refuses ordered queues at start-up.
+    /// SQL Server at SQLSERVER_URL, in the dialect SQLSERVER_DIALECT names.
     fn sqlserver() -> Option<Db> {
-        if mssql::dialect() == Dialect::Babelfish {
-            eprintln!(
-                "not applicable on Babelfish: ordered receives are refused there (its receives claim rows by lock timeouts, not READPAST)"
-            );
-            return None;
-        }
         Some(Db::SqlServer(mssql::Schema::new()))
     }
 

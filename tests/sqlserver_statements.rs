@@ -271,3 +271,41 @@ fn ordered_receive_passes_over_a_held_key() {
             .contains("throttlehost_held")
     );
 }
+
+/// The Babelfish ordered receive: the same key and stage steps, an unkeyed row guarded by a
+/// lock named by its RowVersion (Babelfish ignores READPAST, so a row in flight stays
+/// visible), and a plain DELETE ... OUTPUT INTO, deleting only a row whose guard it holds.
+#[test]
+fn babelfish_ordered_receive_guards_every_row() {
+    let both = OrderingConfig {
+        key_header: "Sales.OrderId".into(),
+        stages: true,
+        ..OrderingConfig::default()
+    };
+    let s = statements(Dialect::Babelfish).with_ordering(&both);
+    assert!(s.ordered);
+    insta::assert_snapshot!("babelfish_ordered_begin_and_receive", s.begin_and_receive);
+    let sql = &s.begin_and_receive;
+    assert!(
+        !sql.contains("WITH message AS"),
+        "Babelfish rejects a CTE delete"
+    );
+    let key = sql
+        .find("SET @key_lock = N'throttlehost:key:'")
+        .expect("key lock");
+    let row = sql
+        .find("SET @key_lock = N'throttlehost:row:'")
+        .expect("an unkeyed row's guard");
+    let stage = sql
+        .find("@Resource = @stage_lock, @LockMode = 'Shared'")
+        .unwrap();
+    let delete = sql.find("OUTPUT deleted.Id").unwrap();
+    assert!(key < row && row < stage && stage < delete);
+    assert!(sql[row..].starts_with("SET @key_lock = N'throttlehost:row:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', N'[dbo].[Sales.Node-1]|' + CONVERT(nvarchar(20), @rv)), 2)"));
+    assert!(sql.contains("IF @key_lock IS NOT NULL EXEC sp_releaseapplock @Resource = @key_lock"));
+    // The exact dialect needs no row guard: READPAST passes over rows in flight.
+    let exact = statements(Dialect::Sqlserver)
+        .with_ordering(&both)
+        .begin_and_receive;
+    assert!(!exact.contains("throttlehost:row:"));
+}

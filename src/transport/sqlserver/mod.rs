@@ -576,7 +576,9 @@ impl Transport for SqlServerTransport {
         let st = self.inner.statements(queue);
         let conn = self.inner.conn().await?;
         let transactional = self.inner.mode != TransactionMode::None;
-        if self.inner.dialect == Dialect::Babelfish {
+        // An ordered queue's receive guards every row with an application lock, so it needs
+        // no claim on Babelfish (see `statements::ordered_receive`).
+        if self.inner.dialect == Dialect::Babelfish && !st.ordered {
             return self.inner.claim_receive(conn, queue, transactional).await;
         }
         let sql = if transactional {
@@ -631,13 +633,6 @@ impl QueueAdmin for SqlServerTransport {
     ) -> Result<(), TransportError> {
         super::check_orderable(self.inner.mode, queue)?;
         let plain = QueueStatements::new(&self.inner.schema, queue, self.inner.dialect);
-        // Babelfish ignores READPAST, so its receives claim rows by lock timeouts
-        // (`claim.rs`); an ordered claim there is not built.
-        if self.inner.dialect == Dialect::Babelfish && ordering.is_ordered() {
-            return Err(TransportError::Config(format!(
-                "queue `{queue}`: ordered receives (queues.ordering) are not available with transport.dialect = \"babelfish\": its receives claim rows by lock timeouts, not READPAST"
-            )));
-        }
         let statements = match ordering.is_ordered() {
             false => plain,
             true => plain.with_ordering(ordering),
@@ -1041,10 +1036,10 @@ impl SqlStore for Inner {
         _transport: &dyn Transport,
         queue: &QueueName,
     ) -> CommitAndReceive {
-        if self.dialect == Dialect::Babelfish {
+        let st = self.statements(queue);
+        if self.dialect == Dialect::Babelfish && !st.ordered {
             return self.commit_and_claim(conn, queue).await;
         }
-        let st = self.statements(queue);
         // One batch: COMMIT, BEGIN, receive. With XACT_ABORT ON a failed COMMIT aborts the
         // batch before anything is received.
         match self

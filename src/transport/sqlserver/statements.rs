@@ -55,6 +55,8 @@ pub struct QueueStatements {
     pub purge: String,
     /// Whether the receives keep an order ([`ordered_receive`]); batch receives are refused.
     pub ordered: bool,
+    /// The dialect the statements are written in.
+    pub dialect: Dialect,
 }
 
 /// The receive: the NServiceBus CTE form, or the Babelfish table-variable form.
@@ -128,18 +130,22 @@ fn with_end_if_empty(receive: &str, end: &str) -> String {
     }
 }
 
-/// The receive of a queue that keeps an order (per key, stages or both), for the exact SQL
-/// Server dialect: a transaction begins (or, `after_commit`, the previous one commits first),
-/// the oldest message that may run now is deleted into `@received`, and an empty receive ends
-/// its transaction. Rows other receives hold are invisible to READPAST, so what they hold back
-/// is guarded by application locks (`sp_getapplock`, owned by the transaction, tried without
-/// waiting, so no receive ever waits for a lock or deadlocks on one):
+/// The receive of a queue that keeps an order (per key, stages or both): a transaction begins
+/// (or, `after_commit`, the previous one commits first), the oldest message that may run now
+/// is deleted into `@received`, and an empty receive ends its transaction. What other receives
+/// hold back is guarded by application locks (`sp_getapplock`, owned by the transaction, tried
+/// without waiting, so no receive ever waits for a lock or deadlocks on one):
 ///
-/// 1. the `lookahead` oldest unlocked rows, and with a key, of each key the oldest of them
-///    (`@heads`); they are tried in order until one is deleted;
+/// 1. the `lookahead` oldest rows (on SQL Server those no other receive holds: READPAST), and
+///    with a key, of each key the oldest of them (`@heads`); they are tried in order until one
+///    is deleted;
 /// 2. key: the key's lock (Exclusive) is taken and the key's oldest row at or before the head
 ///    becomes the candidate (one that an ended receive rolled back comes first). A key's rows
-///    are deleted only under its lock, so while one is in flight no receive can take the next;
+///    are deleted only under its lock, so while one is in flight no receive can take the next.
+///    Babelfish reads every row under MVCC and ignores READPAST, so a row another receive is
+///    deleting stays visible and its delete would wait for that receive to end: there an
+///    unkeyed row is guarded by a lock of its own (its RowVersion), and every row is deleted
+///    only by the receive holding its guard, so no delete ever meets another's row lock;
 /// 3. stages: the candidate's own stage is locked Shared, before its row is deleted, and held
 ///    until the unit of work ends, so every message of a stage in flight holds its stage's lock.
 ///    A candidate with a previous stage then takes that stage's lock Exclusive, looks for a row
@@ -148,15 +154,20 @@ fn with_end_if_empty(receive: &str, end: &str) -> String {
 ///    stage is either in flight (its Shared lock makes the Exclusive one fail), or still a row
 ///    in the table (it cannot be deleted while the Exclusive lock is held, since its receive
 ///    must first take the Shared one), or gone;
-/// 4. the row is deleted with the NServiceBus hints; if any step fails, the locks this
-///    candidate took are released and the next head is tried.
+/// 4. the row is deleted (SQL Server: with the NServiceBus hints); if any step fails, the
+///    locks this candidate took are released and the next head is tried.
 ///
 /// Keys and stages are read with `JSON_VALUE` (NULL for headers that are not JSON, or a value
 /// over 4 000 characters: such messages are not ordered). A lock's name is a hash of the table
 /// and the key or stage, within the 255 characters a resource may have. The look for a row of
 /// the previous stage reads the whole queue (there is no index on a header); it runs only for
 /// messages that name a previous stage.
-pub fn ordered_receive(table: &str, ordering: &OrderingConfig, after_commit: bool) -> String {
+pub fn ordered_receive(
+    table: &str,
+    ordering: &OrderingConfig,
+    after_commit: bool,
+    dialect: Dialect,
+) -> String {
     let begin = if after_commit {
         "COMMIT TRAN;\nBEGIN TRAN;"
     } else {
@@ -175,14 +186,31 @@ pub fn ordered_receive(table: &str, ordering: &OrderingConfig, after_commit: boo
             String::new(),
         ),
     };
+    let row_step = match dialect {
+        Dialect::Sqlserver => String::new(),
+        Dialect::Babelfish => ordered_row_step(table),
+    };
     let stage_step = if ordering.stages {
         ordered_stage_step(table)
     } else {
         String::new()
     };
+    let delete = match dialect {
+        Dialect::Sqlserver => format!(
+            "    WITH message AS (SELECT TOP (1) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion = @rv)
+    DELETE FROM message
+    OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received;"
+        ),
+        // No CTE delete on Babelfish; the row's guard is held, so nobody else holds the row.
+        Dialect::Babelfish => format!(
+            "    DELETE FROM {table}
+    OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
+    WHERE RowVersion = @rv;"
+        ),
+    };
     // Lets go of what a candidate that was not taken locked. (The CTE's WITH must follow a
     // statement that ends with a semicolon, so the delete stays outside any BEGIN block.)
-    let release = "        IF @k IS NOT NULL EXEC sp_releaseapplock @Resource = @key_lock, @LockOwner = 'Transaction';
+    let release = "        IF @key_lock IS NOT NULL EXEC sp_releaseapplock @Resource = @key_lock, @LockOwner = 'Transaction';
         IF @stage_held = 1 EXEC sp_releaseapplock @Resource = @stage_lock, @LockOwner = 'Transaction';
 ";
     format!(
@@ -196,23 +224,37 @@ INSERT INTO @heads (RowVersion, k)
 {heads};
 WHILE NOT EXISTS (SELECT 1 FROM @received)
 BEGIN
-    SELECT @rv = NULL, @stage = NULL, @previous = NULL, @free = 1, @stage_held = 0;
+    SELECT @rv = NULL, @key_lock = NULL, @stage = NULL, @previous = NULL, @free = 1, @stage_held = 0;
     SELECT TOP (1) @rv = RowVersion, @k = k FROM @heads ORDER BY RowVersion;
     IF @rv IS NULL BREAK;
     DELETE FROM @heads WHERE RowVersion = @rv;
-{key_step}{stage_step}    IF @free = 0
+{key_step}{row_step}{stage_step}    IF @free = 0
     BEGIN
 {release}        CONTINUE;
     END;
-    WITH message AS (SELECT TOP (1) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion = @rv)
-    DELETE FROM message
-    OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received;
+{delete}
     IF @@ROWCOUNT = 0
     BEGIN
 {release}    END;
 END;
 IF NOT EXISTS (SELECT 1 FROM @received) AND @@TRANCOUNT > 0 COMMIT TRAN;
 {READ_RECEIVED};"
+    )
+}
+
+/// Babelfish's guard for an unkeyed row ([`ordered_receive`] step 2): a lock named by its
+/// RowVersion, taken Exclusive without waiting; a row whose guard another receive holds is
+/// in flight there and is passed over.
+fn ordered_row_step(table: &str) -> String {
+    format!(
+        "    IF @k IS NULL
+    BEGIN
+        SET @key_lock = {};
+        EXEC @got = sp_getapplock @Resource = @key_lock, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
+        IF @got < 0 CONTINUE;
+    END;
+",
+        lock_name(table, "row", "CONVERT(nvarchar(20), @rv)")
     )
 }
 
@@ -479,14 +521,15 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
             ),
             purge: format!("DELETE FROM {table};\nSELECT CAST(@@ROWCOUNT AS bigint);"),
             ordered: false,
+            dialect,
             table,
         }
     }
 
     /// The same statements with receives that keep the order `ordering` asks for.
     pub fn with_ordering(mut self, ordering: &OrderingConfig) -> Self {
-        self.begin_and_receive = ordered_receive(&self.table, ordering, false);
-        self.commit_and_receive = ordered_receive(&self.table, ordering, true);
+        self.begin_and_receive = ordered_receive(&self.table, ordering, false, self.dialect);
+        self.commit_and_receive = ordered_receive(&self.table, ordering, true, self.dialect);
         self.ordered = true;
         self
     }

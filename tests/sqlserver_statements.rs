@@ -309,3 +309,38 @@ fn babelfish_ordered_receive_guards_every_row() {
         .begin_and_receive;
     assert!(!exact.contains("throttlehost:row:"));
 }
+
+/// An ordered queue's waiting count: later messages of a key, keys whose lock a receive holds
+/// (tested, not taken), held keys and unfinished previous stages, over the window's rows.
+#[test]
+fn ordered_waiting_tests_locks_without_taking_them() {
+    let all = OrderingConfig {
+        key_header: "Sales.OrderId".into(),
+        stages: true,
+        failed_key: throttlehost::config::FailedKey::Hold,
+        ..OrderingConfig::default()
+    };
+    let s = statements(Dialect::Sqlserver).with_ordering(&all);
+    let sql = s
+        .waiting
+        .as_deref()
+        .expect("an ordered queue counts its waiting messages");
+    insta::assert_snapshot!("ordered_waiting", sql);
+    assert!(!sql.contains("sp_getapplock"), "a count takes no lock");
+    assert!(sql.contains("APPLOCK_TEST('public', N'throttlehost:key:'"));
+    assert!(sql.contains("APPLOCK_TEST('public', N'throttlehost:stage:'"));
+    assert!(sql.contains("[throttlehost_held]"));
+    assert!(sql.contains("SELECT TOP (64) RowVersion"));
+    // Without a key, only the stage condition is left.
+    let stages = OrderingConfig {
+        stages: true,
+        ..OrderingConfig::default()
+    };
+    let only_stages = statements(Dialect::Sqlserver)
+        .with_ordering(&stages)
+        .waiting
+        .unwrap();
+    assert!(!only_stages.contains("throttlehost:key:"));
+    assert!(only_stages.contains("w.previous IS NOT NULL"));
+    assert_eq!(statements(Dialect::Sqlserver).waiting, None, "unordered");
+}

@@ -432,8 +432,7 @@ pub trait Transport: QueueAdmin {
 
     /// Messages of an ordered queue ([`QueueAdmin::order_by_key`]) that may not run now: their
     /// key has a message in flight or their previous stage is unfinished. Counted among the
-    /// oldest `lookahead` rows, which is where receives look. None for an unordered queue or
-    /// where the transport cannot count them (SQL Server: rows in flight are invisible to it).
+    /// oldest `lookahead` rows, which is where receives look. None for an unordered queue.
     async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
         let _ = queue;
         Ok(None)

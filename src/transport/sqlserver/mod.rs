@@ -610,6 +610,17 @@ impl Transport for SqlServerTransport {
         self.inner.count(&mut conn, queue, &st.peek, &[]).await
     }
 
+    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
+        let st = self.inner.statements(queue);
+        let Some(sql) = &st.waiting else {
+            return Ok(None);
+        };
+        // A pooled connection between receives holds no application lock, so the count's
+        // lock tests see every receive's locks (see `statements::ordered_waiting`).
+        let mut conn = self.inner.conn().await?;
+        self.inner.count(&mut conn, queue, sql, &[]).await.map(Some)
+    }
+
     fn connections_in_use(&self) -> u64 {
         let s = self.inner.pool.state();
         s.connections.saturating_sub(s.idle_connections) as u64

@@ -55,6 +55,8 @@ pub struct QueueStatements {
     pub purge: String,
     /// Whether the receives keep an order ([`ordered_receive`]); batch receives are refused.
     pub ordered: bool,
+    /// An ordered queue's count of messages that may not run yet ([`ordered_waiting`]).
+    pub waiting: Option<String>,
     /// The dialect the statements are written in.
     pub dialect: Dialect,
 }
@@ -239,6 +241,63 @@ BEGIN
 END;
 IF NOT EXISTS (SELECT 1 FROM @received) AND @@TRANCOUNT > 0 COMMIT TRAN;
 {READ_RECEIVED};"
+    )
+}
+
+/// The messages among an ordered queue's `lookahead` oldest that may not run now: a later
+/// message of its key, one whose key a receive holds (its lock cannot be had) or, with
+/// `failed_key = "hold"`, is held by a failed message, and one whose previous stage is in
+/// flight (the stage's Shared lock is held) or still stored.
+///
+/// Rows in flight are invisible to READPAST, so the locks tell what they hold back:
+/// `APPLOCK_TEST` asks whether a lock could be granted without taking it. The owner is the
+/// session, so the count needs no transaction; it runs on a connection that holds no locks,
+/// as a lock this session held would test as grantable. The count takes no lock of its own.
+fn ordered_waiting(table: &str, ordering: &OrderingConfig) -> String {
+    let mut columns = vec!["RowVersion".to_owned()];
+    let mut conditions = Vec::new();
+    let busy = |kind: &str, value: &str| {
+        format!(
+            "APPLOCK_TEST('public', {}, 'Exclusive', 'Session') = 0",
+            lock_name(table, kind, value)
+        )
+    };
+    if let Some(name) = ordering.key_header() {
+        columns.push(format!("{} AS k", header_value(name)));
+        let mut key_waits = vec!["w.nth > 1".to_owned(), busy("key", "w.k")];
+        if ordering.failed_key == FailedKey::Hold {
+            let held = held_statements(&table[..table.find("].[").map_or(0, |at| at + 1)]).table;
+            key_waits.push(format!(
+                "EXISTS (SELECT 1 FROM {held} h WHERE h.queue_table = N'{table}' AND h.[key] = w.k)"
+            ));
+        }
+        conditions.push(format!(
+            "(w.k IS NOT NULL AND ({}))",
+            key_waits.join(" OR ")
+        ));
+    } else {
+        columns.push("CAST(NULL AS nvarchar(4000)) AS k".to_owned());
+    }
+    if ordering.stages {
+        columns.push(format!(
+            "{} AS previous",
+            header_value(PREVIOUS_STAGE_HEADER)
+        ));
+        conditions.push(format!(
+            "(w.previous IS NOT NULL AND ({} OR EXISTS (SELECT 1 FROM {table} s WITH (READPAST) WHERE {} = w.previous)))",
+            busy("stage", "w.previous"),
+            header_value(EXECUTION_STAGE_HEADER),
+        ));
+    }
+    format!(
+        "SELECT CAST(COUNT(*) AS bigint) FROM (
+    SELECT *, ROW_NUMBER() OVER (PARTITION BY k ORDER BY RowVersion) AS nth
+    FROM (SELECT TOP ({}) {} FROM {table} WITH (READPAST) ORDER BY RowVersion) AS prefix
+) AS w
+WHERE {};",
+        ordering.lookahead,
+        columns.join(", "),
+        conditions.join("\n   OR ")
     )
 }
 
@@ -521,6 +580,7 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
             ),
             purge: format!("DELETE FROM {table};\nSELECT CAST(@@ROWCOUNT AS bigint);"),
             ordered: false,
+            waiting: None,
             dialect,
             table,
         }
@@ -530,6 +590,7 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
     pub fn with_ordering(mut self, ordering: &OrderingConfig) -> Self {
         self.begin_and_receive = ordered_receive(&self.table, ordering, false, self.dialect);
         self.commit_and_receive = ordered_receive(&self.table, ordering, true, self.dialect);
+        self.waiting = Some(ordered_waiting(&self.table, ordering));
         self.ordered = true;
         self
     }

@@ -1,22 +1,23 @@
 //! PostgreSQL transport: the NServiceBus PostgreSQL transport's table layout and statements on
 //! tokio-postgres with a deadpool pool.
 //!
-//! A receive takes a pooled connection, sends `BEGIN` and the receive `DELETE` in one pipelined
-//! write (one round trip), and keeps connection and transaction open until the caller commits
-//! or rolls back. A receive dropped without either discards its connection, which makes the
+//! A receive takes a pooled connection, runs `BEGIN; EXECUTE <receive>` as one query (one
+//! round trip, see `pipeline`), and keeps connection and transaction open until the caller
+//! commits or rolls back. A receive dropped without either discards its connection, which makes the
 //! server roll the transaction back: the message returns to the queue.
 
+mod pipeline;
 mod statements;
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
 use deadpool_postgres::{
-    Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
+    Manager, ManagerConfig, Object, ObjectId, Pool, PoolError, RecyclingMethod, Runtime,
 };
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
@@ -32,6 +33,11 @@ use super::{
 };
 use crate::config::{FailedKey, OrderingConfig, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
+
+/// Connections [`Inner::prepared_receives`] remembers before it starts over: closed
+/// connections leave their entries behind, and forgetting a live one costs one `PREPARE`
+/// that finds the name taken.
+const PREPARED_REMEMBERED: usize = 1024;
 
 /// Rows deleted per statement by [`Transport::purge_expired`].
 const PURGE_BATCH: i64 = 10_000;
@@ -52,6 +58,9 @@ struct Inner {
     /// [`Inner::answered`]).
     answer_deadline: Duration,
     statements: RwLock<HashMap<QueueName, Arc<QueueStatements>>>,
+    /// Which pooled connections have which receive statements prepared under their SQL
+    /// names (see `pipeline`).
+    prepared_receives: Mutex<HashMap<ObjectId, Vec<String>>>,
 }
 
 impl PostgresTransport {
@@ -125,6 +134,7 @@ impl PostgresTransport {
                 wait_timeout: config.connect_timeout,
                 answer_deadline: config.command_timeout + ANSWER_GRACE,
                 statements: RwLock::new(HashMap::new()),
+                prepared_receives: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -181,6 +191,46 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .insert(queue.clone(), built.clone());
         Ok(built)
+    }
+
+    /// Whether `client` has the receive of `st` prepared under its SQL name.
+    fn receive_prepared(&self, client: &Object, st: &QueueStatements) -> bool {
+        self.prepared_receives
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&Object::id(client))
+            .is_some_and(|names| names.contains(&st.receive_name))
+    }
+
+    /// Prepares the receive of `st` on `client` under its SQL name, once per connection
+    /// (outside a transaction: a name found taken is an error that would abort one).
+    async fn prepare_receive(
+        &self,
+        client: &Object,
+        st: &QueueStatements,
+    ) -> Result<(), tokio_postgres::Error> {
+        if self.receive_prepared(client, st) {
+            return Ok(());
+        }
+        let prepare = format!("PREPARE {} AS {}", st.receive_name, st.receive);
+        match client.batch_execute(&prepare).await {
+            Ok(()) => {}
+            // Prepared before this set was started over.
+            Err(e) if e.code() == Some(&SqlState::DUPLICATE_PSTATEMENT) => {}
+            Err(e) => return Err(e),
+        }
+        let mut prepared = self
+            .prepared_receives
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if prepared.len() >= PREPARED_REMEMBERED {
+            prepared.clear();
+        }
+        prepared
+            .entry(Object::id(client))
+            .or_default()
+            .push(st.receive_name.clone());
+        Ok(())
     }
 
     async fn client(&self) -> Result<Object, TransportError> {
@@ -341,26 +391,27 @@ impl Inner {
     }
 
     /// Turns the receive statement's result into a [`Received`] (or ends an empty receive).
+    /// Whatever went wrong closes the connection: the server rolls its transaction back.
     async fn received(
         self: Arc<Self>,
         queue: &QueueName,
         client: Object,
         transactional: bool,
-        row: Option<tokio_postgres::Row>,
+        row: Result<Option<RawRow>, TransportError>,
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                discard(client);
+                return Err(e);
+            }
+        };
         let Some(row) = row else {
             if transactional && let Err(e) = client.batch_execute("ROLLBACK").await {
                 discard(client);
                 return Err(map_error(e, Some(queue)));
             }
             return Ok(None);
-        };
-        let row = match decode_row(queue, &row) {
-            Ok(row) => row,
-            Err(e) => {
-                discard(client);
-                return Err(e);
-            }
         };
         let client = if transactional { Some(client) } else { None };
         Ok(Some(SqlReceived::boxed(self, queue, client, row)))
@@ -636,35 +687,35 @@ impl Transport for PostgresTransport {
         let st = self.inner.statements(queue)?;
         let client = self.inner.client().await?;
         let transactional = self.inner.mode != TransactionMode::None;
-        let (client, asked) = self
+        let (client, row) = self
             .inner
             .answered("a receive", client, async |c| {
-                let stmt = c.prepare_cached(&st.receive).await?;
-                Ok::<_, tokio_postgres::Error>(if transactional {
-                    // Pipelined: both requests leave in one write, the answers come back in
-                    // order.
-                    let (begin, row) =
-                        tokio::join!(c.batch_execute("BEGIN"), c.query_opt(&stmt, &[]));
-                    (Some(begin), row)
+                if transactional {
+                    if let Err(e) = self.inner.prepare_receive(c, &st).await {
+                        return Err(map_error(e, Some(queue)));
+                    }
+                    // `BEGIN; EXECUTE`: one query, one answer (see `pipeline`).
+                    let (_, row) = pipeline::begin_and_receive(c, false, &st.receive_name)
+                        .await
+                        .outcome(queue);
+                    row.unwrap_or_else(|| {
+                        Err(TransportError::database(format!(
+                            "the receive from queue `{queue}` did not begin"
+                        )))
+                    })
                 } else {
-                    (None, c.query_opt(&stmt, &[]).await)
-                })
+                    let stmt = match c.prepare_cached(&st.receive).await {
+                        Ok(stmt) => stmt,
+                        Err(e) => return Err(map_error(e, Some(queue))),
+                    };
+                    match c.query_opt(&stmt, &[]).await {
+                        Ok(Some(row)) => decode_row(queue, &row).map(Some),
+                        Ok(None) => Ok(None),
+                        Err(e) => Err(map_error(e, Some(queue))),
+                    }
+                }
             })
             .await?;
-        let row = match asked {
-            Ok((None | Some(Ok(())), Ok(row))) => row,
-            Ok((Some(Err(e)), Ok(Some(row)))) => {
-                // BEGIN failed yet the DELETE ran: it committed on its own. Put the row back
-                // rather than lose it (it goes to the tail of the queue).
-                discard(client);
-                self.inner.reinsert_autocommitted(queue, &row).await;
-                return Err(map_error(e, Some(queue)));
-            }
-            Ok((Some(Err(e)), _) | (_, Err(e))) | Err(e) => {
-                discard(client);
-                return Err(map_error(e, Some(queue)));
-            }
-        };
         self.inner
             .clone()
             .received(queue, client, transactional, row)
@@ -897,39 +948,6 @@ impl QueueAdmin for PostgresTransport {
     }
 }
 
-/// Runs `COMMIT; BEGIN` and says what each did: the commit's outcome, and the begin's (`None`
-/// when it never ran, because the COMMIT failed).
-///
-/// A connection that dies right after the COMMIT took effect fails the query as a whole; the
-/// server has sent the COMMIT's completion before the error all the same, so reading the
-/// replies one by one tells a commit that took effect from one that did not. Read as one
-/// result, such commits were reported as failed and their messages as returned to the queue
-/// while they were gone (30-44 of 3 000 under killed connections). Two separate messages
-/// would tell it as well, at 6-8 % of the drain rate.
-async fn commit_and_begin(
-    client: &tokio_postgres::Client,
-) -> (
-    Result<(), tokio_postgres::Error>,
-    Option<Result<(), tokio_postgres::Error>>,
-) {
-    use futures_util::StreamExt;
-    let replies = match client.simple_query_raw("COMMIT; BEGIN").await {
-        Ok(replies) => replies,
-        Err(e) => return (Err(e), None),
-    };
-    futures_util::pin_mut!(replies);
-    let mut completed = 0;
-    while let Some(reply) = replies.next().await {
-        match reply {
-            Ok(tokio_postgres::SimpleQueryMessage::CommandComplete(_)) => completed += 1,
-            Ok(_) => {}
-            Err(e) if completed == 0 => return (Err(e), None),
-            Err(e) => return (Ok(()), Some(Err(e))),
-        }
-    }
-    (Ok(()), Some(Ok(())))
-}
-
 #[async_trait]
 impl SqlStore for Inner {
     type Conn = Object;
@@ -1034,21 +1052,22 @@ impl SqlStore for Inner {
         transport: &dyn Transport,
         queue: &QueueName,
     ) -> CommitAndReceive {
-        let stmt = match self.statements(queue) {
-            Ok(st) => client.prepare_cached(&st.receive).await.ok(),
-            Err(_) => None,
+        let st = match self.statements(queue) {
+            Ok(st) if self.receive_prepared(&client, &st) => st,
+            // A receive that changed since (the queue began keeping order): commit, then
+            // receive as a first receive does.
+            _ => {
+                let committed = self.end(client, queue, true, false).await;
+                return CommitAndReceive::then_receive(committed, transport, queue).await;
+            }
         };
-        let Some(stmt) = stmt else {
-            let committed = self.end(client, queue, true, false).await;
-            return CommitAndReceive::then_receive(committed, transport, queue).await;
-        };
-        // One round trip: `COMMIT; BEGIN` as one simple query, pipelined with the receive.
+        // One round trip and one answer: `COMMIT; BEGIN; EXECUTE` (see `pipeline`).
         let asked = self
             .answered("a commit", client, async |c| {
-                tokio::join!(commit_and_begin(c), c.query_opt(&stmt, &[]))
+                pipeline::begin_and_receive(c, true, &st.receive_name).await
             })
             .await;
-        let (client, ((committed, begun), row)) = match asked {
+        let (client, pipelined) = match asked {
             Ok(answers) => answers,
             // Whether the COMMIT took effect is not known: reported as failed, the message
             // is handled again if it did not (at least once).
@@ -1059,27 +1078,13 @@ impl SqlStore for Inner {
                 };
             }
         };
-        let committed = committed.map_err(|e| map_error(e, Some(queue)));
-        let next = match (begun, row) {
-            (Some(Ok(())), Ok(row)) => Some(self.received(queue, client, true, row).await),
-            (begun, row) => {
+        let (committed, row) = pipelined.outcome(queue);
+        let next = match row {
+            Some(row) => Some(self.received(queue, client, true, row).await),
+            // The COMMIT failed: the next receive counts as not attempted.
+            None => {
                 discard(client);
-                let receive_failed = match row {
-                    // BEGIN did not run, so the DELETE committed on its own: put that row
-                    // back rather than lose it.
-                    Ok(Some(row)) => {
-                        self.reinsert_autocommitted(queue, &row).await;
-                        None
-                    }
-                    Ok(None) => None,
-                    Err(e) => Some(e),
-                };
-                match begun {
-                    // The COMMIT failed: the next receive counts as not attempted.
-                    None => None,
-                    Some(Err(e)) => Some(Err(map_error(e, Some(queue)))),
-                    Some(Ok(())) => receive_failed.map(|e| Err(map_error(e, Some(queue)))),
-                }
+                None
             }
         };
         CommitAndReceive { committed, next }

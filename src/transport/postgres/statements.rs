@@ -34,6 +34,9 @@ pub struct QueueStatements {
     /// text: a `timestamp` holds values no client date type can (`infinity`, year 294276),
     /// and a row the host cannot decode must not go back to the head of the queue.
     pub receive: String,
+    /// The name [`QueueStatements::receive`] is prepared under with SQL `PREPARE` (see
+    /// `pipeline`): unique in the process, new whenever the receive changes.
+    pub receive_name: String,
     /// Deletes up to `$1` of the oldest rows not locked by other receivers; returns them
     /// oldest first, in the columns of [`QueueStatements::receive`].
     pub receive_batch: String,
@@ -52,11 +55,19 @@ pub struct QueueStatements {
     pub ordering_indexes: Vec<OrderingIndex>,
 }
 
+/// A name for a receive statement no other in this process has.
+fn next_receive_name() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("throttlehost_receive_{n}")
+}
+
 impl QueueStatements {
     /// Builds the statements for `schema`.`queue`.
     pub fn new(schema: &str, queue: &QueueName) -> Self {
         let table = format!("{}.{}", quote_ident(schema), quote_ident(queue.as_str()));
         QueueStatements {
+            receive_name: next_receive_name(),
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {table} (
     Id uuid NOT NULL PRIMARY KEY,
@@ -178,6 +189,7 @@ impl QueueStatements {
             "t.Seq <= COALESCE((SELECT Seq FROM {table} ORDER BY Seq OFFSET {} LIMIT 1), 2147483647)",
             ordering.lookahead.saturating_sub(1)
         );
+        self.receive_name = next_receive_name();
         self.receive = format!(
             "DELETE FROM {table} rs \
              WHERE rs.Seq = (SELECT t.Seq FROM {table} t WHERE {window}{checks} \

@@ -119,3 +119,52 @@ async fn a_new_connection_prepares_the_receive_again_and_the_order_holds() {
     }
     assert_eq!(bodies, vec![every_byte(0), every_byte(1), every_byte(2)]);
 }
+
+/// The expiry a received message reports, by the per-message and the batch receive, is the
+/// one it was sent with whatever the session's `DateStyle` and `TimeZone`: the server prints
+/// `Expires` in one fixed form for the host (a German day-first `DateStyle` read as ISO would
+/// lose it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_reads_the_same_under_any_date_style_and_time_zone() {
+    let schema = common::PgSchema::new();
+    let mut config = schema.transport_config(TransactionMode::ReceiveOnly, 2);
+    config.connection_string = ConnectionString::new(format!(
+        "{}&options=-c%20DateStyle%3DGerman%2CDMY%20-c%20TimeZone%3DAmerica%2FNew_York",
+        schema.connection_string()
+    ));
+    let transport: Arc<dyn Transport> =
+        Arc::new(PostgresTransport::connect(&config).await.unwrap());
+    let queue = q("in");
+    transport.create_queue(&queue).await.unwrap();
+    let ttl = std::time::Duration::from_secs(600);
+    for n in 0..3u8 {
+        transport
+            .send(
+                &queue,
+                &OutgoingMessage::new(vec![n]).with_time_to_be_received(ttl),
+            )
+            .await
+            .unwrap();
+    }
+    let sent_at = chrono::Utc::now();
+    let expect_near = |r: &dyn Received, how: &str| match r.payload() {
+        Payload::Message(m) => {
+            let expires = m.expires.unwrap_or_else(|| panic!("{how}: no expiry read"));
+            let off = (expires - sent_at).num_seconds();
+            assert!(
+                (590..=610).contains(&off),
+                "{how}: expires {expires}, {off} s after sending instead of about 600"
+            );
+        }
+        other => panic!("{how}: expected a message, got {other:?}"),
+    };
+    let single = transport.receive(&queue).await.unwrap().expect("a message");
+    expect_near(single.as_ref(), "single receive");
+    single.commit().await.unwrap();
+    let batch = transport.receive_batch(&queue, 2).await.unwrap();
+    assert_eq!(batch.len(), 2);
+    for r in &batch {
+        expect_near(r.as_ref(), "batch receive");
+    }
+    futures_util::future::join_all(batch.into_iter().map(|r| r.commit())).await;
+}

@@ -498,9 +498,10 @@ impl Inner {
     }
 }
 
-/// Reads `Expires` as PostgreSQL prints it. Values no date type here can hold (`infinity`,
-/// `-infinity`, years past 262143, BC dates) read as no expiry: whether the row has expired was
-/// already decided by the server, so only the informational expiry of the message is lost.
+/// Reads `Expires` as the receive prints it (`statements::EXPIRES_TEXT`: ISO, with its offset
+/// from UTC; without one it is taken as UTC). Values no date type here can hold (`infinity`,
+/// years past 262143) read as no expiry: whether the row has expired was already decided by the
+/// server, so only the informational expiry of the message is lost.
 fn parse_expires(text: &str) -> Option<NaiveDateTime> {
     NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f")
         .ok()

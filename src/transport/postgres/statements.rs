@@ -7,6 +7,12 @@ use crate::config::{FailedKey, OrderingConfig};
 use crate::message::{EXECUTION_STAGE_HEADER, PREVIOUS_STAGE_HEADER};
 use crate::transport::{HeldStatements, QueueName};
 
+/// A received row's `Expires` as text the same whatever the session's `DateStyle` and
+/// `TimeZone`: ISO digits with the offset from UTC (`+00` for the NServiceBus `timestamp`
+/// column, which holds UTC; the session's offset for a `timestamptz` one). `infinity` comes
+/// back NULL, a message that never expires.
+const EXPIRES_TEXT: &str = "to_char(rs.Expires, 'YYYY-MM-DD HH24:MI:SS.USOF')";
+
 /// Quotes a validated identifier for PostgreSQL. Names reaching here passed
 /// [`crate::transport::names`], which rejects `"`; quoting keeps case and dots intact.
 pub fn quote_ident(name: &str) -> String {
@@ -31,8 +37,9 @@ pub struct QueueStatements {
     pub send_raw: String,
     /// Deletes the oldest row not locked by another receiver; returns id, expired flag,
     /// headers, body, expires. Expiry is decided by the server and `Expires` comes back as
-    /// text: a `timestamp` holds values no client date type can (`infinity`, year 294276),
-    /// and a row the host cannot decode must not go back to the head of the queue.
+    /// text ([`EXPIRES_TEXT`]): a `timestamp` holds values no client date type can
+    /// (`infinity`, year 294276), and a row the host cannot decode must not go back to the
+    /// head of the queue.
     pub receive: String,
     /// The name [`QueueStatements::receive`] is prepared under with SQL `PREPARE` (see
     /// `pipeline`): unique in the process, new whenever the receive changes.
@@ -95,14 +102,14 @@ impl QueueStatements {
                  WHERE rs.Seq = (SELECT Seq FROM {table} ORDER BY Seq LIMIT 1 FOR UPDATE SKIP LOCKED) \
                  RETURNING rs.Id, \
                  CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END, \
-                 rs.Headers, rs.Body, rs.Expires::text"
+                 rs.Headers, rs.Body, {EXPIRES_TEXT}"
             ),
             receive_batch: format!(
                 "WITH taken AS (DELETE FROM {table} rs \
                  WHERE rs.Seq IN (SELECT Seq FROM {table} ORDER BY Seq LIMIT $1 FOR UPDATE SKIP LOCKED) \
                  RETURNING rs.Seq, rs.Id, \
                  CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END AS expired, \
-                 rs.Headers, rs.Body, rs.Expires::text AS expires) \
+                 rs.Headers, rs.Body, {EXPIRES_TEXT} AS expires) \
                  SELECT Id, expired, Headers, Body, expires FROM taken ORDER BY Seq"
             ),
             peek: format!(
@@ -196,7 +203,7 @@ impl QueueStatements {
              ORDER BY t.Seq LIMIT 1 FOR UPDATE OF t SKIP LOCKED) \
              RETURNING rs.Id, \
              CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END, \
-             rs.Headers, rs.Body, rs.Expires::text"
+             rs.Headers, rs.Body, {EXPIRES_TEXT}"
         );
         // Rows of the window that may not run: the complement of the receive's checks.
         let may_run = checks.trim_start_matches(" AND ");

@@ -1,6 +1,6 @@
-//! The PostgreSQL transport's TLS modes: `sslmode=disable` connects in plain text (and builds
-//! no TLS connector, which would parse the system's CA bundle at every start); the default
-//! (`prefer`) encrypts exactly when the server offers TLS.
+//! The PostgreSQL transport's TLS modes: `sslmode=disable` connects in plain text; the default
+//! (`prefer`) encrypts exactly when the server offers TLS; `verify-full` checks the chain
+//! against `sslrootcert` and then the host name.
 
 mod common;
 
@@ -53,4 +53,79 @@ async fn the_default_mode_encrypts_when_the_server_offers_tls() {
         .unwrap()
         .get(0);
     assert_eq!(round_trip("").await, server_tls == "on");
+}
+
+/// The server's certificate file when it offers TLS and this process may read the file.
+async fn server_certificate(schema: &common::PgSchema) -> Option<String> {
+    let client = schema.client().await;
+    let ssl: String = client.query_one("SHOW ssl", &[]).await.unwrap().get(0);
+    if ssl != "on" {
+        eprintln!("the server offers no TLS: nothing to verify");
+        return None;
+    }
+    let file: String = client
+        .query_one("SHOW ssl_cert_file", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let file = if file.starts_with('/') {
+        file
+    } else {
+        let dir: String = client
+            .query_one("SHOW data_directory", &[])
+            .await
+            .unwrap()
+            .get(0);
+        format!("{dir}/{file}")
+    };
+    match std::fs::metadata(&file) {
+        Ok(_) => Some(file),
+        Err(e) => {
+            eprintln!("cannot read the server's certificate {file}: {e}");
+            None
+        }
+    }
+}
+
+/// Connects with `suffix` added to the test schema's connection string; the error, if any.
+async fn connect_error(schema: &common::PgSchema, suffix: &str) -> Option<String> {
+    let mut config = schema.transport_config(TransactionMode::ReceiveOnly, 1);
+    config.connection_string =
+        ConnectionString::new(format!("{}{suffix}", schema.connection_string()));
+    PostgresTransport::connect(&config)
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+}
+
+/// `verify-full` checks the chain against `sslrootcert`, then the host name. With the public
+/// CAs of the system's bundle as roots, a server with a self-signed certificate (Debian's
+/// snakeoil one) is refused for its issuer; with its own certificate as the root it is
+/// trusted, and refused for the name instead: 127.0.0.1 is not a name such a certificate is
+/// issued for. A root file that does not exist is an error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_full_checks_the_chain_against_sslrootcert_then_the_host_name() {
+    let schema = common::PgSchema::new();
+    let Some(cert) = server_certificate(&schema).await else {
+        return;
+    };
+    let public_cas = "/etc/ssl/certs/ca-certificates.crt";
+    if std::path::Path::new(public_cas).exists() {
+        let e = connect_error(
+            &schema,
+            &format!("&sslmode=verify-full&sslrootcert={public_cas}"),
+        )
+        .await
+        .expect("a self-signed certificate is refused");
+        assert!(e.contains("UnknownIssuer"), "{e}");
+    }
+    let e = connect_error(&schema, &format!("&sslmode=verify-full&sslrootcert={cert}"))
+        .await
+        .expect("refused for its name");
+    assert!(e.contains("not valid for name"), "{e}");
+    assert!(!e.contains("UnknownIssuer"), "{e}");
+    let e = connect_error(&schema, "&sslmode=verify-full&sslrootcert=/nonexistent.pem")
+        .await
+        .expect("a missing file is an error");
+    assert!(e.contains("sslrootcert `/nonexistent.pem`"), "{e}");
 }

@@ -8,6 +8,7 @@
 
 mod pipeline;
 mod statements;
+mod tls;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -75,8 +76,8 @@ impl PostgresTransport {
     pub fn new(config: &TransportConfig) -> Result<Self, TransportError> {
         let schema = config.effective_schema().to_string();
         validate_schema_name(&schema).map_err(TransportError::InvalidName)?;
-        let (raw, verify) = tls_mode(config.connection_string.expose());
-        let mut pg = tokio_postgres::Config::from_str(&raw).map_err(|e| {
+        let tls = tls::TlsSettings::read(config.connection_string.expose());
+        let mut pg = tokio_postgres::Config::from_str(&tls.connection_string).map_err(|e| {
             TransportError::Config(format!(
                 "transport.connection_string is not a PostgreSQL connection string ({e}); got {}",
                 config.connection_string
@@ -99,22 +100,14 @@ impl PostgresTransport {
             recycling_method: RecyclingMethod::Fast,
         };
         let manager = if pg.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
-            // No TLS connector at all: building one parses the system's whole CA bundle
-            // (tens of milliseconds of start-up) for connections that never use it.
             Manager::from_config(pg, tokio_postgres::NoTls, manager_config)
         } else {
-            // libpq semantics: sslmode prefer/require encrypt without checking the
+            // libpq semantics (see `tls`): prefer/require encrypt without checking the
             // certificate; verify-ca/verify-full check it.
-            let tls = native_tls::TlsConnector::builder()
-                .danger_accept_invalid_certs(!verify)
-                .danger_accept_invalid_hostnames(!verify)
-                .build()
-                .map_err(|e| TransportError::Config(format!("cannot set up TLS: {e}")))?;
-            Manager::from_config(
-                pg,
-                postgres_native_tls::MakeTlsConnector::new(tls),
-                manager_config,
-            )
+            let connector = tls
+                .connector()
+                .map_err(|e| TransportError::Config(format!("transport.connection_string: {e}")))?;
+            Manager::from_config(pg, connector, manager_config)
         };
         let pool = Pool::builder(manager)
             .max_size(config.pool_size as usize)
@@ -563,22 +556,6 @@ async fn check_layout(
     Ok(())
 }
 
-/// tokio-postgres knows sslmode disable/prefer/require; libpq's verify-ca and verify-full
-/// mean "require, and check the certificate". Returns the string tokio-postgres accepts and
-/// whether to verify.
-fn tls_mode(raw: &str) -> (String, bool) {
-    let mut verify = false;
-    let mut out = raw.to_string();
-    for mode in ["verify-full", "verify-ca"] {
-        let key = format!("sslmode={mode}");
-        if out.contains(&key) {
-            verify = true;
-            out = out.replace(&key, "sslmode=require");
-        }
-    }
-    (out, verify)
-}
-
 /// Turns a driver error into a transport error that says what happened.
 fn map_error(e: tokio_postgres::Error, queue: Option<&QueueName>) -> TransportError {
     if let Some(db) = e.as_db_error() {
@@ -605,7 +582,16 @@ fn map_error(e: tokio_postgres::Error, queue: Option<&QueueName>) -> TransportEr
     let mapped = if e.is_closed() {
         TransportError::connection("the connection was closed")
     } else {
-        TransportError::connection(e.to_string())
+        // tokio-postgres prints its kind only ("error performing TLS handshake"); the cause
+        // says what went wrong ("invalid peer certificate: UnknownIssuer", "Connection
+        // refused").
+        let mut message = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            message.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        TransportError::connection(message)
     };
     mapped.caused_by(e)
 }

@@ -10,7 +10,12 @@ use throttlehost::transport::postgres::PostgresTransport;
 use throttlehost::transport::{QueueAdmin, Transport};
 
 async fn round_trip(url_suffix: &str) -> bool {
-    let schema = common::PgSchema::new();
+    round_trip_on(&common::PgSchema::new(), url_suffix).await
+}
+
+/// Sends and receives one message through a transport whose connection string is the test
+/// schema's plus `url_suffix`; whether its session was encrypted.
+async fn round_trip_on(schema: &common::PgSchema, url_suffix: &str) -> bool {
     let mut config = schema.transport_config(TransactionMode::ReceiveOnly, 2);
     let url = format!("{}{url_suffix}", schema.connection_string());
     config.connection_string = ConnectionString::new(url);
@@ -128,4 +133,29 @@ async fn verify_full_checks_the_chain_against_sslrootcert_then_the_host_name() {
         .await
         .expect("a missing file is an error");
     assert!(e.contains("sslrootcert `/nonexistent.pem`"), "{e}");
+}
+
+/// `verify-ca` checks the chain and not the name: with the server's own certificate as the
+/// root, a connection to 127.0.0.1 is made, encrypted, where `verify-full` refuses it; with
+/// the public CAs as roots it is refused for the issuer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_ca_checks_the_chain_and_not_the_host_name() {
+    let schema = common::PgSchema::new();
+    let Some(cert) = server_certificate(&schema).await else {
+        return;
+    };
+    assert!(
+        round_trip_on(&schema, &format!("&sslmode=verify-ca&sslrootcert={cert}")).await,
+        "the session is encrypted"
+    );
+    let public_cas = "/etc/ssl/certs/ca-certificates.crt";
+    if std::path::Path::new(public_cas).exists() {
+        let e = connect_error(
+            &schema,
+            &format!("&sslmode=verify-ca&sslrootcert={public_cas}"),
+        )
+        .await
+        .expect("a self-signed certificate is refused");
+        assert!(e.contains("UnknownIssuer"), "{e}");
+    }
 }

@@ -6,21 +6,34 @@
 //!   certificate store is loaded, so these modes start as fast as `disable`: OpenSSL parsed
 //!   the system's whole CA bundle (twice, through native-tls) at every start, 50-60 ms of a
 //!   100 ms start-up.
-//! - `verify-ca` and `verify-full`: the certificate chain is checked against `sslrootcert`
-//!   (a PEM file) or, without it, the system's CA certificates, and so is the host name (both
-//!   modes check it: stricter than libpq's `verify-ca`).
+//! - `verify-ca`: the certificate chain is checked against `sslrootcert` (a PEM file) or,
+//!   without it, the system's CA certificates; `verify-full` checks the host name too.
 //!
 //! tokio-postgres knows `disable`, `prefer` and `require` and no `sslrootcert`; this module
 //! reads the rest out of the connection string before tokio-postgres parses it.
 
 use std::sync::Arc;
 
+use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
 use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// What of the server's certificate a connection checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verify {
+    /// Nothing (`prefer`, `require`).
+    Nothing,
+    /// That a trusted CA issued it (`verify-ca`).
+    Chain,
+    /// That, and that it names the host connected to (`verify-full`).
+    ChainAndName,
+}
 
 /// What a connection string asks of TLS beyond what tokio-postgres reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,8 +41,8 @@ pub(super) struct TlsSettings {
     /// The connection string as tokio-postgres accepts it (`verify-*` as `require`, no
     /// `sslrootcert`).
     pub connection_string: String,
-    /// Check the server's certificate (`verify-ca`, `verify-full`).
-    pub verify: bool,
+    /// What of the server's certificate is checked.
+    pub verify: Verify,
     /// The CA certificates to check it against (`sslrootcert`); the system's when absent.
     pub root_cert: Option<String>,
 }
@@ -38,11 +51,14 @@ impl TlsSettings {
     /// Reads `sslmode` and `sslrootcert` from a libpq key=value or URL connection string.
     pub(super) fn read(raw: &str) -> TlsSettings {
         let (mut out, root_cert) = take_parameter(raw, "sslrootcert");
-        let mut verify = false;
-        for mode in ["verify-full", "verify-ca"] {
+        let mut verify = Verify::Nothing;
+        for (mode, checks) in [
+            ("verify-full", Verify::ChainAndName),
+            ("verify-ca", Verify::Chain),
+        ] {
             let key = format!("sslmode={mode}");
             if out.contains(&key) {
-                verify = true;
+                verify = checks;
                 out = out.replace(&key, "sslmode=require");
             }
         }
@@ -59,15 +75,26 @@ impl TlsSettings {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("cannot set up TLS: {e}"))?;
-        let config = if self.verify {
-            builder
+        let config = match self.verify {
+            Verify::ChainAndName => builder
                 .with_root_certificates(self.root_store()?)
-                .with_no_client_auth()
-        } else {
-            builder
+                .with_no_client_auth(),
+            Verify::Chain => {
+                let chain = WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(self.root_store()?),
+                    provider,
+                )
+                .build()
+                .map_err(|e| format!("cannot set up TLS: {e}"))?;
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(ChainOnly(chain)))
+                    .with_no_client_auth()
+            }
+            Verify::Nothing => builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-                .with_no_client_auth()
+                .with_no_client_auth(),
         };
         Ok(MakeRustlsConnect::new(config))
     }
@@ -236,19 +263,70 @@ impl ServerCertVerifier for AnyCertificate {
     }
 }
 
+/// `verify-ca`: the chain is checked as `verify-full` checks it, the name is not. rustls checks
+/// the chain first and the name last, so a name error means the chain passed.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn verify_modes_become_require_and_ask_for_checks() {
-        for mode in ["verify-ca", "verify-full"] {
+        for (mode, checks) in [
+            ("verify-ca", Verify::Chain),
+            ("verify-full", Verify::ChainAndName),
+        ] {
             let s = TlsSettings::read(&format!("host=db sslmode={mode} user=u"));
             assert_eq!(s.connection_string, "host=db sslmode=require user=u");
-            assert!(s.verify, "{mode}");
+            assert_eq!(s.verify, checks, "{mode}");
         }
         let s = TlsSettings::read("postgres://u@db/test?sslmode=prefer");
-        assert!(!s.verify);
+        assert_eq!(s.verify, Verify::Nothing);
         assert_eq!(s.connection_string, "postgres://u@db/test?sslmode=prefer");
     }
 

@@ -8,6 +8,7 @@
 //!   100 ms start-up.
 //! - `verify-ca`: the certificate chain is checked against `sslrootcert` (a PEM file) or,
 //!   without it, the system's CA certificates; `verify-full` checks the host name too.
+//!   `require` with `sslrootcert` checks the chain, as libpq does.
 //!
 //! tokio-postgres knows `disable`, `prefer` and `require` and no `sslrootcert`; this module
 //! reads the rest out of the connection string before tokio-postgres parses it.
@@ -61,6 +62,10 @@ impl TlsSettings {
                 verify = checks;
                 out = out.replace(&key, "sslmode=require");
             }
+        }
+        // libpq: `require` with a root certificate file checks the chain, as `verify-ca`.
+        if verify == Verify::Nothing && root_cert.is_some() && out.contains("sslmode=require") {
+            verify = Verify::Chain;
         }
         TlsSettings {
             connection_string: out,
@@ -328,6 +333,12 @@ mod tests {
         let s = TlsSettings::read("postgres://u@db/test?sslmode=prefer");
         assert_eq!(s.verify, Verify::Nothing);
         assert_eq!(s.connection_string, "postgres://u@db/test?sslmode=prefer");
+        // As libpq: `require` with a root file checks the chain; `prefer` does not.
+        let s = TlsSettings::read("host=db sslmode=require sslrootcert=/ca.pem");
+        assert_eq!(s.verify, Verify::Chain);
+        let s = TlsSettings::read("host=db sslmode=prefer sslrootcert=/ca.pem");
+        assert_eq!(s.verify, Verify::Nothing);
+        assert_eq!(s.connection_string, "host=db sslmode=prefer");
     }
 
     #[test]

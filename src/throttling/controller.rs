@@ -553,18 +553,23 @@ impl Controller {
                     }
                 }
             }
-            pressure.headroom = pressure.headroom.min(1.0 - ratio / resume);
-            if ratio >= law::APPROACH_SHARE {
-                // Only what the messages in process add can grow with them: the part of the
-                // value above what it read with nothing in process (a machine's memory used
-                // by everything else is not ours to shrink).
-                let base = self.idle_values.get(&condition).copied().unwrap_or(0.0);
-                let ours = readings.value(condition) - base;
-                let line = resume * threshold as f64 - base;
-                if ours > 0.0 {
-                    let room = (line / ours).max(0.0);
-                    pressure.approach = Some(pressure.approach.map_or(room, |r: f64| r.min(room)));
-                }
+            // Only what the messages in process add can grow with them: the part of the
+            // value above what it read with nothing in process (a machine's memory used by
+            // everything else is not ours to shrink). Headroom is measured on that part:
+            // measured on the whole value, a machine whose other processes sit near the line
+            // gave the limit a step a sample, 47 samples from 1 back to 48 (12 s).
+            let base = self.idle_values.get(&condition).copied().unwrap_or(0.0);
+            let ours = readings.value(condition) - base;
+            let line = resume * threshold as f64 - base;
+            let headroom = if line > 0.0 {
+                1.0 - ours.max(0.0) / line
+            } else {
+                0.0
+            };
+            pressure.headroom = pressure.headroom.min(headroom);
+            if ratio >= law::APPROACH_SHARE && ours > 0.0 {
+                let room = (line / ours).max(0.0);
+                pressure.approach = Some(pressure.approach.map_or(room, |r: f64| r.min(room)));
             }
         }
         pressure

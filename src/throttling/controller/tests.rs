@@ -535,25 +535,27 @@ fn limits_are_cut_from_what_is_in_flight_held_and_grown_back() {
         }]
     };
     let limit = |d: &Decision| d.queue_limits["orders"];
-    let memory = |mib: u64| Readings {
+    // The messages in flight are in process: no reading here is an idle one.
+    let memory = |mib: u64, in_process: u64| Readings {
         process_memory: mib * MIB,
+        in_process,
         ..quiet()
     };
     // Memory at 1.9 x threshold with 40 in flight: cut to 40 x 0.95 / 1.9 = 20.
-    assert_eq!(limit(&c.tick(secs(0.0), &memory(190), &q(40))), 20);
+    assert_eq!(limit(&c.tick(secs(0.0), &memory(190, 40), &q(40))), 20);
     // Still over, but the cut has not drained yet (30 in flight > 20): hold.
-    assert_eq!(limit(&c.tick(secs(0.5), &memory(190), &q(30))), 20);
+    assert_eq!(limit(&c.tick(secs(0.5), &memory(190, 30), &q(30))), 20);
     // Drained to the limit and still over (1.2 x): cut again, 20 x 0.95 / 1.2 = 15.
-    assert_eq!(limit(&c.tick(secs(1.0), &memory(120), &q(20))), 15);
+    assert_eq!(limit(&c.tick(secs(1.0), &memory(120, 20), &q(20))), 15);
     // Between resume line (90) and threshold: held.
-    assert_eq!(limit(&c.tick(secs(1.5), &memory(95), &q(15))), 15);
+    assert_eq!(limit(&c.tick(secs(1.5), &memory(95, 15), &q(15))), 15);
     // Just below the resume line: grows by steps; far below: nearly doubles.
-    assert_eq!(limit(&c.tick(secs(2.0), &memory(89), &q(15))), 16);
+    assert_eq!(limit(&c.tick(secs(2.0), &memory(89, 15), &q(15))), 16);
     // Right after the pressure, growth from a dip is bounded by what is in flight.
     let mut probe = c.clone();
-    assert_eq!(limit(&probe.tick(secs(2.5), &memory(9), &q(6))), 16);
-    assert_eq!(limit(&probe.tick(secs(3.0), &memory(9), &q(16))), 29);
-    let far = memory(9);
+    assert_eq!(limit(&probe.tick(secs(2.5), &memory(9, 6), &q(6))), 16);
+    assert_eq!(limit(&probe.tick(secs(3.0), &memory(9, 16), &q(16))), 29);
+    let far = memory(9, 5);
     let mut t = 2.5;
     let mut grown = Vec::new();
     while grown.last() != Some(&64) {
@@ -563,6 +565,56 @@ fn limits_are_cut_from_what_is_in_flight_held_and_grown_back() {
     // For 2 s after the pressure a limit grows from what is in flight (2 x 5 + 1 = 11 < 16:
     // held); then by the headroom of the tightest resource (system memory, 100 of 800 MiB).
     assert_eq!(grown, vec![16, 16, 16, 29, 53, 64]);
+}
+
+/// Growth back from a cut is measured on what the messages add, not on what the machine's
+/// other processes hold: system memory that sits at 600 of 800 MiB with nothing in process,
+/// pushed over by messages and back to 650 (below the resume line of 720), leaves the
+/// messages' part at 50 of its 120 MiB of room. The limit regrows to its max within a few
+/// samples; measured on the whole value (headroom 1 - 650 / 720 = 0.1) it took a step a
+/// sample, well over 10 s from a deep cut.
+#[test]
+fn limits_regrow_by_the_room_the_messages_have_not_the_machine() {
+    let mut c = controller();
+    let q = |in_flight| {
+        vec![QueueLoad {
+            name: "orders".into(),
+            max: 64,
+            in_flight,
+        }]
+    };
+    let system = |mib: u64, in_process: u64| Readings {
+        system_memory_used: mib * MIB,
+        in_process,
+        ..quiet()
+    };
+    // Idle: the machine's own use.
+    c.tick(secs(0.0), &system(600, 0), &q(0));
+    // Messages push it over: the limit is cut from what is in flight.
+    let mut t = 0.5;
+    let mut limit = 64;
+    let mut in_flight = 40;
+    for _ in 0..6 {
+        limit = c
+            .tick(secs(t), &system(900, in_flight), &q(in_flight as u32))
+            .queue_limits["orders"];
+        in_flight = limit as u64;
+        t += 0.5;
+    }
+    assert!(limit <= 12, "cut deep under pressure: {limit}");
+    // The cause ends: 650 MiB with the limit's worth of messages in flight.
+    let mut samples = 0;
+    while limit < 64 {
+        limit = c
+            .tick(secs(t), &system(650, limit as u64), &q(limit))
+            .queue_limits["orders"];
+        t += 0.5;
+        samples += 1;
+        assert!(
+            samples <= 8,
+            "limit {limit} after {samples} samples below the resume line"
+        );
+    }
 }
 
 #[test]

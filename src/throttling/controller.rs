@@ -514,7 +514,14 @@ impl Controller {
             let held = readings.held.of(condition).is_some();
             *active = match threshold {
                 None => false,
-                Some(t) => held || hysteresis(*active, value, t as f64, resume),
+                // A hold is reported for the whole interval since the last tick. One made
+                // early in it, by a resource that has fallen below half its threshold since,
+                // is over: counted, it showed the condition for one tick after its cause had
+                // gone (state 10 -> 4 -> 10 as an override began in `mixed`).
+                Some(t) => {
+                    (held && value >= t as f64 * law::APPROACH_SHARE)
+                        || hysteresis(*active, value, t as f64, resume)
+                }
             };
         }
     }

@@ -68,6 +68,15 @@ fn queues() -> Vec<QueueLoad> {
     vec![QueueLoad::idle("orders", 16)]
 }
 
+/// The `orders` queue with a max of 64 and `in_flight` messages in its handlers.
+fn orders_of_64(in_flight: u32) -> Vec<QueueLoad> {
+    vec![QueueLoad {
+        name: "orders".into(),
+        max: 64,
+        in_flight,
+    }]
+}
+
 fn states(c: &mut Controller, r: &Readings) -> (u8, u8) {
     let d = c.tick(secs(0.0), r, &queues());
     (d.delivery.state, d.publishing.state)
@@ -527,13 +536,7 @@ fn no_pacing_without_a_measured_outgoing_rate() {
 #[test]
 fn limits_are_cut_from_what_is_in_flight_held_and_grown_back() {
     let mut c = controller();
-    let q = |in_flight| {
-        vec![QueueLoad {
-            name: "orders".into(),
-            max: 64,
-            in_flight,
-        }]
-    };
+    let q = orders_of_64;
     let limit = |d: &Decision| d.queue_limits["orders"];
     // The messages in flight are in process: no reading here is an idle one.
     let memory = |mib: u64, in_process: u64| Readings {
@@ -576,13 +579,7 @@ fn limits_are_cut_from_what_is_in_flight_held_and_grown_back() {
 #[test]
 fn limits_regrow_by_the_room_the_messages_have_not_the_machine() {
     let mut c = controller();
-    let q = |in_flight| {
-        vec![QueueLoad {
-            name: "orders".into(),
-            max: 64,
-            in_flight,
-        }]
-    };
+    let q = orders_of_64;
     let system = |mib: u64, in_process: u64| Readings {
         system_memory_used: mib * MIB,
         in_process,

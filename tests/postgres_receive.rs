@@ -26,6 +26,15 @@ fn body_of(r: &dyn Received) -> Vec<u8> {
     }
 }
 
+/// A transport on the test schema whose sessions start with the server settings `options`
+/// (URL-encoded `-c name=value` pairs).
+async fn with_session_options(schema: &common::PgSchema, options: &str) -> PostgresTransport {
+    let mut config = schema.transport_config(TransactionMode::ReceiveOnly, 2);
+    config.connection_string =
+        ConnectionString::new(format!("{}&options={options}", schema.connection_string()));
+    PostgresTransport::connect(&config).await.unwrap()
+}
+
 /// Sends five bodies of every byte value, receives the first on its own and the rest as
 /// follow-ons of each commit, and checks each body byte for byte.
 async fn chain_keeps_bodies_whole(transport: Arc<dyn Transport>) {
@@ -73,13 +82,8 @@ async fn bodies_read_whole_with_the_default_hex_output() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_read_whole_when_the_server_prints_bytea_escaped() {
     let schema = common::PgSchema::new();
-    let mut config = schema.transport_config(TransactionMode::ReceiveOnly, 2);
     // `bytea_output = escape` for this test's sessions, as a server or role may set it.
-    config.connection_string = ConnectionString::new(format!(
-        "{}&options=-c%20bytea_output%3Descape",
-        schema.connection_string()
-    ));
-    let transport = PostgresTransport::connect(&config).await.unwrap();
+    let transport = with_session_options(&schema, "-c%20bytea_output%3Descape").await;
     chain_keeps_bodies_whole(Arc::new(transport)).await;
 }
 
@@ -127,13 +131,13 @@ async fn a_new_connection_prepares_the_receive_again_and_the_order_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_reads_the_same_under_any_date_style_and_time_zone() {
     let schema = common::PgSchema::new();
-    let mut config = schema.transport_config(TransactionMode::ReceiveOnly, 2);
-    config.connection_string = ConnectionString::new(format!(
-        "{}&options=-c%20DateStyle%3DGerman%2CDMY%20-c%20TimeZone%3DAmerica%2FNew_York",
-        schema.connection_string()
-    ));
-    let transport: Arc<dyn Transport> =
-        Arc::new(PostgresTransport::connect(&config).await.unwrap());
+    let transport: Arc<dyn Transport> = Arc::new(
+        with_session_options(
+            &schema,
+            "-c%20DateStyle%3DGerman%2CDMY%20-c%20TimeZone%3DAmerica%2FNew_York",
+        )
+        .await,
+    );
     let queue = q("in");
     transport.create_queue(&queue).await.unwrap();
     let ttl = std::time::Duration::from_secs(600);

@@ -3,10 +3,17 @@
 //! to receive; this module decides what to do with what they got.
 //!
 //! Recoverability follows NServiceBus: immediate retries (default 5) run inside the same
-//! receive, then the message moves to the error queue with the fault headers ServiceControl
-//! reads. The move and the deletion of the original commit together. Failure counts are also
-//! remembered per message id, so a message whose move failed (and was rolled back) goes
-//! straight to the error queue next time instead of starting its retries over.
+//! receive; then delayed retries (default 3, 10 s x the retry's number later) store the message
+//! in the queue's delayed table with `NServiceBus.Retries` set, in the unit of work that removes
+//! it; after the last, the message moves to the error queue with the fault headers
+//! ServiceControl reads. Each move commits with the deletion of the original. Failure counts
+//! are also remembered per message id, so a message whose move failed (and was rolled back)
+//! goes on from there next time instead of starting its retries over.
+//!
+//! A message moved in from a delayed table carries `NServiceBus.SqlServer.ForwardDestination`:
+//! it is handled here when the header names this queue, and sent on (in the unit of work)
+//! when it names another. Every attempt passes the queue's downstream guards
+//! (`queue::downstream`): the outage pause before it, its outcome and latency after it.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -19,11 +26,18 @@ use uuid::Uuid;
 
 use crate::config::{FailedKey, TransactionMode};
 use crate::handlers::{Context, Handler};
-use crate::message::{Headers, Message, OutgoingMessage, format_wire_time};
+use crate::message::{
+    FORWARD_DESTINATION_HEADER, Headers, Message, OutgoingMessage, RETRIES_HEADER,
+    RETRIES_TIMESTAMP_HEADER, format_wire_time,
+};
 use crate::publish::Publisher;
 use crate::queue::QueueRuntime;
+use crate::queue::downstream::Change;
 use crate::throttling::Throttle;
 use crate::transport::{Payload, QueueName, Received, Transport, TransportError};
+
+/// The exception type of an attempt that ran past the handler timeout.
+const TIMEOUT_KIND: &str = "throttlehost.HandlerTimeout";
 
 /// Longest exception message kept in `NServiceBus.ExceptionInfo.Message` (as Core does).
 const MAX_EXCEPTION_MESSAGE: usize = 16_384;
@@ -56,6 +70,12 @@ pub trait DispatchObserver: Send + Sync + 'static {
     /// A message's last attempt has ended, before its unit of work ends (so before any
     /// message that waits for it can be received). The default ignores it.
     fn handled(&self, queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
+        let _ = (queue, id, logical_id);
+    }
+
+    /// A message left its queue for a delayed table (a delayed retry) or for another queue (a
+    /// forward destination): it will be seen again. The default ignores it.
+    fn moved_on(&self, queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
         let _ = (queue, id, logical_id);
     }
 }
@@ -136,7 +156,7 @@ impl Failure {
             humantime::format_duration(limit)
         );
         Failure {
-            kind: "throttlehost.HandlerTimeout",
+            kind: TIMEOUT_KIND,
             detail: message.clone(),
             message,
         }
@@ -242,6 +262,27 @@ pub type Next = Option<Result<Option<Box<dyn Received>>, TransportError>>;
 enum Verdict {
     Success(Vec<(QueueName, OutgoingMessage)>),
     Failed(Box<OutgoingMessage>, Failure),
+    /// Its immediate retries are used up and a delayed retry is due: store it in the delayed
+    /// table of the first queue.
+    Deferred(QueueName, Box<OutgoingMessage>, Failure),
+}
+
+/// Where a message from a delayed table goes.
+enum Destination {
+    /// Here: the header named this queue (or nothing this host can read as another).
+    Here,
+    /// On to another queue, in the receive's unit of work.
+    Queue(QueueName),
+    /// An address that names no queue this transport reaches: to the error queue.
+    Unknown(String),
+}
+
+/// Delayed retries a message has had, from its `NServiceBus.Retries` header.
+fn delayed_retries_of(message: &Message) -> u32 {
+    message
+        .header(RETRIES_HEADER)
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Processes received messages for every queue of a host.
@@ -334,7 +375,104 @@ impl Dispatcher {
                 self.dead_letter(q, received, id, &reason).await;
                 None
             }
-            Payload::Message(_) => self.handle(q, received, follow).await,
+            Payload::Message(m) => match self.destination(q, m) {
+                Destination::Here => self.handle(q, received, follow).await,
+                Destination::Queue(to) => self.forward(q, received, to, follow).await,
+                Destination::Unknown(address) => {
+                    self.undeliverable(q, received, &address).await;
+                    None
+                }
+            },
+        }
+    }
+
+    /// Where a received message goes: here, unless it came from a delayed table for another
+    /// queue.
+    fn destination(&self, q: &QueueRuntime, message: &Message) -> Destination {
+        let Some(address) = message.header(FORWARD_DESTINATION_HEADER) else {
+            return Destination::Here;
+        };
+        let parsed = self
+            .publisher
+            .transport()
+            .delayed_delivery()
+            .and_then(|d| d.parse_forward_address(address));
+        match parsed {
+            Some(to) if to == q.name => Destination::Here,
+            Some(to) => Destination::Queue(to),
+            None => Destination::Unknown(address.to_string()),
+        }
+    }
+
+    /// Sends a message from a delayed table on to the queue it is for, in the receive's unit
+    /// of work. A send that fails rolls back; the next delivery of the same row goes to the
+    /// error queue (as NServiceBus does), naming the destination.
+    async fn forward(
+        &self,
+        q: &QueueRuntime,
+        mut received: Box<dyn Received>,
+        to: QueueName,
+        follow: Option<FollowOn<'_>>,
+    ) -> Next {
+        let Payload::Message(message) = received.payload() else {
+            return None;
+        };
+        let (id, logical_id) = (message.id, message.logical_id());
+        if q.failures.attempts(id) > 0 {
+            self.undeliverable(q, received, to.as_str()).await;
+            return None;
+        }
+        let mut copy = OutgoingMessage::forward_of(message);
+        copy.headers.remove(FORWARD_DESTINATION_HEADER);
+        if let Err(e) = self
+            .publisher
+            .insert_within(received.as_mut(), &to, &copy)
+            .await
+        {
+            q.failures.record(id, 1);
+            tracing::warn!(queue = %q.name, %id, destination = %to, error = %e,
+                "a due delayed message could not be sent on to its destination; it returns and goes to the error queue next");
+            let _ = received.rollback().await;
+            return None;
+        }
+        let (committed, next) = finish(q, received, follow).await;
+        match committed {
+            Ok(()) => {
+                q.depth.departed();
+                q.metrics.forwarded.increment(1);
+                self.throttle.delivery_rates.outgoing();
+                if let Some(o) = &self.observer {
+                    o.moved_on(&q.name, id, Some(&logical_id));
+                }
+            }
+            Err(e) => tracing::warn!(queue = %q.name, %id, error = %e,
+                "forwarding a due delayed message did not commit; it returns to the queue"),
+        }
+        next
+    }
+
+    /// A message whose forward destination cannot be reached goes to the error queue with
+    /// `NServiceBus.FailedQ` naming that destination.
+    async fn undeliverable(&self, q: &QueueRuntime, received: Box<dyn Received>, to: &str) {
+        let Payload::Message(message) = received.payload() else {
+            return;
+        };
+        let failure = Failure {
+            kind: "throttlehost.ForwardFailed",
+            message: format!("the forward destination `{to}` names no queue this host can send to"),
+            detail: format!("{FORWARD_DESTINATION_HEADER} = {to}"),
+        };
+        let (id, logical_id) = (message.id, message.logical_id());
+        let mut error_message = self.error_message(q, message, &failure, 1);
+        error_message.headers.remove(FORWARD_DESTINATION_HEADER);
+        error_message
+            .headers
+            .insert("NServiceBus.FailedQ".into(), Some(to.to_string()));
+        if let Some(outcome) = self
+            .move_to_error(q, received, id, &error_message, &failure)
+            .await
+        {
+            self.observe(q, id, Some(&logical_id), outcome);
         }
     }
 
@@ -379,9 +517,19 @@ impl Dispatcher {
         let send_immediately = self.mode == TransactionMode::None;
 
         let (id, logical_id, hold_key, verdict) = {
-            let Payload::Message(message) = received.payload() else {
+            let Payload::Message(received_message) = received.payload() else {
                 return None;
             };
+            // A message from this queue's delayed table: its handler does not see the header.
+            let local_copy = received_message
+                .headers
+                .contains_key(FORWARD_DESTINATION_HEADER)
+                .then(|| {
+                    let mut m = received_message.clone();
+                    m.headers.remove(FORWARD_DESTINATION_HEADER);
+                    m
+                });
+            let message = local_copy.as_ref().unwrap_or(received_message);
             let id = message.id;
             // The key a failure holds (`failed_key = "hold"`), when the message has one.
             let hold_key = q
@@ -405,17 +553,34 @@ impl Dispatcher {
                         detail: "the failures were recorded in an earlier delivery of this message"
                             .into(),
                     });
+                    let retries = delayed_retries_of(message);
+                    if let Some(home) = q
+                        .delayed_home
+                        .as_ref()
+                        .filter(|_| retries < settings.delayed_retries)
+                    {
+                        let retry = self.delayed_retry(q, home, message, retries + 1);
+                        break Verdict::Deferred(home.clone(), Box::new(retry), failure);
+                    }
                     let error_message = self.error_message(q, message, &failure, attempt);
                     break Verdict::Failed(Box::new(error_message), failure);
                 }
+                q.downstream.before_attempt().await;
                 let mut ctx =
                     Context::new(message, &q.name, attempt, &self.publisher, send_immediately);
                 let started = Instant::now();
                 let result =
                     call_handler(q.handler.as_ref(), &mut ctx, settings.handler_timeout).await;
-                q.metrics
-                    .handler_duration
-                    .record(started.elapsed().as_secs_f64());
+                let took = started.elapsed();
+                q.metrics.handler_duration.record(took.as_secs_f64());
+                let in_flight = q.gate.in_flight();
+                let change = match &result {
+                    Ok(()) => q.downstream.succeeded(took, in_flight),
+                    Err(f) => q.downstream.failed(took, in_flight, f.kind == TIMEOUT_KIND),
+                };
+                if change == Change::Limit {
+                    q.apply_guard_limit();
+                }
                 match result {
                     Ok(()) => break Verdict::Success(std::mem::take(&mut ctx.outbox)),
                     Err(failure) => {
@@ -437,6 +602,14 @@ impl Dispatcher {
 
         let (outcome, next) = match verdict {
             Verdict::Success(outbox) => self.complete(q, received, id, outbox, follow).await,
+            Verdict::Deferred(home, retry, failure) => {
+                if self.defer(q, received, id, &home, &retry, &failure).await
+                    && let Some(o) = &self.observer
+                {
+                    o.moved_on(&q.name, id, logical_id.as_deref());
+                }
+                (None, None)
+            }
             Verdict::Failed(error_message, failure) => match hold_key {
                 Some(key) => (
                     self.hold(q, received, id, &key, &error_message, &failure)
@@ -565,6 +738,85 @@ impl Dispatcher {
         }
     }
 
+    /// Stores a message whose immediate retries are used up in `home`'s delayed table for its
+    /// next delayed retry, in the unit of work that removes it; true when that committed.
+    async fn defer(
+        &self,
+        q: &QueueRuntime,
+        mut received: Box<dyn Received>,
+        id: Uuid,
+        home: &QueueName,
+        retry: &OutgoingMessage,
+        failure: &Failure,
+    ) -> bool {
+        let result = match received.send(home, retry).await {
+            Ok(()) => received.commit().await,
+            Err(e) => {
+                let _ = received.rollback().await;
+                Err(e)
+            }
+        };
+        match result {
+            Ok(()) => {
+                q.failures.forget(id);
+                q.depth.departed();
+                q.metrics.delayed_retry.increment(1);
+                self.throttle.delivery_rates.outgoing();
+                self.publisher.scheduled(home, retry.deliver_after);
+                tracing::info!(queue = %q.name, %id, retry = retry.headers.get(RETRIES_HEADER).cloned().flatten().as_deref().unwrap_or("?"),
+                    after = %humantime::format_duration(retry.deliver_after.unwrap_or_default()), error = %failure.message,
+                    "message failed its immediate retries; a delayed retry is scheduled");
+                true
+            }
+            Err(e) => {
+                tracing::error!(queue = %q.name, %id, error = %e,
+                    "could not store a failed message for its delayed retry; it stays in the queue");
+                false
+            }
+        }
+    }
+
+    /// The copy stored for delayed retry `n`: the message's headers with `NServiceBus.Retries`
+    /// and its timestamp, a fresh row id, due `n` x the increment from now. A retry of
+    /// another queue's message (an instance queue's, waiting in its main queue's table) names
+    /// that queue as its forward destination.
+    fn delayed_retry(
+        &self,
+        q: &QueueRuntime,
+        home: &QueueName,
+        message: &Message,
+        n: u32,
+    ) -> OutgoingMessage {
+        let mut retry = OutgoingMessage::forward_of(message);
+        retry.headers.remove(FORWARD_DESTINATION_HEADER);
+        retry
+            .headers
+            .insert(RETRIES_HEADER.into(), Some(n.to_string()));
+        retry.headers.insert(
+            RETRIES_TIMESTAMP_HEADER.into(),
+            Some(format_wire_time(Utc::now())),
+        );
+        if *home != q.name
+            && let Some(d) = self.publisher.transport().delayed_delivery()
+        {
+            retry.headers.insert(
+                FORWARD_DESTINATION_HEADER.into(),
+                Some(d.forward_address(&q.name)),
+            );
+        }
+        if !retry
+            .headers
+            .contains_key(crate::message::MESSAGE_ID_HEADER)
+        {
+            retry.headers.insert(
+                crate::message::MESSAGE_ID_HEADER.into(),
+                Some(message.id.to_string()),
+            );
+        }
+        let increment = q.settings().delayed_retry_increment;
+        retry.with_delay(increment.saturating_mul(n))
+    }
+
     /// The copy that goes to the error queue: headers plus the NServiceBus fault headers.
     fn error_message(
         &self,
@@ -623,6 +875,7 @@ impl Dispatcher {
             headers,
             body: message.body.clone(),
             time_to_be_received: None,
+            deliver_after: None,
         }
     }
 }

@@ -35,6 +35,7 @@
 pub mod admin;
 pub mod config;
 pub mod console;
+pub mod delayed;
 pub mod depth;
 pub mod dispatch;
 pub mod handlers;

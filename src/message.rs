@@ -23,6 +23,19 @@ pub const PREVIOUS_STAGE_HEADER: &str = "throttlehost.PreviousStage";
 pub const TIME_SENT_HEADER: &str = "NServiceBus.TimeSent";
 /// Informational time-to-be-received header (the `Expires` column is what counts).
 pub const TIME_TO_BE_RECEIVED_HEADER: &str = "NServiceBus.TimeToBeReceived";
+/// The queue a message stored in a delayed table is for: set on store, read (and removed)
+/// when the moved message is received. The SQL transports' only header of their own.
+pub const FORWARD_DESTINATION_HEADER: &str = "NServiceBus.SqlServer.ForwardDestination";
+/// How many delayed retries a message has had (NServiceBus recoverability).
+pub const RETRIES_HEADER: &str = "NServiceBus.Retries";
+/// When the last delayed retry was scheduled (`yyyy-MM-dd HH:mm:ss:ffffff Z`).
+pub const RETRIES_TIMESTAMP_HEADER: &str = "NServiceBus.Retries.Timestamp";
+/// Immediate retries a message had in its last delivery (NServiceBus writes it too).
+pub const FL_RETRIES_HEADER: &str = "NServiceBus.FLRetries";
+
+/// The longest delay a message may be sent with: 50 years, as for the time to be received
+/// (SQL Server adds it to the server's clock in whole seconds held in an int).
+pub const MAX_DELIVERY_DELAY: Duration = MAX_TIME_TO_BE_RECEIVED;
 
 /// A received message.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,6 +92,10 @@ pub struct OutgoingMessage {
     pub body: Vec<u8>,
     /// Expiry, computed by the database server from its own clock at insert time.
     pub time_to_be_received: Option<Duration>,
+    /// Deliver no sooner than this long after the send: the message is stored in the
+    /// destination's delayed table (due time computed by the server) and moved into the
+    /// queue when due. None: delivered at once.
+    pub deliver_after: Option<Duration>,
 }
 
 impl OutgoingMessage {
@@ -93,6 +110,7 @@ impl OutgoingMessage {
             headers,
             body: body.into(),
             time_to_be_received: None,
+            deliver_after: None,
         }
     }
 
@@ -112,6 +130,40 @@ impl OutgoingMessage {
         self
     }
 
+    /// Delivers the message no sooner than `delay` from now (NServiceBus `DelayDeliveryWith`).
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.deliver_after = Some(delay);
+        self
+    }
+
+    /// Delivers the message no sooner than `at` (NServiceBus `DoNotDeliverBefore`): the delay
+    /// is `at` less this machine's clock now, as NServiceBus computes it; a time past is now.
+    pub fn with_deliver_at(self, at: DateTime<Utc>) -> Self {
+        let delay = (at - Utc::now()).to_std().unwrap_or_default();
+        self.with_delay(delay)
+    }
+
+    /// The delay as the transports store it, checked: refused past [`MAX_DELIVERY_DELAY`],
+    /// and together with a time to be received (a delayed message cannot also expire, as in
+    /// NServiceBus, whose dispatcher refuses the pair).
+    pub fn checked_delay(&self) -> Result<Option<Duration>, String> {
+        let Some(delay) = self.deliver_after else {
+            return Ok(None);
+        };
+        if self.time_to_be_received.is_some() {
+            return Err(
+                "a message cannot have both a delivery delay and a time to be received".into(),
+            );
+        }
+        if delay > MAX_DELIVERY_DELAY {
+            return Err(format!(
+                "delivery delay {} is longer than the longest supported (50 years)",
+                humantime::format_duration(delay)
+            ));
+        }
+        Ok(Some(delay))
+    }
+
     /// The logical id this message will be known by.
     pub fn logical_id(&self) -> String {
         match self.headers.get(MESSAGE_ID_HEADER) {
@@ -127,6 +179,7 @@ impl OutgoingMessage {
             headers: message.headers.clone(),
             body: message.body.clone(),
             time_to_be_received: None,
+            deliver_after: None,
         }
     }
 }
@@ -167,6 +220,24 @@ mod tests {
         let m = OutgoingMessage::new("x");
         assert_eq!(m.logical_id(), m.id.to_string());
         assert!(m.headers.contains_key(TIME_SENT_HEADER));
+    }
+
+    #[test]
+    fn a_delay_is_checked_against_its_limits() {
+        let m = OutgoingMessage::new("x").with_delay(Duration::from_secs(30));
+        assert_eq!(m.checked_delay(), Ok(Some(Duration::from_secs(30))));
+        let both = m.clone().with_time_to_be_received(Duration::from_secs(5));
+        assert!(
+            both.checked_delay()
+                .unwrap_err()
+                .contains("time to be received")
+        );
+        let long = OutgoingMessage::new("x").with_delay(MAX_DELIVERY_DELAY * 2);
+        assert!(long.checked_delay().unwrap_err().contains("50 years"));
+        let past =
+            OutgoingMessage::new("x").with_deliver_at(Utc::now() - chrono::Duration::hours(1));
+        assert_eq!(past.deliver_after, Some(Duration::ZERO));
+        assert_eq!(OutgoingMessage::new("x").checked_delay(), Ok(None));
     }
 
     #[test]

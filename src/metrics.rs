@@ -251,6 +251,62 @@ pub const METRICS: &[MetricDef] = &[
         "Messages of an ordered queue that may not run yet (key busy or previous stage unfinished), among the oldest `lookahead`, at the last depth read",
     ),
     def(
+        "delayed_messages",
+        G,
+        None,
+        &["queue"],
+        "Messages in the queue's delayed table (delayed sends and delayed retries), read by its mover; they count in the database size",
+    ),
+    def(
+        "delayed_next_due_seconds",
+        G,
+        Some(Unit::Seconds),
+        &["queue"],
+        "Seconds until the earliest message of the queue's delayed table is due (0 when none waits)",
+    ),
+    def(
+        "delayed_moved_total",
+        C,
+        None,
+        &["queue"],
+        "Due messages the mover moved from the delayed table into the queue",
+    ),
+    def(
+        "downstream_state",
+        G,
+        None,
+        &["queue"],
+        "What the queue's downstream guards do: 0 nothing, 12 outage mode (one message at a time with a pause), 13 latency-aware limit below max",
+    ),
+    def(
+        "consecutive_failures",
+        G,
+        None,
+        &["queue"],
+        "Failed handler attempts in a row on the queue (outage mode starts at outage.consecutive_failures)",
+    ),
+    def(
+        "outage_pause_seconds",
+        G,
+        Some(Unit::Seconds),
+        &["queue"],
+        "Pause between attempts while the queue is in outage mode (0 outside it)",
+    ),
+    def(
+        "latency_limit",
+        G,
+        None,
+        &["queue"],
+        "The latency-aware concurrency limit (absent unless latency_limit.enabled)",
+    ),
+    def(
+        "latency_baseline_seconds",
+        G,
+        Some(Unit::Seconds),
+        &["queue"],
+        "The running mean handler latency the latency-aware limit steers by",
+    ),
+    def(
         "ordered_held_keys",
         G,
         None,
@@ -276,7 +332,7 @@ pub const METRICS: &[MetricDef] = &[
         C,
         None,
         &["queue", "outcome"],
-        "Message attempts by outcome: success, retry, error (moved to the error queue), expired, poison",
+        "Message attempts by outcome: success, retry, delayed_retry (stored for a later attempt), forwarded (sent on from a delayed table), error (moved to the error queue), expired, poison",
     ),
     def(
         "messages_published_total",
@@ -446,6 +502,16 @@ impl Metrics {
             success: processed("success"),
             retry: processed("retry"),
             error: processed("error"),
+            delayed_retry: processed("delayed_retry"),
+            forwarded: processed("forwarded"),
+            delayed_messages: self.gauge("delayed_messages", &q),
+            delayed_next_due: self.gauge("delayed_next_due_seconds", &q),
+            delayed_moved: self.counter("delayed_moved_total", &q),
+            downstream_state: self.gauge("downstream_state", &q),
+            consecutive_failures: self.gauge("consecutive_failures", &q),
+            outage_pause: self.gauge("outage_pause_seconds", &q),
+            latency_limit: self.gauge("latency_limit", &q),
+            latency_baseline: self.gauge("latency_baseline_seconds", &q),
             expired: processed("expired"),
             poison: processed("poison"),
             receive_message: attempts("message"),
@@ -570,6 +636,26 @@ pub struct QueueMetrics {
     pub retry: Counter,
     /// Moved to the error queue.
     pub error: Counter,
+    /// Stored in the delayed table for a delayed retry.
+    pub delayed_retry: Counter,
+    /// Sent on from a delayed table to the queue it was for.
+    pub forwarded: Counter,
+    /// Messages in the delayed table.
+    pub delayed_messages: Gauge,
+    /// Seconds until the next delayed message is due.
+    pub delayed_next_due: Gauge,
+    /// Due messages moved in.
+    pub delayed_moved: Counter,
+    /// 0, 12 (outage mode) or 13 (latency-limited).
+    pub downstream_state: Gauge,
+    /// Failed attempts in a row.
+    pub consecutive_failures: Gauge,
+    /// Outage pause.
+    pub outage_pause: Gauge,
+    /// Latency-aware limit.
+    pub latency_limit: Gauge,
+    /// Latency baseline.
+    pub latency_baseline: Gauge,
     /// Dropped as expired.
     pub expired: Counter,
     /// Unparseable rows moved to the error queue.

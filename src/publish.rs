@@ -26,6 +26,8 @@ pub struct Publisher {
     /// Every queue published to or tracked, with its published-messages counter and depth:
     /// one lookup per insert.
     targets: RwLock<HashMap<QueueName, Target>>,
+    /// Where the delayed tables' movers hear of messages stored here.
+    schedule: Arc<crate::delayed::Schedule>,
 }
 
 #[derive(Clone)]
@@ -44,7 +46,27 @@ impl Publisher {
             throttle,
             metrics,
             targets: RwLock::new(HashMap::new()),
+            schedule: Arc::default(),
         }
+    }
+
+    /// Tells the mover of `queue`'s delayed table that this process stored a message due
+    /// after `delay`, so it looks no later than then (NServiceBus shortens its back-off the
+    /// same way). Nothing when no mover listens.
+    pub fn scheduled(&self, queue: &QueueName, delay: Option<Duration>) {
+        if let Some(delay) = delay {
+            self.schedule.due_in(queue, delay);
+        }
+    }
+
+    /// The movers' schedule this publisher tells of delayed sends.
+    pub fn schedule(&self) -> &Arc<crate::delayed::Schedule> {
+        &self.schedule
+    }
+
+    /// The transport messages are sent through.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
     }
 
     /// Admits and inserts one message.
@@ -87,8 +109,9 @@ impl Publisher {
     ) -> Result<(), TransportError> {
         // Every transport takes an empty slice as nothing to do.
         self.transport.send_batch(queue, messages).await?;
-        for _ in messages {
+        for m in messages {
             self.published(queue);
+            self.scheduled(queue, m.deliver_after);
         }
         Ok(())
     }
@@ -107,6 +130,7 @@ impl Publisher {
     ) -> Result<(), TransportError> {
         self.transport.send(queue, message).await?;
         self.published(queue);
+        self.scheduled(queue, message.deliver_after);
         Ok(())
     }
 
@@ -119,6 +143,7 @@ impl Publisher {
     ) -> Result<(), TransportError> {
         received.send(queue, message).await?;
         self.published(queue);
+        self.scheduled(queue, message.deliver_after);
         Ok(())
     }
 

@@ -167,6 +167,12 @@ impl Condition {
     }
 }
 
+/// The delivery state a queue shows while in outage mode: a code past BizTalk's (which end
+/// at 11), for a guard BizTalk does not have.
+pub const OUTAGE_STATE: u8 = 12;
+/// The delivery state a queue shows while its latency-aware limit holds it below its max.
+pub const LATENCY_STATE: u8 = 13;
+
 /// BizTalk's name for a state code in a direction.
 pub fn state_name(direction: Direction, code: u8) -> &'static str {
     match (direction, code) {
@@ -181,6 +187,8 @@ pub fn state_name(direction: Direction, code: u8) -> &'static str {
         (_, 9) => "high thread count",
         (Direction::Delivery, 10) => "user override on delivery",
         (Direction::Publishing, 11) => "user override on publishing",
+        (Direction::Delivery, OUTAGE_STATE) => "downstream outage",
+        (Direction::Delivery, LATENCY_STATE) => "downstream latency",
         _ => "unknown",
     }
 }

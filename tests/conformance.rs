@@ -1049,6 +1049,191 @@ pub async fn an_ordered_queue_refuses_batches_and_mode_none(h: &dyn Harness) {
     );
 }
 
+// ---- delayed delivery -------------------------------------------------------------------
+
+use throttlehost::message::FORWARD_DESTINATION_HEADER;
+
+async fn with_delayed(h: &dyn Harness, queues: &[&str]) -> Arc<dyn Transport> {
+    let t = setup(h, queues).await;
+    let d = t
+        .delayed_delivery()
+        .expect("every transport stores delayed messages");
+    for name in queues {
+        d.create_delayed(&q(name)).await.unwrap();
+        d.create_delayed(&q(name)).await.unwrap();
+    }
+    t
+}
+
+/// Moves until something moved or `within` passed; returns the last report.
+async fn move_until_moved(
+    t: &dyn Transport,
+    queue: &str,
+    within: Duration,
+) -> throttlehost::transport::Moved {
+    let d = t.delayed_delivery().unwrap();
+    let until = std::time::Instant::now() + within;
+    loop {
+        let moved = d.move_due(&q(queue), 100).await.unwrap();
+        if moved.moved > 0 || std::time::Instant::now() > until {
+            return moved;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn a_delayed_message_waits_in_its_table_until_due(h: &dyn Harness) {
+    let t = with_delayed(h, &["in"]).await;
+    let d = t.delayed_delivery().unwrap();
+    t.send(
+        &q("in"),
+        &OutgoingMessage::new("later").with_delay(Duration::from_millis(1500)),
+    )
+    .await
+    .unwrap();
+    t.send(&q("in"), &OutgoingMessage::new("now"))
+        .await
+        .unwrap();
+    let r = t
+        .receive(&q("in"))
+        .await
+        .unwrap()
+        .expect("the undelayed message");
+    assert_eq!(body_of(r.as_ref()), b"now");
+    r.commit().await.unwrap();
+    assert!(
+        t.receive(&q("in")).await.unwrap().is_none(),
+        "the delayed one is not in the queue"
+    );
+    let early = d.move_due(&q("in"), 100).await.unwrap();
+    assert_eq!((early.moved, early.waiting, early.busy), (0, 1, false));
+    let next = early.next_due_in.expect("the next due time");
+    assert!(
+        next > Duration::from_millis(500) && next <= Duration::from_millis(1600),
+        "due in about 1.5 s by the server's clock, got {next:?}"
+    );
+    let moved = move_until_moved(t.as_ref(), "in", Duration::from_secs(5)).await;
+    assert_eq!(
+        (moved.moved, moved.waiting, moved.next_due_in),
+        (1, 0, None)
+    );
+    let r = t
+        .receive(&q("in"))
+        .await
+        .unwrap()
+        .expect("moved in when due");
+    let Payload::Message(m) = r.payload() else {
+        panic!("a message")
+    };
+    assert_eq!(m.body, b"later");
+    let destination = m
+        .header(FORWARD_DESTINATION_HEADER)
+        .expect("the forward destination");
+    assert_eq!(
+        d.parse_forward_address(destination),
+        Some(q("in")),
+        "it names its queue: {destination}"
+    );
+    r.commit().await.unwrap();
+}
+
+pub async fn due_messages_move_in_batches_oldest_due_first(h: &dyn Harness) {
+    let t = with_delayed(h, &["in"]).await;
+    let d = t.delayed_delivery().unwrap();
+    // Stored in reverse order of due time: the move follows Due, not the order stored.
+    for i in 0..5u8 {
+        let delay = Duration::from_millis(u64::from(50 * (5 - i)));
+        t.send(&q("in"), &OutgoingMessage::new(vec![i]).with_delay(delay))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut moved = Vec::new();
+    for _ in 0..3 {
+        moved.push(d.move_due(&q("in"), 2).await.unwrap().moved);
+    }
+    assert_eq!(moved, vec![2, 2, 1]);
+    let mut bodies = Vec::new();
+    while let Some(r) = t.receive(&q("in")).await.unwrap() {
+        bodies.push(body_of(r.as_ref())[0]);
+        r.commit().await.unwrap();
+    }
+    assert_eq!(bodies, vec![4, 3, 2, 1, 0]);
+}
+
+pub async fn a_delayed_send_inside_a_receive_commits_with_it(h: &dyn Harness) {
+    let t = with_delayed(h, &["in"]).await;
+    let d = t.delayed_delivery().unwrap();
+    t.send(&q("in"), &OutgoingMessage::new("first"))
+        .await
+        .unwrap();
+    let retry = OutgoingMessage::new("retry").with_delay(Duration::ZERO);
+    let mut r = t.receive(&q("in")).await.unwrap().unwrap();
+    r.send(&q("in"), &retry).await.unwrap();
+    r.rollback().await.unwrap();
+    assert_eq!(
+        d.move_due(&q("in"), 100).await.unwrap().waiting,
+        0,
+        "rolled back with the receive"
+    );
+    let mut r = t.receive(&q("in")).await.unwrap().unwrap();
+    r.send(&q("in"), &retry).await.unwrap();
+    r.commit().await.unwrap();
+    let moved = move_until_moved(t.as_ref(), "in", Duration::from_secs(5)).await;
+    assert_eq!(moved.moved, 1);
+    let r = t.receive(&q("in")).await.unwrap().unwrap();
+    assert_eq!(body_of(r.as_ref()), b"retry");
+    r.commit().await.unwrap();
+}
+
+pub async fn a_forward_destination_set_by_the_sender_is_kept(h: &dyn Harness) {
+    let t = with_delayed(h, &["in", "other"]).await;
+    let d = t.delayed_delivery().unwrap();
+    let to_other = OutgoingMessage::new("for other")
+        .with_header(FORWARD_DESTINATION_HEADER, d.forward_address(&q("other")))
+        .with_delay(Duration::ZERO);
+    t.send(&q("in"), &to_other).await.unwrap();
+    assert_eq!(
+        move_until_moved(t.as_ref(), "in", Duration::from_secs(5))
+            .await
+            .moved,
+        1
+    );
+    let r = t
+        .receive(&q("in"))
+        .await
+        .unwrap()
+        .expect("moved into the table's own queue");
+    let Payload::Message(m) = r.payload() else {
+        panic!("a message")
+    };
+    assert_eq!(
+        d.parse_forward_address(m.header(FORWARD_DESTINATION_HEADER).unwrap()),
+        Some(q("other"))
+    );
+    r.commit().await.unwrap();
+}
+
+pub async fn a_delayed_send_is_refused_without_a_table_or_with_an_expiry(h: &dyn Harness) {
+    let t = setup(h, &["in"]).await;
+    let e = t
+        .send(
+            &q("in"),
+            &OutgoingMessage::new("x").with_delay(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().to_lowercase().contains("in.delayed"),
+        "names the table: {e}"
+    );
+    let both = OutgoingMessage::new("x")
+        .with_time_to_be_received(Duration::from_secs(5))
+        .with_delay(Duration::from_secs(1));
+    let e = t.send(&q("in"), &both).await.unwrap_err();
+    assert!(matches!(e, TransportError::InvalidMessage(_)), "{e}");
+}
+
 macro_rules! conformance {
     ($module:ident, $harness:expr, { $(#[$attr:meta])* }, database) => {
         mod $module {
@@ -1095,7 +1280,12 @@ macro_rules! conformance {
                 a_stage_waits_for_every_message_of_the_previous_one,
                 concurrent_receivers_keep_each_keys_order,
                 an_ordered_queue_refuses_batches_and_mode_none,
-                a_held_key_waits_until_released
+                a_held_key_waits_until_released,
+                a_delayed_message_waits_in_its_table_until_due,
+                due_messages_move_in_batches_oldest_due_first,
+                a_delayed_send_inside_a_receive_commits_with_it,
+                a_forward_destination_set_by_the_sender_is_kept,
+                a_delayed_send_is_refused_without_a_table_or_with_an_expiry
             );
     };
     (@tests $harness:expr, $attrs:tt; $($name:ident),*) => {

@@ -34,6 +34,32 @@ fn sqlserver_dialect() {
 
 /// The batch receive in both dialects (a table variable, ordered at the end).
 #[test]
+fn delayed_table() {
+    let s = statements(Dialect::Sqlserver).delayed;
+    insta::assert_snapshot!("delayed_create", s.create);
+    insta::assert_snapshot!("delayed_store", s.store);
+    insta::assert_snapshot!(
+        "delayed_move_due_with_recoverable",
+        s.move_due_with_recoverable
+    );
+    insta::assert_snapshot!(
+        "delayed_move_due_without_recoverable",
+        s.move_due_without_recoverable
+    );
+    let b = statements(Dialect::Babelfish).delayed;
+    assert_eq!(
+        (b.create, b.store),
+        (s.create, s.store),
+        "one table layout, one store"
+    );
+    insta::assert_snapshot!("babelfish_delayed_move_due", b.move_due_with_recoverable);
+    assert!(
+        !b.move_due_with_recoverable.contains("WITH message AS"),
+        "Babelfish takes no DML through a CTE"
+    );
+}
+
+#[test]
 fn batch_receive() {
     let s = statements(Dialect::Sqlserver);
     insta::assert_snapshot!(

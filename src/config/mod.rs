@@ -240,6 +240,14 @@ pub struct QueueConfig {
     pub instance_queue: InstanceQueueConfig,
     /// Per-key sequential processing; off unless a key header is named.
     pub ordering: OrderingConfig,
+    /// Delayed retries after the immediate ones (NServiceBus recoverability).
+    pub recoverability: RecoverabilityConfig,
+    /// The queue's delayed table and its mover.
+    pub delayed_delivery: DelayedDeliveryConfig,
+    /// Outage mode: one message at a time with a pause after a run of failures.
+    pub outage: OutageConfig,
+    /// The latency-aware concurrency limit (off by default).
+    pub latency_limit: LatencyLimitConfig,
     /// The handler for this queue's messages (binary); the library can register one instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handler: Option<HandlerConfig>,
@@ -278,7 +286,135 @@ impl Default for QueueConfig {
             concurrency: ConcurrencyConfig::default(),
             instance_queue: InstanceQueueConfig::default(),
             ordering: OrderingConfig::default(),
+            recoverability: RecoverabilityConfig::default(),
+            delayed_delivery: DelayedDeliveryConfig::default(),
+            outage: OutageConfig::default(),
+            latency_limit: LatencyLimitConfig::default(),
             handler: None,
+        }
+    }
+}
+
+/// `[queues.recoverability]`: what happens after a message's immediate retries, as in
+/// NServiceBus: it is stored in the queue's delayed table and tried again later, up to
+/// `delayed_retries` times, `delayed_retry_increment` x the retry's number later (10 s, 20 s,
+/// 30 s by default); after the last, it goes to the error queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecoverabilityConfig {
+    /// Delayed retries (0: none, straight to the error queue after the immediate retries).
+    /// Unset: 3, except in transaction mode `none` (the message is gone before its handler
+    /// runs, so nothing can be retried) and on queues that keep key order or stages (a
+    /// message taken out to wait would let the later messages of its key pass it), where it
+    /// is 0 and a number set is refused, naming this setting.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delayed_retries: Option<u32>,
+    /// The delay of retry n is n x this.
+    #[serde(with = "units::duration")]
+    pub delayed_retry_increment: Duration,
+}
+
+/// NServiceBus's default number of delayed retries.
+pub const DEFAULT_DELAYED_RETRIES: u32 = 3;
+
+impl RecoverabilityConfig {
+    /// The delayed retries in force: as set, else the default where retries can be taken
+    /// (`can_retry`: not mode `none`, not an ordered queue) and 0 elsewhere.
+    pub fn effective_delayed_retries(&self, can_retry: bool) -> u32 {
+        match (self.delayed_retries, can_retry) {
+            (Some(n), _) => n,
+            (None, true) => DEFAULT_DELAYED_RETRIES,
+            (None, false) => 0,
+        }
+    }
+}
+
+impl Default for RecoverabilityConfig {
+    fn default() -> Self {
+        RecoverabilityConfig {
+            delayed_retries: None,
+            delayed_retry_increment: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[queues.delayed_delivery]`: the queue's delayed table (`<queue>.Delayed` on SQL Server,
+/// `<queue>.delayed` on PostgreSQL), created with the queue, and the mover that moves due
+/// messages into the queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DelayedDeliveryConfig {
+    /// Create the delayed table and run its mover. Off: delayed sends to this queue and its
+    /// delayed retries are refused (set `recoverability.delayed_retries = 0` too).
+    pub enabled: bool,
+    /// Due messages moved per transaction (NServiceBus default 100).
+    pub batch_size: u32,
+}
+
+impl Default for DelayedDeliveryConfig {
+    fn default() -> Self {
+        DelayedDeliveryConfig {
+            enabled: true,
+            batch_size: 100,
+        }
+    }
+}
+
+/// `[queues.outage]`: after `consecutive_failures` failed handler attempts in a row on the
+/// queue, it takes one message at a time with `pause` between attempts (doubling while the
+/// failures go on, up to `max_pause`), and returns to its limits at the first success.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutageConfig {
+    /// Failed attempts in a row that start outage mode; 0 = never. The default, 20, is more
+    /// than three messages' attempts with the default 5 immediate retries, so one bad message
+    /// failing alone does not look like an outage.
+    pub consecutive_failures: u32,
+    /// The first pause between attempts in outage mode.
+    #[serde(with = "units::duration")]
+    pub pause: Duration,
+    /// The longest pause (the pause doubles after each failure in outage mode).
+    #[serde(with = "units::duration")]
+    pub max_pause: Duration,
+}
+
+impl Default for OutageConfig {
+    fn default() -> Self {
+        OutageConfig {
+            consecutive_failures: 20,
+            pause: Duration::from_secs(1),
+            max_pause: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[queues.latency_limit]`: keeps handler latency near its healthy baseline by lowering the
+/// queue's limit when latency rises (Vector's adaptive request concurrency: +1 per interval
+/// while the limit is used and latency is at its mean, x `decrease_ratio` when latency
+/// exceeds mean + `deviation_scale` standard deviations or an attempt times out).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LatencyLimitConfig {
+    /// Switch it on.
+    pub enabled: bool,
+    /// The lowest limit it sets.
+    pub min: u32,
+    /// The limit it starts from (capped by the queue's max).
+    pub initial: u32,
+    /// How far the limit falls when latency rises (0 < ratio < 1).
+    pub decrease_ratio: f64,
+    /// Standard deviations above the mean latency that count as a rise.
+    pub deviation_scale: f64,
+}
+
+impl Default for LatencyLimitConfig {
+    fn default() -> Self {
+        LatencyLimitConfig {
+            enabled: false,
+            min: 1,
+            initial: 1,
+            decrease_ratio: 0.9,
+            deviation_scale: 2.5,
         }
     }
 }
@@ -458,6 +594,9 @@ pub struct SimulateConfig {
     pub blocking: bool,
     /// Share of attempts that fail, 0.0 to 1.0.
     pub failure_rate: f64,
+    /// A downstream the handler calls for its latency that serves this many calls at once
+    /// (the rest wait their turn, so latency grows with the calls made); 0 = unlimited.
+    pub downstream_capacity: u32,
 }
 
 impl Default for SimulateConfig {
@@ -469,6 +608,7 @@ impl Default for SimulateConfig {
             cpu_work: Duration::ZERO,
             blocking: false,
             failure_rate: 0.0,
+            downstream_capacity: 0,
         }
     }
 }

@@ -12,6 +12,9 @@ use crate::config::{LatencyDistribution, SimulateConfig};
 /// The simulate handler.
 pub struct SimulateHandler {
     knobs: ArcSwap<SimulateConfig>,
+    /// The simulated downstream: `downstream_capacity` permits, remade when it changes.
+    downstream: std::sync::Mutex<Option<(u32, std::sync::Arc<tokio::sync::Semaphore>)>>,
+    calls: std::sync::atomic::AtomicU64,
 }
 
 /// The error a simulated failure returns.
@@ -26,6 +29,8 @@ impl SimulateHandler {
     pub fn new(knobs: SimulateConfig) -> Self {
         SimulateHandler {
             knobs: ArcSwap::from_pointee(knobs),
+            downstream: std::sync::Mutex::new(None),
+            calls: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -37,6 +42,27 @@ impl SimulateHandler {
     /// Changes the knobs; attempts already running keep the old ones.
     pub fn set_knobs(&self, knobs: SimulateConfig) {
         self.knobs.store(std::sync::Arc::new(knobs));
+    }
+
+    /// Attempts made so far (calls to the simulated downstream).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The simulated downstream's permits for `capacity` concurrent calls; None: unlimited.
+    fn downstream(&self, capacity: u32) -> Option<std::sync::Arc<tokio::sync::Semaphore>> {
+        if capacity == 0 {
+            return None;
+        }
+        let mut d = self.downstream.lock().unwrap_or_else(|e| e.into_inner());
+        match &*d {
+            Some((c, s)) if *c == capacity => Some(s.clone()),
+            _ => {
+                let s = std::sync::Arc::new(tokio::sync::Semaphore::new(capacity as usize));
+                *d = Some((capacity, s.clone()));
+                Some(s)
+            }
+        }
     }
 
     fn latency(knobs: &SimulateConfig) -> Duration {
@@ -78,6 +104,14 @@ fn burn_cpu(d: Duration) {
 impl Handler for SimulateHandler {
     async fn handle(&self, _ctx: &mut Context<'_>) -> Result<(), HandlerError> {
         let knobs = self.knobs.load_full();
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // A downstream of limited capacity: calls past it wait their turn, so latency grows
+        // with the calls made at once.
+        let _served = match self.downstream(knobs.downstream_capacity) {
+            Some(permits) => Some(permits.acquire_owned().await?),
+            None => None,
+        };
         let memory = hold_memory(knobs.memory_per_message.bytes());
         if !knobs.cpu_work.is_zero() {
             burn_cpu(knobs.cpu_work);

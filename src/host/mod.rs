@@ -43,7 +43,7 @@ use crate::receive::{self, QueueRuntime, QueueSettings, ReceiveContext};
 use crate::throttling::sensors::{ResourceSensor, SystemSensor};
 use crate::throttling::service::{self, ServiceParts, ThrottleControl};
 use crate::throttling::{Clock, Direction, Throttle, TokioClock};
-use crate::transport::{self, QueueAdmin, QueueName, Transport, TransportError};
+use crate::transport::{self, QueueName, Transport, TransportError};
 
 /// Why a host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -267,6 +267,7 @@ fn plan_queues(
     metrics: &Metrics,
     instance: &str,
 ) -> Result<QueuePlan, HostError> {
+    let mode = config.transport.transaction_mode;
     let mut queues = Vec::new();
     let mut simulated = Vec::new();
     let mut to_create: Vec<QueueName> = Vec::new();
@@ -308,9 +309,13 @@ fn plan_queues(
                 error_queue.clone(),
                 error_depths.entry(error_queue.clone()).or_default().clone(),
                 qc.concurrency.model,
-                QueueSettings::from_config(qc, max),
+                QueueSettings::from_config(qc, max, mode),
                 handler.clone(),
                 metrics.queue(queue_name.as_str()),
+            )
+            .with_delayed_home(
+                qc.delayed_delivery.enabled.then(|| name.clone()),
+                qc.delayed_delivery.batch_size,
             );
             // Order applies to the queue itself; its instance queue carries replies.
             let runtime = match queue_name.as_str() == qc.name {
@@ -352,14 +357,37 @@ fn known_queues(
 
 /// Creates the queues (when configured), runs the transport's start-up checks, warns about
 /// settings that cannot work well, and purges expired messages (when configured).
+/// Creates the delayed table of every queue with delayed delivery on.
+async fn create_delayed_tables(
+    config: &Config,
+    transport: &dyn Transport,
+) -> Result<(), HostError> {
+    let Some(delayed) = transport.delayed_delivery() else {
+        return Ok(());
+    };
+    for qc in config.queues.iter().filter(|q| q.delayed_delivery.enabled) {
+        let name = QueueName::new(&qc.name)?;
+        delayed.create_delayed(&name).await.map_err(|e| match e {
+            TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
+                HostError::Transport(e)
+            }
+            e => HostError::Config(format!(
+                "cannot create the delayed table of queue `{name}`: {e} (create it with a privileged account, or set queues.delayed_delivery.enabled = false)"
+            )),
+        })?;
+    }
+    Ok(())
+}
+
 async fn prepare_transport(
     config: &Config,
-    transport: &dyn QueueAdmin,
+    transport: &dyn Transport,
     to_create: &[QueueName],
     queues: &[Arc<QueueRuntime>],
 ) -> Result<(), HostError> {
     let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
     if config.host.create_queues {
+        create_delayed_tables(config, transport).await?;
         for q in to_create {
             transport.create_queue(q).await.map_err(|e| match e {
                     // Not a problem with the queue: the caller may wait for the database.
@@ -473,6 +501,16 @@ fn start_receiving(
         // The publisher counts this host's sends into the queue's depth between reads.
         publisher.track_depth(&q.name, q.depth.clone());
         receive::start(q.clone(), receive_ctx.clone());
+        if q.delayed_home.as_ref() == Some(&q.name) && transport.delayed_delivery().is_some() {
+            receive_ctx.tasks.spawn(crate::delayed::run_mover(
+                transport.clone(),
+                q.name.clone(),
+                q.delayed_batch,
+                publisher.schedule().wake(&q.name),
+                q.metrics.clone(),
+                receive_ctx.stop.clone(),
+            ));
+        }
     }
     receive_ctx
 }
@@ -681,7 +719,11 @@ impl HostInner {
                 } else {
                     continue;
                 };
-                q.reconfigure(QueueSettings::from_config(qc, max));
+                q.reconfigure(QueueSettings::from_config(
+                    qc,
+                    max,
+                    new.transport.transaction_mode,
+                ));
                 let sim = self.simulated.iter().find(|(name, _)| *name == q.name);
                 match (&qc.handler, sim.map(|(_, sim)| sim)) {
                     (Some(HandlerConfig::Simulate(knobs)), Some(sim)) => {

@@ -230,6 +230,28 @@ impl LimitSink for HostAdapter {
             q.metrics.in_flight.set(q.gate.in_flight() as f64);
             q.metrics.receive_loops.set(q.loops() as f64);
             q.metrics.queue_depth.set(q.depth.get() as f64);
+            export_downstream(q);
         }
+    }
+}
+
+/// Writes a queue's downstream guard gauges (outage mode, latency-aware limit).
+fn export_downstream(q: &QueueRuntime) {
+    let d = q.downstream.reading();
+    let state = if d.outage {
+        crate::states::OUTAGE_STATE
+    } else if d.latency_limiting {
+        crate::states::LATENCY_STATE
+    } else {
+        0
+    };
+    let m = &q.metrics;
+    m.downstream_state.set(f64::from(state));
+    m.consecutive_failures
+        .set(f64::from(d.consecutive_failures));
+    m.outage_pause.set(d.pause.as_secs_f64());
+    if let Some(limit) = d.latency_limit {
+        m.latency_limit.set(f64::from(limit));
+        m.latency_baseline.set(d.latency_mean);
     }
 }

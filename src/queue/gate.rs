@@ -1,6 +1,7 @@
-//! A queue's concurrency gate: at most `min(max, limit)` permits out at once, where `max` is
-//! the configured MaximumConcurrencyLevel (changed by a config reload) and `limit` is the
-//! throttling controller's current limit. Either may change at any moment: a lower value
+//! A queue's concurrency gate: at most `min(max, limit, guard)` permits out at once, where
+//! `max` is the configured MaximumConcurrencyLevel (changed by a config reload), `limit` is the
+//! throttling controller's current limit and `guard` the limit the queue's downstream guards
+//! set (outage mode, the latency-aware limit; see `queue::downstream`). Either may change at any moment: a lower value
 //! stops new permits at once while held ones run to completion; a higher value wakes waiters.
 //!
 //! The permits are a tokio [`Semaphore`], so waiters are served first come, first served and
@@ -19,9 +20,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Debug)]
 pub struct ConcurrencyGate {
     permits: Arc<Semaphore>,
-    /// `(max, limit)`; resizing happens under this lock so two changes cannot both apply the
-    /// same difference.
-    sizes: Mutex<(u32, u32)>,
+    /// `(max, limit, guard)`; resizing happens under this lock so two changes cannot both
+    /// apply the same difference.
+    sizes: Mutex<(u32, u32, u32)>,
     /// The effective limit, readable without the lock.
     effective: AtomicU32,
     /// Held permits to forget on release instead of returning them (a shrink that found too
@@ -37,7 +38,7 @@ impl ConcurrencyGate {
         let max = max.max(1);
         ConcurrencyGate {
             permits: Arc::new(Semaphore::new(max as usize)),
-            sizes: Mutex::new((max, u32::MAX)),
+            sizes: Mutex::new((max, u32::MAX, u32::MAX)),
             effective: AtomicU32::new(max),
             owed: AtomicU32::new(0),
             in_flight: AtomicU32::new(0),
@@ -50,7 +51,7 @@ impl ConcurrencyGate {
         self.lock_sizes().0
     }
 
-    /// The permits available in total right now: `min(max, limit)`.
+    /// The permits available in total right now: `min(max, limit, guard)`.
     pub fn effective(&self) -> u32 {
         self.effective.load(Ordering::Relaxed)
     }
@@ -74,14 +75,21 @@ impl ConcurrencyGate {
     pub fn set_max(&self, max: u32) {
         let mut sizes = self.lock_sizes();
         sizes.0 = max.max(1);
-        self.resize(sizes.0.min(sizes.1));
+        self.resize(sizes.0.min(sizes.1).min(sizes.2));
     }
 
     /// Changes the throttling limit.
     pub fn set_limit(&self, limit: u32) {
         let mut sizes = self.lock_sizes();
         sizes.1 = limit.max(1);
-        self.resize(sizes.0.min(sizes.1));
+        self.resize(sizes.0.min(sizes.1).min(sizes.2));
+    }
+
+    /// Changes the downstream guards' limit (`u32::MAX`: none).
+    pub fn set_guard_limit(&self, limit: u32) {
+        let mut sizes = self.lock_sizes();
+        sizes.2 = limit.max(1);
+        self.resize(sizes.0.min(sizes.1).min(sizes.2));
     }
 
     /// Takes a permit if one is free now (never ahead of a waiter: tokio hands returned
@@ -138,7 +146,7 @@ impl ConcurrencyGate {
         taken
     }
 
-    fn lock_sizes(&self) -> std::sync::MutexGuard<'_, (u32, u32)> {
+    fn lock_sizes(&self) -> std::sync::MutexGuard<'_, (u32, u32, u32)> {
         // Two integers cannot be left half-written: a poisoned lock is still consistent.
         self.sizes.lock().unwrap_or_else(|e| e.into_inner())
     }

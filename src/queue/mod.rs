@@ -4,6 +4,7 @@
 //! breaker, the depth and the failure memory. It depends on none of them.
 
 pub mod breaker;
+pub mod downstream;
 pub mod gate;
 
 use std::collections::{HashMap, VecDeque};
@@ -16,8 +17,12 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 pub use self::breaker::CircuitBreaker;
+pub use self::downstream::{DownstreamGuard, DownstreamReading};
 pub use self::gate::{ConcurrencyGate, Permit};
-use crate::config::{ConcurrencyModel, OrderingConfig, QueueConfig};
+use crate::config::{
+    ConcurrencyModel, LatencyLimitConfig, OrderingConfig, OutageConfig, QueueConfig,
+    TransactionMode,
+};
 pub use crate::depth::DepthCell;
 use crate::handlers::Handler;
 use crate::metrics::QueueMetrics;
@@ -94,6 +99,14 @@ pub struct QueueSettings {
     pub handler_timeout: Option<Duration>,
     /// Messages one receive may take in one transaction.
     pub receive_batch: u32,
+    /// Delayed retries after the immediate ones (0: none).
+    pub delayed_retries: u32,
+    /// Delay of delayed retry n: n x this.
+    pub delayed_retry_increment: Duration,
+    /// Outage mode settings.
+    pub outage: OutageConfig,
+    /// Latency-aware limit settings.
+    pub latency_limit: LatencyLimitConfig,
 }
 
 impl QueueSettings {
@@ -107,9 +120,17 @@ impl QueueSettings {
         }
     }
 
-    /// Settings of a configured queue; `max` overrides the concurrency (instance queues).
-    pub fn from_config(config: &QueueConfig, max: u32) -> Self {
+    /// Settings of a configured queue; `max` overrides the concurrency (instance queues);
+    /// `mode` decides whether delayed retries can be taken at all.
+    pub fn from_config(config: &QueueConfig, max: u32, mode: TransactionMode) -> Self {
+        let can_retry = mode != TransactionMode::None
+            && !config.ordering.is_ordered()
+            && config.delayed_delivery.enabled;
         QueueSettings {
+            delayed_retries: config.recoverability.effective_delayed_retries(can_retry),
+            delayed_retry_increment: config.recoverability.delayed_retry_increment,
+            outage: config.outage.clone(),
+            latency_limit: config.latency_limit.clone(),
             max,
             peek_interval: config.concurrency.peek_interval,
             ramp_up_after: config.concurrency.ramp_up_after,
@@ -155,6 +176,13 @@ pub struct QueueRuntime {
     pub failures: FailureMemory,
     /// Receives still to take one message each after a batch failed to commit.
     pub single_receives: SingleReceives,
+    /// Outage mode and the latency-aware limit.
+    pub downstream: DownstreamGuard,
+    /// The queue whose delayed table holds this queue's delayed retries (itself, or the queue
+    /// an instance queue belongs to); None when delayed delivery is off for it.
+    pub delayed_home: Option<QueueName>,
+    /// Due messages the mover of this queue's delayed table moves per transaction.
+    pub delayed_batch: u32,
     reconfigured: Notify,
     receiver_alive: AtomicBool,
 }
@@ -175,6 +203,13 @@ impl QueueRuntime {
         metrics.concurrency_max.set(settings.max as f64);
         metrics.concurrency_limit.set(settings.max as f64);
         QueueRuntime {
+            downstream: DownstreamGuard::new(
+                &settings.outage,
+                &settings.latency_limit,
+                settings.max,
+            ),
+            delayed_home: None,
+            delayed_batch: 100,
             breaker: CircuitBreaker::new(name.as_str(), metrics.circuit_breaker_open.clone()),
             gate: Arc::new(ConcurrencyGate::new(settings.max)),
             name,
@@ -201,6 +236,22 @@ impl QueueRuntime {
         self
     }
 
+    /// The same queue, storing its delayed retries in `home`'s delayed table, whose mover
+    /// (when `home` is this queue) moves `batch` messages per transaction.
+    pub fn with_delayed_home(mut self, home: Option<QueueName>, batch: u32) -> Self {
+        self.delayed_home = home;
+        self.delayed_batch = batch;
+        self
+    }
+
+    /// Applies the downstream guards' limit to the gate (after an attempt changed it).
+    pub fn apply_guard_limit(&self) {
+        self.gate.set_guard_limit(self.downstream.limit());
+        self.metrics
+            .concurrency_limit
+            .set(self.gate.effective() as f64);
+    }
+
     /// The settings in force.
     pub fn settings(&self) -> Arc<QueueSettings> {
         self.settings.load_full()
@@ -209,6 +260,9 @@ impl QueueRuntime {
     /// Applies new settings (config reload): a new max reaches the gate at once.
     pub fn reconfigure(&self, settings: QueueSettings) {
         self.gate.set_max(settings.max);
+        self.downstream
+            .reconfigure(&settings.outage, &settings.latency_limit, settings.max);
+        self.gate.set_guard_limit(self.downstream.limit());
         self.metrics.concurrency_max.set(settings.max as f64);
         self.settings.store(Arc::new(settings));
         self.reconfigured.notify_waiters();

@@ -24,6 +24,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
+use super::delayed::{DelayedDelivery, Moved, delayed_headers};
 use super::{HeldKey, Payload, QueueAdmin, QueueName, Received, Transport, TransportError};
 use crate::config::{OrderingConfig, TransactionMode};
 use crate::message::{
@@ -36,6 +37,8 @@ struct StoredMessage {
     headers: Headers,
     body: Vec<u8>,
     expires: Option<SystemTime>,
+    /// Deliver no sooner than this: stored in the queue's delayed table until then.
+    due: Option<SystemTime>,
 }
 
 #[derive(Default)]
@@ -168,9 +171,18 @@ impl QueueState {
     }
 }
 
+/// A queue's delayed table: messages by due time, then by arrival. A move happens under its
+/// lock, so movers never overlap.
+#[derive(Default)]
+struct DelayedTable {
+    rows: BTreeMap<(SystemTime, u64), StoredMessage>,
+    next: u64,
+}
+
 #[derive(Default)]
 struct Shared {
     queues: Mutex<HashMap<QueueName, Arc<Mutex<QueueState>>>>,
+    delayed: Mutex<HashMap<QueueName, DelayedTable>>,
     open_receives: AtomicU64,
 }
 
@@ -182,7 +194,30 @@ impl Shared {
             .ok_or_else(|| TransportError::QueueNotFound(name.to_string()))
     }
 
-    fn insert(&self, name: &QueueName, message: StoredMessage) -> Result<(), TransportError> {
+    /// Checks that `message` can be stored in `name` (the queue, or its delayed table when
+    /// the message is delayed) without storing it.
+    fn check(&self, name: &QueueName, message: &StoredMessage) -> Result<(), TransportError> {
+        match message.due {
+            Some(_) if !lock(&self.delayed).contains_key(name) => {
+                Err(TransportError::QueueNotFound(format!("{name}.Delayed")))
+            }
+            Some(_) => Ok(()),
+            None => self.queue(name).map(|_| ()),
+        }
+    }
+
+    fn insert(&self, name: &QueueName, mut message: StoredMessage) -> Result<(), TransportError> {
+        if let Some(due) = message.due.take() {
+            let mut tables = lock(&self.delayed);
+            let table = tables
+                .get_mut(name)
+                .ok_or_else(|| TransportError::QueueNotFound(format!("{name}.Delayed")))?;
+            let n = table.next;
+            table.next += 1;
+            message.headers = delayed_headers_of(name, message.headers);
+            table.rows.insert((due, n), message);
+            return Ok(());
+        }
         let queue = self.queue(name)?;
         let mut state = lock(&queue);
         let seq = state.next_seq;
@@ -266,13 +301,28 @@ impl MemoryTransport {
     }
 }
 
-fn stored_from(message: &OutgoingMessage) -> StoredMessage {
-    StoredMessage {
+/// The row a message becomes; refused when its expiry or delay cannot be stored.
+fn stored_from(message: &OutgoingMessage) -> Result<StoredMessage, TransportError> {
+    super::ttbr_millis(message)?;
+    let delay = message
+        .checked_delay()
+        .map_err(TransportError::InvalidMessage)?;
+    Ok(StoredMessage {
         id: message.id,
         headers: message.headers.clone(),
         body: message.body.clone(),
         expires: message.time_to_be_received.map(|t| SystemTime::now() + t),
-    }
+        due: delay.map(|d| SystemTime::now() + d),
+    })
+}
+
+/// A delayed message's headers: the memory transport's address of a queue is its name.
+fn delayed_headers_of(queue: &QueueName, headers: Headers) -> Headers {
+    let message = OutgoingMessage {
+        headers,
+        ..OutgoingMessage::new(Vec::new())
+    };
+    delayed_headers(&message, queue.to_string())
 }
 
 #[async_trait]
@@ -286,9 +336,9 @@ impl Transport for MemoryTransport {
         queue: &QueueName,
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
-        super::ttbr_millis(message)?;
+        let stored = stored_from(message)?;
         let _session = self.statement().await?;
-        self.shared.insert(queue, stored_from(message))
+        self.shared.insert(queue, stored)
     }
 
     async fn receive(
@@ -373,8 +423,66 @@ impl Transport for MemoryTransport {
         }
     }
 
+    fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
+        Some(self)
+    }
+
     async fn ping(&self) -> Result<(), TransportError> {
         Ok(())
+    }
+}
+
+#[async_trait]
+impl DelayedDelivery for MemoryTransport {
+    async fn create_delayed(&self, queue: &QueueName) -> Result<(), TransportError> {
+        lock(&self.shared.delayed).entry(queue.clone()).or_default();
+        Ok(())
+    }
+
+    async fn move_due(&self, queue: &QueueName, batch: u32) -> Result<Moved, TransportError> {
+        let target = self.shared.queue(queue)?;
+        let _session = self.statement().await?;
+        let now = SystemTime::now();
+        let due: Vec<StoredMessage> = {
+            let mut tables = lock(&self.shared.delayed);
+            let table = tables
+                .get_mut(queue)
+                .ok_or_else(|| TransportError::QueueNotFound(format!("{queue}.Delayed")))?;
+            let keys: Vec<(SystemTime, u64)> = table
+                .rows
+                .range(..(now, u64::MAX))
+                .take(batch as usize)
+                .map(|(k, _)| *k)
+                .collect();
+            keys.iter().filter_map(|k| table.rows.remove(k)).collect()
+        };
+        let moved = due.len() as u64;
+        {
+            let mut state = lock(&target);
+            for message in due {
+                let seq = state.next_seq;
+                state.next_seq += 1;
+                state.ready.insert(seq, message);
+            }
+        }
+        let tables = lock(&self.shared.delayed);
+        let table = tables.get(queue);
+        Ok(Moved {
+            moved,
+            next_due_in: table
+                .and_then(|t| t.rows.keys().next())
+                .map(|(due, _)| due.duration_since(now).unwrap_or_default()),
+            waiting: table.map_or(0, |t| t.rows.len() as u64),
+            busy: false,
+        })
+    }
+
+    fn forward_address(&self, queue: &QueueName) -> String {
+        queue.to_string()
+    }
+
+    fn parse_forward_address(&self, address: &str) -> Option<QueueName> {
+        super::delayed::parse_address(address, "")
     }
 }
 
@@ -497,16 +605,20 @@ impl Received for MemoryReceived {
         queue: &QueueName,
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
-        if let Err(e) = super::ttbr_millis(message).and(self.shared.queue(queue)) {
-            self.failed = true;
-            return Err(e);
-        }
+        let stored = match stored_from(message)
+            .and_then(|stored| self.shared.check(queue, &stored).map(|()| stored))
+        {
+            Ok(stored) => stored,
+            Err(e) => {
+                self.failed = true;
+                return Err(e);
+            }
+        };
         if self.restore_on_drop {
-            self.pending_sends
-                .push((queue.clone(), stored_from(message)));
+            self.pending_sends.push((queue.clone(), stored));
             Ok(())
         } else {
-            self.shared.insert(queue, stored_from(message))
+            self.shared.insert(queue, stored)
         }
     }
 

@@ -14,6 +14,7 @@
 //! suite (`tests/conformance.rs`) runs against each of them.
 
 mod batch;
+pub mod delayed;
 pub mod headers;
 pub mod memory;
 pub use crate::names;
@@ -28,6 +29,7 @@ use uuid::Uuid;
 
 use crate::config::{OrderingConfig, TransactionMode, TransportConfig, TransportKind};
 use crate::message::{Message, OutgoingMessage};
+pub use delayed::{DelayedDelivery, Moved};
 pub use names::QueueName;
 
 /// What went wrong talking to the queues.
@@ -443,6 +445,12 @@ pub trait Transport: QueueAdmin {
 
     /// Checks that the database answers (readiness).
     async fn ping(&self) -> Result<(), TransportError>;
+
+    /// Delayed delivery, when this transport can keep messages until they are due
+    /// ([`DelayedDelivery`]); None when it cannot, and a send with a delay is then refused.
+    fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
+        None
+    }
 }
 
 /// Opens the transport a configuration describes.

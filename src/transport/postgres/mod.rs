@@ -26,6 +26,7 @@ use uuid::Uuid;
 pub use statements::{QueueStatements, held_statements, quote_ident};
 
 use super::batch;
+use super::delayed::{DelayedDelivery, Moved, delay_millis, delayed_headers};
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
 use super::unit_of_work::{RawRow, SqlBatchWork, SqlReceived, SqlStore, payload_of};
@@ -244,6 +245,11 @@ impl Inner {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
         let st = self.statements(queue)?;
+        if let Some(delay_ms) = delay_millis(message)? {
+            return self
+                .store_delayed_on(client, queue, &st, message, delay_ms)
+                .await;
+        }
         let stmt = client
             .prepare_cached(&st.send)
             .await
@@ -259,6 +265,28 @@ impl Inner {
 }
 
 impl Inner {
+    /// Stores a delayed message in `queue`'s delayed table, due `delay_ms` after the server's
+    /// clock now, with the forward destination set to `queue`.
+    async fn store_delayed_on(
+        &self,
+        client: &Object,
+        queue: &QueueName,
+        st: &QueueStatements,
+        message: &OutgoingMessage,
+        delay_ms: i64,
+    ) -> Result<(), TransportError> {
+        let headers = serialize_headers(&delayed_headers(message, st.table.clone()));
+        let stmt = client
+            .prepare_cached(&st.delayed.store)
+            .await
+            .map_err(|e| map_delayed_error(e, queue))?;
+        client
+            .execute(&stmt, &[&message.id, &headers, &message.body, &delay_ms])
+            .await
+            .map_err(|e| map_delayed_error(e, queue))?;
+        Ok(())
+    }
+
     /// Builds the expression indexes an ordered queue's receives probe, those missing only.
     ///
     /// `CREATE INDEX IF NOT EXISTS` takes a SHARE lock on the table before it looks for the
@@ -366,6 +394,13 @@ impl Inner {
         messages: &[OutgoingMessage],
     ) -> Result<(), TransportError> {
         if messages.is_empty() {
+            return Ok(());
+        }
+        if messages.iter().any(|m| m.deliver_after.is_some()) {
+            // Delayed ones go to another table: one by one, in the order given.
+            for message in messages {
+                self.send_on(client, queue, message).await?;
+            }
             return Ok(());
         }
         let st = self.statements(queue)?;
@@ -557,6 +592,14 @@ async fn check_layout(
 }
 
 /// Turns a driver error into a transport error that says what happened.
+/// An error of a statement on `queue`'s delayed table: a missing table is named as such.
+fn map_delayed_error(e: tokio_postgres::Error, queue: &QueueName) -> TransportError {
+    match map_error(e, Some(queue)) {
+        TransportError::QueueNotFound(q) => TransportError::QueueNotFound(format!("{q}.delayed")),
+        other => other,
+    }
+}
+
 fn map_error(e: tokio_postgres::Error, queue: Option<&QueueName>) -> TransportError {
     if let Some(db) = e.as_db_error() {
         let code = db.code();
@@ -739,6 +782,10 @@ impl Transport for PostgresTransport {
         s.size.saturating_sub(s.available) as u64
     }
 
+    fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
+        Some(self)
+    }
+
     async fn ping(&self) -> Result<(), TransportError> {
         let client = self.inner.client().await?;
         let (_, answer) = self
@@ -747,6 +794,83 @@ impl Transport for PostgresTransport {
             .await?;
         answer.map(|_| ()).map_err(|e| map_error(e, None))
     }
+}
+
+#[async_trait]
+impl DelayedDelivery for PostgresTransport {
+    async fn create_delayed(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue)?;
+        let mut client = self.inner.client().await?;
+        let schema = quote_ident(&self.inner.schema);
+        let result: Result<(), tokio_postgres::Error> = async {
+            let tx = client.transaction().await?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1))",
+                &[&st.delayed.table],
+            )
+            .await?;
+            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+                .await?;
+            tx.batch_execute(&st.delayed.create).await?;
+            tx.commit().await
+        }
+        .await;
+        match result {
+            Err(e) if !is_concurrent_creation(&e) => Err(map_delayed_error(e, queue)),
+            _ => Ok(()),
+        }
+    }
+
+    async fn move_due(&self, queue: &QueueName, batch: u32) -> Result<Moved, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        let lock = format!("throttlehost.mover {}", st.delayed.table);
+        let batch = i64::from(batch.max(1));
+        let (_, row) = self
+            .inner
+            .answered("a move of due delayed messages", client, async |c| {
+                let stmt = c.prepare_cached(&st.delayed.move_due).await?;
+                c.query_one(&stmt, &[&batch, &lock]).await
+            })
+            .await?;
+        let row = row.map_err(|e| map_delayed_error(e, queue))?;
+        let count = |i: usize| row.try_get::<_, i64>(i).unwrap_or(0).max(0) as u64;
+        let got: bool = row.try_get(1).unwrap_or(false);
+        let next_ms: Option<f64> = row.try_get(3).ok().flatten();
+        Ok(Moved {
+            moved: count(0),
+            busy: !got,
+            waiting: count(2),
+            next_due_in: next_ms
+                .filter(|ms| ms.is_finite())
+                .map(|ms| Duration::from_millis(ms.clamp(0.0, u32::MAX as f64) as u64)),
+        })
+    }
+
+    fn forward_address(&self, queue: &QueueName) -> String {
+        format!(
+            "{}.{}",
+            quote_ident(&self.inner.schema),
+            quote_ident(queue.as_str())
+        )
+    }
+
+    fn parse_forward_address(&self, address: &str) -> Option<QueueName> {
+        super::delayed::parse_address(address, &self.inner.schema)
+    }
+}
+
+/// "Already exists" errors of two hosts creating the same table at once: harmless.
+fn is_concurrent_creation(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        [
+            SqlState::DUPLICATE_TABLE,
+            SqlState::DUPLICATE_OBJECT,
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::DUPLICATE_SCHEMA,
+        ]
+        .contains(c)
+    })
 }
 
 #[async_trait]
@@ -794,21 +918,8 @@ impl QueueAdmin for PostgresTransport {
         }
         .await;
         let created = match result {
-            Ok(()) => Ok(()),
-            Err(e)
-                if e.code().is_some_and(|c| {
-                    [
-                        SqlState::DUPLICATE_TABLE,
-                        SqlState::DUPLICATE_OBJECT,
-                        SqlState::UNIQUE_VIOLATION,
-                        SqlState::DUPLICATE_SCHEMA,
-                    ]
-                    .contains(c)
-                }) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(map_error(e, Some(queue))),
+            Err(e) if !is_concurrent_creation(&e) => Err(map_error(e, Some(queue))),
+            _ => Ok(()),
         };
         created?;
         // CREATE TABLE IF NOT EXISTS leaves a table of another layout in place.

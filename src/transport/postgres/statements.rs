@@ -60,6 +60,67 @@ pub struct QueueStatements {
     /// On an ordered queue: the expression indexes its receive probes, each as its
     /// schema-qualified name and the DDL that builds it without blocking writes.
     pub ordering_indexes: Vec<OrderingIndex>,
+    /// The queue's delayed table, `"schema"."<queue>.delayed"`, and its statements.
+    pub delayed: DelayedStatements,
+}
+
+/// The statements of a queue's delayed table, laid out as the NServiceBus PostgreSQL transport
+/// creates it (`Id`, `Headers`, `Body`, `Due`, an index on `Due`). Due times are written and
+/// compared as NServiceBus does, `(now() AT TIME ZONE 'UTC')` taken as a `timestamptz`, so
+/// both movers agree on what is due when they share a server.
+#[derive(Debug)]
+pub struct DelayedStatements {
+    /// `"schema"."<queue>.delayed"`
+    pub table: String,
+    /// Creates the table and its index (idempotent; run under an advisory lock).
+    pub create: String,
+    /// Stores a message: `$1` id, `$2` headers (with the forward destination), `$3` body,
+    /// `$4` delay in milliseconds from the server's clock.
+    pub store: String,
+    /// Moves up to `$1` due rows into the queue in one statement, under the queue's mover
+    /// lock (`$2`, a transaction-scoped advisory lock that another mover finds taken);
+    /// returns moved, whether the lock was had, rows left, and milliseconds until the
+    /// earliest finite due time left (NULL when none).
+    pub move_due: String,
+}
+
+impl DelayedStatements {
+    fn new(schema: &str, queue: &QueueName, queue_table: &str) -> Self {
+        let table = format!(
+            "{}.{}",
+            quote_ident(schema),
+            quote_ident(&format!("{queue}.delayed"))
+        );
+        let index = quote_ident(&format!("{queue}.delayed_Due"));
+        DelayedStatements {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {table} (
+    Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+    Headers text NOT NULL,
+    Body bytea,
+    Due timestamptz NOT NULL
+) WITH (fillfactor = 100);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (Due)"
+            ),
+            store: format!(
+                "INSERT INTO {table} (Id, Headers, Body, Due) \
+                 VALUES ($1, $2, $3, (now() AT TIME ZONE 'UTC')::timestamptz + ($4::bigint * interval '1 millisecond'))"
+            ),
+            move_due: format!(
+                "WITH mover AS (SELECT pg_try_advisory_xact_lock(hashtext($2)) AS got), \
+                 due AS (DELETE FROM {table} WHERE Id IN (SELECT Id FROM {table} \
+                 WHERE Due < (now() AT TIME ZONE 'UTC')::timestamptz AND (SELECT got FROM mover) \
+                 ORDER BY Due LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING Id, Headers, Body, Due), \
+                 moved AS (INSERT INTO {queue_table} (Id, Expires, Headers, Body) \
+                 SELECT Id, NULL, Headers, Body FROM due ORDER BY Due RETURNING 1) \
+                 SELECT (SELECT count(*) FROM moved)::bigint, (SELECT got FROM mover), \
+                 ((SELECT count(*) FROM {table}) - (SELECT count(*) FROM due))::bigint, \
+                 (SELECT (EXTRACT(EPOCH FROM (min(Due) - (now() AT TIME ZONE 'UTC')::timestamptz)) * 1000)::float8 \
+                 FROM {table} WHERE isfinite(Due) AND Id NOT IN (SELECT Id FROM due))"
+            ),
+            table,
+        }
+    }
 }
 
 /// A name for a receive statement no other in this process has.
@@ -125,6 +186,7 @@ impl QueueStatements {
             ordered: false,
             waiting: None,
             ordering_indexes: Vec::new(),
+            delayed: DelayedStatements::new(schema, queue, &table),
             table,
         }
     }

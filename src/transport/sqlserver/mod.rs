@@ -28,6 +28,7 @@ pub use statements::{QueueStatements, bracket, held_statements};
 
 use self::pool::{Connection, Manager};
 use super::batch;
+use super::delayed::{DelayedDelivery, Moved, delay_millis, delayed_headers};
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
 use super::unit_of_work::{RawRow, SqlBatchWork, SqlReceived, SqlStore, payload_of};
@@ -255,6 +256,19 @@ impl Inner {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
         let st = self.statements(queue);
+        if let Some(delay_ms) = delay_millis(message)? {
+            let headers = serialize_headers(&delayed_headers(message, self.address_of(queue)));
+            let result = conn
+                .client
+                .execute(
+                    st.delayed.store.as_str(),
+                    &[&headers.as_str(), &message.body.as_slice(), &delay_ms],
+                )
+                .await;
+            return self
+                .after_insert(conn, queue, result)
+                .map_err(|e| delayed_table_named(e, queue));
+        }
         let recoverable = self.has_recoverable(conn, queue, &st).await?;
         let sql = if recoverable {
             &st.send_with_recoverable
@@ -288,6 +302,13 @@ impl Inner {
         messages: &[OutgoingMessage],
     ) -> Result<(), TransportError> {
         let st = self.statements(queue);
+        if messages.iter().any(|m| m.deliver_after.is_some()) {
+            // Delayed ones go to another table: one by one, in the order given.
+            for message in messages {
+                self.send_on(conn, queue, message).await?;
+            }
+            return Ok(());
+        }
         for chunk in messages.chunks(statements::SEND_MANY_ROWS) {
             let recoverable = self.has_recoverable(conn, queue, &st).await?;
             let sql = statements::send_many(&st.table, chunk.len(), recoverable);
@@ -505,6 +526,12 @@ impl Inner {
         }
     }
 
+    /// The forward destination written for `queue`: NServiceBus's `table@[schema]` (the
+    /// catalog left to the connection's database).
+    fn address_of(&self, queue: &QueueName) -> String {
+        format!("{}@{}", queue, statements::bracket(&self.schema))
+    }
+
     /// Runs a batch whose first result's first value is a bigint count.
     async fn count(
         &self,
@@ -626,12 +653,93 @@ impl Transport for SqlServerTransport {
         s.connections.saturating_sub(s.idle_connections) as u64
     }
 
+    fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
+        Some(self)
+    }
+
     async fn ping(&self) -> Result<(), TransportError> {
         let mut conn = self.inner.conn().await?;
         conn.run_batch("SELECT 1").await.map_err(|e| {
             conn.broken = true;
             map_error(e, None)
         })
+    }
+}
+
+/// An error of a statement on `queue`'s delayed table: a missing table is named as such.
+fn delayed_table_named(e: TransportError, queue: &QueueName) -> TransportError {
+    match e {
+        TransportError::QueueNotFound(_) => {
+            TransportError::QueueNotFound(format!("{queue}.Delayed"))
+        }
+        other => other,
+    }
+}
+
+#[async_trait]
+impl DelayedDelivery for SqlServerTransport {
+    async fn create_delayed(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue);
+        let mut conn = self.inner.conn().await?;
+        match conn.run_batch(&st.delayed.create).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                conn.broken = true;
+                match e {
+                    tiberius::error::Error::Server(t) if matches!(t.code(), 2714 | 1913) => Ok(()),
+                    e => Err(delayed_table_named(map_error(e, Some(queue)), queue)),
+                }
+            }
+        }
+    }
+
+    async fn move_due(&self, queue: &QueueName, batch: u32) -> Result<Moved, TransportError> {
+        let st = self.inner.statements(queue);
+        let mut conn = self.inner.conn().await?;
+        let recoverable = self.inner.has_recoverable(&mut conn, queue, &st).await?;
+        let sql = if recoverable {
+            &st.delayed.move_due_with_recoverable
+        } else {
+            &st.delayed.move_due_without_recoverable
+        };
+        let batch = i64::from(batch.max(1));
+        let row = async {
+            conn.client
+                .query(sql.as_str(), &[&batch])
+                .await?
+                .into_row()
+                .await
+        }
+        .await
+        .map_err(|e| {
+            // XACT_ABORT rolled the move back; the connection's state is in doubt.
+            conn.broken = true;
+            delayed_table_named(map_error(e, Some(queue)), queue)
+        })?;
+        let Some(row) = row else {
+            return Err(TransportError::database(format!(
+                "the move of `{queue}`'s due delayed messages returned nothing"
+            )));
+        };
+        let count = |i: usize| int_at(&row, i).unwrap_or(0).max(0) as u64;
+        let now: Option<NaiveDateTime> = row.try_get(3).ok().flatten();
+        let next: Option<NaiveDateTime> = row.try_get(4).ok().flatten();
+        Ok(Moved {
+            moved: count(0),
+            busy: count(1) == 0,
+            waiting: count(2),
+            next_due_in: now
+                .zip(next)
+                .map(|(now, next)| (next - now).to_std().unwrap_or_default()),
+        })
+    }
+
+    fn forward_address(&self, queue: &QueueName) -> String {
+        self.inner.address_of(queue)
+    }
+
+    fn parse_forward_address(&self, address: &str) -> Option<QueueName> {
+        super::delayed::parse_address(address, &self.inner.schema)
     }
 }
 

@@ -59,6 +59,109 @@ pub struct QueueStatements {
     pub waiting: Option<String>,
     /// The dialect the statements are written in.
     pub dialect: Dialect,
+    /// The queue's delayed table, `[schema].[<queue>.Delayed]`, and its statements.
+    pub delayed: DelayedStatements,
+}
+
+/// The statements of a queue's delayed table, laid out as NServiceBus creates it
+/// (`CreateDelayedMessageStoreText`: Headers, Body, Due, RowVersion, a nonclustered index on
+/// Due). Due times are the server's `GETUTCDATE()` plus the delay, as NServiceBus writes them.
+#[derive(Debug, Clone)]
+pub struct DelayedStatements {
+    /// `[schema].[<queue>.Delayed]`
+    pub table: String,
+    /// Creates the table and its index under the schema's creation lock. Idempotent.
+    pub create: String,
+    /// Stores a message: `@P1` headers (with the forward destination), `@P2` body, `@P3`
+    /// delay in milliseconds from the server's clock.
+    pub store: String,
+    /// Moves up to `@P1` due rows into the queue (with the `Recoverable` column) in one
+    /// transaction under the queue's mover lock (an application lock another mover finds
+    /// taken); returns moved, 1 when the lock was had, rows left, the server's time and the
+    /// earliest due time left.
+    pub move_due_with_recoverable: String,
+    /// The same for a queue table without `Recoverable`.
+    pub move_due_without_recoverable: String,
+}
+
+impl DelayedStatements {
+    fn new(schema: &str, queue: &QueueName, queue_table: &str, dialect: Dialect) -> Self {
+        let table = format!(
+            "{}.{}",
+            bracket(schema),
+            bracket(&format!("{queue}.Delayed"))
+        );
+        let lock = format!("throttlehost_create_{schema}");
+        let mover = format!("throttlehost_mover_{schema}.{queue}");
+        let move_due = |recoverable: bool| {
+            let (column, value) = if recoverable {
+                ("Recoverable, ", "1, ")
+            } else {
+                ("", "")
+            };
+            // Read out into a table variable, then inserted in due order: identity values
+            // follow an INSERT ... SELECT's ORDER BY, not an OUTPUT's.
+            let output = "OUTPUT deleted.Headers, deleted.Body, deleted.Due INTO @moving (Headers, Body, Due)";
+            let delete = match dialect {
+                Dialect::Sqlserver => format!(
+                    "WITH message AS (SELECT TOP(@P1) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Due < GETUTCDATE() ORDER BY Due)
+    DELETE FROM message
+    {output};"
+                ),
+                // Babelfish takes no DML through a CTE: the same rows by RowVersion.
+                Dialect::Babelfish => format!(
+                    "DELETE FROM {table}
+    {output}
+    WHERE RowVersion IN (SELECT TOP(@P1) RowVersion FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Due < GETUTCDATE() ORDER BY Due);"
+                ),
+            };
+            let delete = format!(
+                "{delete}
+    SET @moved = @@ROWCOUNT;
+    INSERT INTO {queue_table} (Id, CorrelationId, ReplyToAddress, {column}Expires, Headers, Body)
+    SELECT NEWID(), NULL, NULL, {value}NULL, Headers, Body FROM @moving ORDER BY Due, N;"
+            );
+            format!(
+                "SET XACT_ABORT ON;
+BEGIN TRAN;
+DECLARE @got int, @moved bigint = 0;
+DECLARE @moving TABLE (N int IDENTITY(1,1), Headers nvarchar(max), Body varbinary(max), Due datetime);
+EXEC @got = sp_getapplock @Resource = N'{mover}', @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
+IF @got >= 0
+BEGIN
+    {delete}
+END
+SELECT @moved, CAST(CASE WHEN @got >= 0 THEN 1 ELSE 0 END AS int), (SELECT COUNT_BIG(*) FROM {table}), GETUTCDATE(), (SELECT MIN(Due) FROM {table});
+COMMIT TRAN;"
+            )
+        };
+        DelayedStatements {
+            create: format!(
+                "SET XACT_ABORT ON;
+BEGIN TRAN;
+EXEC sp_getapplock @Resource = N'{lock}', @LockMode = 'Exclusive', @LockOwner = 'Transaction';
+IF SCHEMA_ID(N'{schema}') IS NULL EXEC(N'CREATE SCHEMA {sq}');
+IF OBJECT_ID(N'{table}', N'U') IS NULL
+BEGIN
+    CREATE TABLE {table} (
+        Headers nvarchar(max) NOT NULL,
+        Body varbinary(max) NULL,
+        Due datetime NOT NULL,
+        RowVersion bigint IDENTITY(1,1) NOT NULL
+    );
+    CREATE NONCLUSTERED INDEX [Index_Due] ON {table} (Due);
+END
+COMMIT TRAN;",
+                sq = bracket(schema)
+            ),
+            store: format!(
+                "INSERT INTO {table} (Headers, Body, Due) VALUES (@P1, @P2, DATEADD(ms, @P3 % 1000, DATEADD(s, @P3 / 1000, GETUTCDATE())));"
+            ),
+            move_due_with_recoverable: move_due(true),
+            move_due_without_recoverable: move_due(false),
+            table,
+        }
+    }
 }
 
 /// The receive: the NServiceBus CTE form, or the Babelfish table-variable form.
@@ -582,6 +685,7 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
             ordered: false,
             waiting: None,
             dialect,
+            delayed: DelayedStatements::new(schema, queue, &table, dialect),
             table,
         }
     }

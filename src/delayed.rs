@@ -1,0 +1,215 @@
+//! The mover of a queue's delayed table: moves due messages into the queue.
+//!
+//! One task per receiving queue with delayed delivery (`[queues.delayed_delivery]`). Each turn
+//! moves up to `batch_size` due messages in one transaction
+//! ([`DelayedDelivery::move_due`]). A full batch is followed at once by the next; otherwise
+//! the mover waits, as NServiceBus's does: 500 ms doubling to 60 s while nothing is due,
+//! shortened to the next due time the table reported and to any earlier one this process
+//! stored since ([`Schedule::due_in`], told by the publisher). On several hosts the database
+//! lets one mover per queue work at a time; the others find its lock taken and wait their
+//! turn. Failures are logged once per run of them and retried with the same back-off, so a
+//! database that is down costs one statement per minute at most.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::QueueMetrics;
+use crate::transport::{Moved, QueueName, Transport};
+
+/// The first wait when nothing is due.
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// The longest wait (also the longest a message stored by another process may wait past its
+/// due time before this host moves it).
+pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Where a queue's mover is told of messages this process stored, so it wakes in time.
+#[derive(Debug, Default)]
+pub struct Schedule {
+    wakes: Mutex<HashMap<QueueName, Arc<Wake>>>,
+}
+
+/// One mover's wake-up: the earliest due time told since it last looked.
+#[derive(Debug, Default)]
+pub struct Wake {
+    notify: Notify,
+    earliest: Mutex<Option<Instant>>,
+}
+
+impl Wake {
+    /// The earliest due time told since the last call, cleared.
+    fn take(&self) -> Option<Instant> {
+        self.earliest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+}
+
+impl Schedule {
+    /// The wake-up of `queue`'s mover (made on first use).
+    pub fn wake(&self, queue: &QueueName) -> Arc<Wake> {
+        self.wakes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(queue.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// A message was stored in `queue`'s delayed table, due after `delay`: its mover, if
+    /// this process runs one, looks no later than then.
+    pub fn due_in(&self, queue: &QueueName, delay: Duration) {
+        let Some(wake) = self
+            .wakes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(queue)
+            .cloned()
+        else {
+            return;
+        };
+        let due = Instant::now() + delay;
+        {
+            let mut earliest = wake.earliest.lock().unwrap_or_else(|e| e.into_inner());
+            if earliest.is_some_and(|e| e <= due) {
+                return;
+            }
+            *earliest = Some(due);
+        }
+        wake.notify.notify_one();
+    }
+}
+
+/// The wait after a move: none after a full batch; otherwise the back-off (doubled from the
+/// last one while nothing moves, back to the first after a move), no later than the next
+/// due time the table reported.
+pub fn next_wait(last: Duration, moved: &Moved, batch: u32) -> Duration {
+    if !moved.busy && moved.moved >= u64::from(batch.max(1)) {
+        return Duration::ZERO;
+    }
+    let backoff = if moved.moved > 0 {
+        FIRST_BACKOFF
+    } else {
+        (last * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF)
+    };
+    match moved.next_due_in {
+        // A busy table belongs to another host's mover: no hurry for what it will move.
+        Some(due) if !moved.busy => backoff.min(due.max(Duration::from_millis(5))),
+        _ => backoff,
+    }
+}
+
+/// Runs `queue`'s mover until `stop`.
+pub async fn run_mover(
+    transport: Arc<dyn Transport>,
+    queue: QueueName,
+    batch: u32,
+    wake: Arc<Wake>,
+    metrics: QueueMetrics,
+    stop: CancellationToken,
+) {
+    let Some(delayed) = transport.delayed_delivery() else {
+        return;
+    };
+    let mut wait = Duration::ZERO;
+    let mut next_move = Instant::now();
+    let mut failing = false;
+    loop {
+        // Wait until the next move, or an earlier due time this process tells of.
+        loop {
+            let told = *wake.earliest.lock().unwrap_or_else(|e| e.into_inner());
+            let until = told.map_or(next_move, |t| t.min(next_move));
+            if until <= Instant::now() {
+                break;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(until) => break,
+                _ = wake.notify.notified() => {}
+            }
+        }
+        wake.take();
+        if stop.is_cancelled() {
+            return;
+        }
+        match delayed.move_due(&queue, batch).await {
+            Ok(moved) => {
+                if failing {
+                    tracing::info!(queue = %queue, "moving due delayed messages works again");
+                    failing = false;
+                }
+                metrics.delayed_moved.increment(moved.moved);
+                metrics.delayed_messages.set(moved.waiting as f64);
+                metrics
+                    .delayed_next_due
+                    .set(moved.next_due_in.map_or(0.0, |d| d.as_secs_f64()));
+                if moved.moved > 0 {
+                    tracing::debug!(queue = %queue, moved = moved.moved, "due delayed messages moved into the queue");
+                }
+                wait = next_wait(wait, &moved, batch);
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(queue = %queue, error = %e,
+                        "cannot move due delayed messages into the queue; retrying with back-off");
+                    failing = true;
+                }
+                wait = (wait * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
+            }
+        }
+        next_move = Instant::now() + wait;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moved(n: u64, next: Option<u64>) -> Moved {
+        Moved {
+            moved: n,
+            next_due_in: next.map(Duration::from_millis),
+            ..Moved::default()
+        }
+    }
+
+    #[test]
+    fn the_wait_doubles_while_nothing_is_due_and_stops_at_the_next_due_time() {
+        let mut wait = Duration::ZERO;
+        let mut waits = Vec::new();
+        for _ in 0..10 {
+            wait = next_wait(wait, &moved(0, None), 100);
+            waits.push(wait.as_millis());
+        }
+        assert_eq!(
+            waits,
+            vec![
+                500, 1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000, 60000
+            ]
+        );
+        assert_eq!(
+            next_wait(wait, &moved(100, None), 100),
+            Duration::ZERO,
+            "full batch"
+        );
+        assert_eq!(next_wait(wait, &moved(3, None), 100), FIRST_BACKOFF);
+        assert_eq!(
+            next_wait(wait, &moved(0, Some(1200)), 100),
+            Duration::from_millis(1200),
+            "the next due time comes first"
+        );
+        let busy = Moved {
+            busy: true,
+            ..moved(0, Some(10))
+        };
+        assert_eq!(
+            next_wait(Duration::from_secs(8), &busy, 100),
+            Duration::from_secs(16)
+        );
+    }
+}

@@ -103,6 +103,10 @@ enum Command {
         /// Time to be received (seconds, or e.g. 30s, 5m); the message expires after it.
         #[arg(long, value_parser = parse_ttbr)]
         ttbr: Option<Duration>,
+        /// Deliver no sooner than this from now (e.g. 30s, 5m): stored in the queue's delayed
+        /// table until due. Not with --ttbr.
+        #[arg(long, value_parser = parse_delay, conflicts_with = "ttbr")]
+        delay: Option<Duration>,
     },
     /// Show a running host's throttling and queues. Exit code 0: not throttling,
     /// 1: throttling, 2: unreachable.
@@ -240,6 +244,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// A time to be received: a duration no longer than the transports can store.
+fn parse_delay(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d > throttlehost::message::MAX_DELIVERY_DELAY {
+        return Err("a delay longer than 50 years cannot be stored".into());
+    }
+    Ok(d)
+}
+
 fn parse_ttbr(s: &str) -> Result<Duration, String> {
     parse_duration(s).and_then(throttlehost::message::check_time_to_be_received)
 }
@@ -320,6 +332,7 @@ fn main() -> ExitCode {
                 headers,
                 count,
                 ttbr,
+                delay,
             } => {
                 cli::send::send(
                     &config,
@@ -330,6 +343,7 @@ fn main() -> ExitCode {
                         headers,
                         count,
                         ttbr,
+                        delay,
                     },
                 )
                 .await

@@ -70,11 +70,17 @@ pub enum Condition {
     DatabaseSessions,
     /// User override = throttle (delivery state 10, publishing state 11).
     Override,
+    /// A queue's handler fails every attempt: the queue is in outage mode, one message at a
+    /// time with a pause (delivery state 12). Acted on by the queue, not the controller.
+    DownstreamOutage,
+    /// A queue's handler latency rose above its baseline and the latency-aware limit holds
+    /// the queue below its max (delivery state 13). Acted on by the queue.
+    DownstreamLatency,
 }
 
 impl Condition {
     /// Every condition, in a fixed order (used for metrics and reports).
-    pub const ALL: [Condition; 8] = [
+    pub const ALL: [Condition; 10] = [
         Condition::RateImbalance,
         Condition::ProcessMemory,
         Condition::SystemMemory,
@@ -83,6 +89,8 @@ impl Condition {
         Condition::DatabaseSize,
         Condition::DatabaseSessions,
         Condition::Override,
+        Condition::DownstreamOutage,
+        Condition::DownstreamLatency,
     ];
 
     /// Label value used in metrics and JSON.
@@ -96,6 +104,8 @@ impl Condition {
             Condition::DatabaseSize => "database_size",
             Condition::DatabaseSessions => "database_sessions",
             Condition::Override => "override",
+            Condition::DownstreamOutage => "downstream_outage",
+            Condition::DownstreamLatency => "downstream_latency",
         }
     }
 
@@ -121,23 +131,40 @@ impl Condition {
             (Condition::Threads, _) => Some(9),
             (Condition::Override, Delivery) => Some(10),
             (Condition::Override, Publishing) => Some(11),
+            (Condition::DownstreamOutage, Delivery) => Some(OUTAGE_STATE),
+            (Condition::DownstreamLatency, Delivery) => Some(LATENCY_STATE),
+            (Condition::DownstreamOutage | Condition::DownstreamLatency, Publishing) => None,
         }
     }
 
     /// Rank among active conditions; the highest decides a direction's state. BizTalk's
     /// documented order: process memory > in-process > threads > database size > all others.
     /// Among the others: system memory > database sessions > override > rate imbalance.
+    ///
+    /// The downstream conditions rank above rate imbalance and below the rest: they say what
+    /// a queue does for what it calls, and any pressure on the host itself shows first.
     pub fn rank(self) -> u8 {
         match self {
-            Condition::ProcessMemory => 7,
-            Condition::InProcess => 6,
-            Condition::Threads => 5,
-            Condition::DatabaseSize => 4,
-            Condition::SystemMemory => 3,
-            Condition::DatabaseSessions => 2,
-            Condition::Override => 1,
+            Condition::ProcessMemory => 9,
+            Condition::InProcess => 8,
+            Condition::Threads => 7,
+            Condition::DatabaseSize => 6,
+            Condition::SystemMemory => 5,
+            Condition::DatabaseSessions => 4,
+            Condition::Override => 3,
+            Condition::DownstreamOutage => 2,
+            Condition::DownstreamLatency => 1,
             Condition::RateImbalance => 0,
         }
+    }
+
+    /// Conditions a queue acts on by itself (its downstream guards): the controller shows
+    /// them and takes no action of its own (no delay, no pace, no cut).
+    pub fn acted_by_queue(self) -> bool {
+        matches!(
+            self,
+            Condition::DownstreamOutage | Condition::DownstreamLatency
+        )
     }
 
     /// Conditions that pace publishing against the backlog's drain rate (when it is measured)
@@ -219,6 +246,8 @@ mod tests {
                 (None, Some(6)),
                 (Some(8), Some(8)),
                 (Some(10), Some(11)),
+                (Some(12), None),
+                (Some(13), None),
             ]
         );
     }

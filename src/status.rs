@@ -140,4 +140,7 @@ pub struct QueueStatus {
     pub succeeded_total: u64,
     /// Messages moved to the error queue since start (after their retries, or as poison rows).
     pub failed_total: u64,
+    /// Its downstream guards: outage mode (failures in a row, pause) and the latency-aware
+    /// limit (limit, mean and recent latency, the line a rise is judged by).
+    pub downstream: crate::queue::DownstreamReading,
 }

@@ -24,6 +24,8 @@ use crate::transport::QueueName;
 pub(super) struct IngestQuery {
     /// Time to be received, e.g. `30s`.
     ttbr: Option<String>,
+    /// Delivery delay, e.g. `30s`: stored in the queue's delayed table until due.
+    delay: Option<String>,
 }
 
 const HEADER_PREFIX: &str = "x-header-";
@@ -122,11 +124,15 @@ pub(super) async fn ingest(
         let Ok(Query(query)) = query else {
             return Err(Box::new(error(
                 StatusCode::BAD_REQUEST,
-                "the only query parameter is `ttbr` (a duration such as 30s)",
+                "the query parameters are `ttbr` and `delay` (durations such as 30s)",
             )));
         };
         let body = read_body(host.as_ref(), body).await?;
-        let message = ingested_message(body.to_vec(), query.ttbr.as_deref(), &headers)?;
+        let mut message = ingested_message(body.to_vec(), query.ttbr.as_deref(), &headers)?;
+        if let Some(delay) = query.delay.as_deref() {
+            message = with_delay(message, delay, "delay")
+                .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, e)))?;
+        }
         let id = message.logical_id();
         store(host.as_ref(), &queue, vec![message]).await?;
         Ok(json!({ "id": id, "queue": queue.as_str() }))
@@ -152,6 +158,23 @@ struct BatchItem {
     #[serde(default)]
     headers: BTreeMap<String, String>,
     ttbr: Option<String>,
+    delay: Option<String>,
+}
+
+/// `message` delivered no sooner than `delay` (a duration) from now; the error names `field`.
+fn with_delay(
+    message: OutgoingMessage,
+    delay: &str,
+    field: &str,
+) -> Result<OutgoingMessage, String> {
+    let d = humantime::parse_duration(delay.trim()).map_err(|e| {
+        format!("{field}: `{delay}` is not a duration ({e}); write for example 30s or 5m")
+    })?;
+    let message = message.with_delay(d);
+    message
+        .checked_delay()
+        .map_err(|e| format!("{field}: {e}"))?;
+    Ok(message)
 }
 
 /// The most messages one batch request may carry.
@@ -190,6 +213,9 @@ fn batch_messages(body: &[u8]) -> Result<Vec<OutgoingMessage>, String> {
                         crate::message::check_time_to_be_received(d).map_err(|e| format!("[{i}].ttbr: {e}"))
                     })?;
                 message = message.with_time_to_be_received(ttbr);
+            }
+            if let Some(delay) = &item.delay {
+                message = with_delay(message, delay, &format!("[{i}].delay"))?;
             }
             let names_content_type = item
                 .headers

@@ -23,6 +23,8 @@ pub struct SendArgs {
     pub count: u64,
     /// Time to be received.
     pub ttbr: Option<Duration>,
+    /// Delivery delay.
+    pub delay: Option<Duration>,
 }
 
 /// Concurrent writers for `--count` above one.
@@ -35,6 +37,7 @@ struct Template {
     body: Vec<u8>,
     headers: Vec<(String, String)>,
     ttbr: Option<Duration>,
+    delay: Option<Duration>,
 }
 
 impl Template {
@@ -45,6 +48,9 @@ impl Template {
         }
         if let Some(t) = self.ttbr {
             m = m.with_time_to_be_received(t);
+        }
+        if let Some(d) = self.delay {
+            m = m.with_delay(d);
         }
         m
     }
@@ -138,6 +144,7 @@ pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
         body,
         headers,
         ttbr: args.ttbr,
+        delay: args.delay,
     });
     let started = Instant::now();
     if let Err(e) = store(transport, queue.clone(), template, args.count).await {

@@ -30,6 +30,7 @@ pub fn validate(config: &Config) -> Problems {
     for (i, q) in config.queues.iter().enumerate() {
         validate_queue(i, q, &instance, &mut names, &mut add);
         validate_ordering(i, config, &mut add);
+        validate_recoverability(i, config, &mut add);
         if q.concurrency.receive_batch > 1
             && config.transport.transaction_mode == TransactionMode::None
         {
@@ -41,6 +42,91 @@ pub fn validate(config: &Config) -> Problems {
     }
     validate_throttling(&config.throttling, &mut add);
     problems
+}
+
+/// `[queues.recoverability]`, `[queues.outage]`, `[queues.latency_limit]`: retries that can be
+/// taken, pauses and limits that make sense.
+fn validate_recoverability(i: usize, config: &Config, add: &mut impl FnMut(String, String)) {
+    let q = &config.queues[i];
+    let key = |field: &str| format!("queues[{i}].{field}");
+    if let Some(n) = q.recoverability.delayed_retries.filter(|n| *n > 0) {
+        let refusal = if config.transport.transaction_mode == TransactionMode::None {
+            Some(
+                "transport.transaction_mode = \"none\" deletes each message before its handler runs, so there is nothing left to retry",
+            )
+        } else if q.ordering.is_ordered() {
+            Some(
+                "an ordered queue keeps a failed message in its place (immediate retries, then ordering.failed_key); one taken out to wait would let the later messages of its key pass it",
+            )
+        } else if !q.delayed_delivery.enabled {
+            Some(
+                "delayed retries wait in the queue's delayed table, and delayed_delivery.enabled = false",
+            )
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            add(
+                key("recoverability.delayed_retries"),
+                format!(
+                    "{n} delayed retries cannot be taken here: {why}; set it to 0 or leave it out"
+                ),
+            );
+        }
+    }
+    let increment = q.recoverability.delayed_retry_increment;
+    if increment.is_zero() || increment > crate::message::MAX_DELIVERY_DELAY / 100 {
+        add(
+            key("recoverability.delayed_retry_increment"),
+            format!(
+                "{} is not between 1 ms and 6 months",
+                humantime::format_duration(increment)
+            ),
+        );
+    }
+    if q.delayed_delivery.enabled && !(1..=10_000).contains(&q.delayed_delivery.batch_size) {
+        add(
+            key("delayed_delivery.batch_size"),
+            format!(
+                "{} is not between 1 and 10000",
+                q.delayed_delivery.batch_size
+            ),
+        );
+    }
+    if q.outage.pause.is_zero() || q.outage.pause > q.outage.max_pause {
+        add(
+            key("outage.pause"),
+            format!(
+                "{} must be above 0 and at most outage.max_pause ({})",
+                humantime::format_duration(q.outage.pause),
+                humantime::format_duration(q.outage.max_pause)
+            ),
+        );
+    }
+    let l = &q.latency_limit;
+    if l.enabled {
+        if l.min == 0 || l.min > q.concurrency.max {
+            add(
+                key("latency_limit.min"),
+                format!(
+                    "{} is not between 1 and concurrency.max ({})",
+                    l.min, q.concurrency.max
+                ),
+            );
+        }
+        if !(l.decrease_ratio > 0.0 && l.decrease_ratio < 1.0) {
+            add(
+                key("latency_limit.decrease_ratio"),
+                format!("{} is not between 0 and 1 (exclusive)", l.decrease_ratio),
+            );
+        }
+        if !(l.deviation_scale.is_finite() && l.deviation_scale >= 0.0) {
+            add(
+                key("latency_limit.deviation_scale"),
+                format!("{} is not a number of 0 or more", l.deviation_scale),
+            );
+        }
+    }
 }
 
 /// `[queues.ordering]`: a usable key header and lookahead, and a receive that can keep order.
@@ -493,6 +579,41 @@ mod tests {
             "[[queues]]\nname = \"q\"\n[queues.concurrency]\nreceive_batch = 8\n[queues.ordering]\nkey_header = \"k\"\n",
         );
         assert!(p.iter().any(|m| m.contains("receive_batch = 8")), "{p:?}");
+    }
+
+    #[test]
+    fn delayed_retries_are_refused_where_they_cannot_be_taken_naming_the_field() {
+        let set = "[[queues]]\nname = \"q\"\n[queues.recoverability]\ndelayed_retries = 2\n";
+        assert!(problems(set).is_empty(), "{:?}", problems(set));
+        let none = format!("[transport]\ntransaction_mode = \"none\"\n{set}");
+        assert!(
+            problems(&none)
+                .iter()
+                .any(|m| m.contains("queues[0].recoverability.delayed_retries")
+                    && m.contains("\"none\"")),
+            "{:?}",
+            problems(&none)
+        );
+        let ordered = format!("{set}[queues.ordering]\nkey_header = \"k\"\n");
+        assert!(
+            problems(&ordered)
+                .iter()
+                .any(|m| m.contains("ordered queue"))
+        );
+        // Unset, the default adapts: no refusal in mode none.
+        let unset = "[transport]\ntransaction_mode = \"none\"\n[[queues]]\nname = \"q\"\n";
+        assert!(problems(unset).is_empty(), "{:?}", problems(unset));
+        let bad = "[[queues]]\nname = \"q\"\n[queues.outage]\npause = \"20s\"\n[queues.latency_limit]\nenabled = true\ndecrease_ratio = 1.5\n";
+        let p = problems(bad);
+        assert!(
+            p.iter().any(|m| m.contains("queues[0].outage.pause")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|m| m.contains("queues[0].latency_limit.decrease_ratio")),
+            "{p:?}"
+        );
     }
 
     #[test]

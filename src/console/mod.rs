@@ -299,6 +299,7 @@ mod tests {
                 error_queue_depth: 2,
                 succeeded_total: 100,
                 failed_total: 1,
+                downstream: Default::default(),
             }],
         }
     }

@@ -15,8 +15,8 @@ use std::time::Duration;
 use crate::config::FailedKey;
 use crate::dispatch::Dispatcher;
 use crate::publish::Publisher;
-use crate::queue::{DepthCell, ERROR_DEPTH_MAX_AGE, QueueRuntime};
-use crate::throttling::controller::QueueLoad;
+use crate::queue::{DepthCell, DownstreamReading, ERROR_DEPTH_MAX_AGE, QueueRuntime};
+use crate::throttling::controller::{DownstreamGuards, GuardCondition, QueueLoad};
 use crate::throttling::service::{HostProbe, LimitSink, QueueReading};
 use crate::transport::{QueueName, Transport};
 
@@ -220,6 +220,10 @@ impl HostProbe for HostAdapter {
         self.refresh(stale);
         total
     }
+
+    fn downstream(&self) -> DownstreamGuards {
+        downstream_guards(self.queues.iter().map(|q| q.downstream.reading()))
+    }
 }
 
 impl LimitSink for HostAdapter {
@@ -233,6 +237,36 @@ impl LimitSink for HostAdapter {
             export_downstream(q);
         }
     }
+}
+
+/// The worst queue of each downstream guard: an active one first (the most failures in a
+/// row; the latency furthest over its line), else the closest to its line.
+fn downstream_guards(readings: impl Iterator<Item = DownstreamReading>) -> DownstreamGuards {
+    let mut guards = DownstreamGuards::default();
+    let worse = |a: &GuardCondition, b: &GuardCondition| {
+        (b.active, b.value - b.threshold) > (a.active, a.value - a.threshold)
+    };
+    for r in readings {
+        let outage = GuardCondition {
+            active: r.outage,
+            value: f64::from(r.consecutive_failures),
+            threshold: f64::from(r.failure_threshold),
+        };
+        if r.failure_threshold > 0 && worse(&guards.outage, &outage) {
+            guards.outage = outage;
+        }
+        if r.latency_limit.is_some() {
+            let latency = GuardCondition {
+                active: r.latency_limiting,
+                value: r.latency_recent * 1000.0,
+                threshold: r.latency_line * 1000.0,
+            };
+            if worse(&guards.latency, &latency) {
+                guards.latency = latency;
+            }
+        }
+    }
+    guards
 }
 
 /// Writes a queue's downstream guard gauges (outage mode, latency-aware limit).

@@ -112,6 +112,7 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
                     error_queue_depth: q.error_depth.get(),
                     succeeded_total,
                     failed_total,
+                    downstream: q.downstream.reading(),
                 }
             })
             .collect(),

@@ -31,6 +31,8 @@ fn state_color(code: u8) -> RGBColor {
         8 => RGBColor(150, 110, 70),
         9 => RGBColor(230, 120, 180),
         10 | 11 => RGBColor(60, 120, 220),
+        12 => RGBColor(90, 90, 90),
+        13 => RGBColor(0, 150, 150),
         _ => RGBColor(128, 128, 128),
     }
 }
@@ -45,6 +47,8 @@ fn condition_color(c: Condition) -> RGBColor {
         Condition::DatabaseSize => RGBColor(130, 90, 200),
         Condition::DatabaseSessions => RGBColor(140, 100, 60),
         Condition::Override => RGBColor(60, 120, 220),
+        Condition::DownstreamOutage => RGBColor(90, 90, 90),
+        Condition::DownstreamLatency => RGBColor(0, 150, 150),
     }
 }
 

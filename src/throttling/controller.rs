@@ -79,7 +79,10 @@ impl Thresholds {
             Condition::Threads => self.threads,
             Condition::DatabaseSize => self.database_size,
             Condition::DatabaseSessions => self.database_sessions,
-            Condition::RateImbalance | Condition::Override => None,
+            Condition::RateImbalance
+            | Condition::Override
+            | Condition::DownstreamOutage
+            | Condition::DownstreamLatency => None,
         }
     }
 }
@@ -109,6 +112,39 @@ pub struct Readings {
     /// What the delivery ceiling measured for each guarded resource on which it held receives
     /// back since the last tick (see [`CeilingHolds`]).
     pub held: CeilingHolds,
+    /// What the queues' downstream guards do (outage mode, the latency-aware limit).
+    pub downstream: DownstreamGuards,
+}
+
+/// The queues' downstream guards as delivery conditions: the worst queue of each kind. The
+/// queues decide when they are on (`queue::downstream`); the controller shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DownstreamGuards {
+    /// Outage mode: failed attempts in a row against `consecutive_failures`.
+    pub outage: GuardCondition,
+    /// Latency-aware limit: the last interval's latency (ms) against the line it rose past.
+    pub latency: GuardCondition,
+}
+
+/// One downstream guard: on or off, with the value and threshold it is judged by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct GuardCondition {
+    /// On (decided by the queue).
+    pub active: bool,
+    /// Its value.
+    pub value: f64,
+    /// Its threshold.
+    pub threshold: f64,
+}
+
+impl DownstreamGuards {
+    /// The guard a downstream condition shows.
+    pub fn of(&self, condition: Condition) -> GuardCondition {
+        match condition {
+            Condition::DownstreamLatency => self.latency,
+            _ => self.outage,
+        }
+    }
 }
 
 /// The resources the delivery ceiling guards between ticks: each grows with the messages in
@@ -180,6 +216,8 @@ impl Readings {
             Condition::Threads => self.threads as f64,
             Condition::DatabaseSize => self.database_size as f64,
             Condition::DatabaseSessions => self.database_sessions as f64,
+            Condition::DownstreamOutage => self.downstream.outage.value,
+            Condition::DownstreamLatency => self.downstream.latency.value,
             Condition::RateImbalance | Condition::Override => 0.0,
         }
     }
@@ -351,12 +389,12 @@ pub struct Controller {
 /// itself would let a burst start at once that the next sample sees too late.
 const AFTER_PRESSURE: Duration = Duration::from_secs(2);
 
-/// The conditions measured against a resource threshold (all but rate imbalance and the
-/// override).
+/// The conditions measured against a resource threshold (all but rate imbalance, the
+/// override and the queues' downstream guards).
 fn resource_conditions() -> impl Iterator<Item = Condition> {
-    Condition::ALL
-        .into_iter()
-        .filter(|c| !matches!(c, Condition::RateImbalance | Condition::Override))
+    Condition::ALL.into_iter().filter(|c| {
+        !matches!(c, Condition::RateImbalance | Condition::Override) && !c.acted_by_queue()
+    })
 }
 
 /// What one direction's decision this tick depends on besides its conditions.
@@ -454,7 +492,9 @@ impl Controller {
             Condition::DatabaseSize => s.database_size,
             Condition::DatabaseSessions => s.database_sessions,
             Condition::Override => self.direction_config(direction).override_severity,
-            Condition::RateImbalance => 0,
+            Condition::RateImbalance
+            | Condition::DownstreamOutage
+            | Condition::DownstreamLatency => 0,
         }
     }
 
@@ -702,8 +742,11 @@ impl Controller {
 
     /// The delay: the top condition's, unless it paces instead; relaxing when none holds.
     fn update_delay(&mut self, tick: &DirectionTick, top: Option<ConditionStatus>) {
-        let cause =
-            top.filter(|c| c.condition != Condition::RateImbalance && !tick.paced_by_drain(c));
+        let cause = top.filter(|c| {
+            c.condition != Condition::RateImbalance
+                && !c.condition.acted_by_queue()
+                && !tick.paced_by_drain(c)
+        });
         let severity = cause.map_or(0, |c| self.severity(c.condition, tick.direction));
         let initial = self.config.initial_delay;
         let st = &mut self.directions[tick.direction.index()];
@@ -865,6 +908,10 @@ impl Controller {
                 Condition::Override => {
                     let forced = dir_config.override_mode == OverrideMode::Throttle;
                     (forced, if forced { 1.0 } else { 0.0 }, 1.0)
+                }
+                Condition::DownstreamOutage | Condition::DownstreamLatency => {
+                    let g = readings.downstream.of(condition);
+                    (g.active, g.value, g.threshold)
                 }
                 other => (
                     self.resource_active.get(&other).copied().unwrap_or(false),

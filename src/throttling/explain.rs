@@ -35,6 +35,8 @@ impl Condition {
             Condition::DatabaseSessions => Measure::Count("sessions"),
             Condition::RateImbalance => Measure::Rate,
             Condition::Override => Measure::Switch,
+            Condition::DownstreamOutage => Measure::Count("failed attempts in a row"),
+            Condition::DownstreamLatency => Measure::Count("ms handler latency"),
         }
     }
 
@@ -49,6 +51,8 @@ impl Condition {
             Condition::DatabaseSize => "database size",
             Condition::DatabaseSessions => "database sessions",
             Condition::Override => "the throttling override",
+            Condition::DownstreamOutage => "a queue's downstream (outage mode)",
+            Condition::DownstreamLatency => "a queue's handler latency (latency-aware limit)",
         }
     }
 }

@@ -51,6 +51,11 @@ pub trait HostProbe: Send + Sync + 'static {
     /// Messages in the queues counted as database size, from the last known depths; depths
     /// older than `max_age` are refreshed in the background for a later tick.
     fn database_size(&self, max_age: Duration) -> u64;
+    /// What the queues' downstream guards do (outage mode, the latency-aware limit). The
+    /// default: none.
+    fn downstream(&self) -> crate::throttling::controller::DownstreamGuards {
+        Default::default()
+    }
 }
 
 /// Where the controller's queue limits go.
@@ -343,6 +348,7 @@ fn sense(
         threads: resources.threads,
         database_size,
         database_sessions: parts.probe.database_sessions(),
+        downstream: parts.probe.downstream(),
         ..Readings::default()
     };
     for direction in Direction::ALL {

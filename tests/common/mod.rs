@@ -281,6 +281,9 @@ pub fn host_config(
     };
     qc.concurrency.model = model;
     qc.concurrency.max = max;
+    // These hosts test the immediate path: a failed message reaches the error queue after its
+    // immediate retries. tests/recoverability.rs covers delayed retries.
+    qc.recoverability.delayed_retries = Some(0);
     config.queues.push(qc);
     config
 }
@@ -356,6 +359,7 @@ pub fn memory_config(queue: &str) -> Config {
         ..QueueConfig::default()
     };
     qc.concurrency.peek_interval = Duration::from_millis(200);
+    qc.recoverability.delayed_retries = Some(0);
     config.queues.push(qc);
     config
 }

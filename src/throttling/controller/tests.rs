@@ -184,6 +184,7 @@ fn the_highest_ranked_active_condition_decides_and_all_stay_visible() {
         publishing: imbalanced(500.0, 10.0, 5000),
         database_drain_per_sec: None,
         held: CeilingHolds::default(),
+        downstream: DownstreamGuards::default(),
     };
     let mut c = controller();
     c.set_override(Direction::Delivery, OverrideMode::Throttle);
@@ -810,6 +811,7 @@ fn arb_readings() -> impl Strategy<Value = Readings> {
             publishing: imbalanced(p.0, p.1, p.2),
             database_drain_per_sec: None,
             held: CeilingHolds::default(),
+            downstream: DownstreamGuards::default(),
         })
 }
 
@@ -1103,4 +1105,48 @@ fn a_backlog_at_the_in_process_bound_is_held_at_the_threshold_in_one_episode() {
         lowest >= threshold,
         "held at the bound, not cut below the threshold: lowest {lowest} of {threshold}"
     );
+}
+
+/// A queue in outage mode shows as delivery state 12 with its failures and threshold, and the
+/// controller adds nothing of its own: no delay, no pace, full limits, publishing untouched.
+/// Host pressure outranks it; when the queue leaves outage mode the state is 0 at once.
+#[test]
+fn a_queue_in_outage_mode_shows_as_state_12_and_the_controller_takes_no_action() {
+    let mut c = controller();
+    let mut r = Readings::default();
+    r.downstream.outage = GuardCondition {
+        active: true,
+        value: 25.0,
+        threshold: 20.0,
+    };
+    let queues = [QueueLoad::idle("orders", 16)];
+    let d = c.tick(Duration::from_secs(1), &r, &queues);
+    assert_eq!(d.delivery.state, 12);
+    assert_eq!(d.delivery.state_name, "downstream outage");
+    assert_eq!(d.delivery.cause, Some(Condition::DownstreamOutage));
+    assert_eq!((d.delivery.delay, d.delivery.pace), (Duration::ZERO, None));
+    assert_eq!(d.queue_limits.get("orders"), Some(&16));
+    assert_eq!(d.publishing.state, 0);
+    let shown = d
+        .delivery
+        .conditions
+        .iter()
+        .find(|c| c.condition == Condition::DownstreamOutage)
+        .unwrap();
+    assert_eq!(
+        (shown.active, shown.value, shown.threshold),
+        (true, 25.0, 20.0)
+    );
+    // Host pressure outranks it.
+    let pressed = Readings {
+        process_memory: 200 * MIB,
+        ..r
+    };
+    let d = c.tick(Duration::from_millis(1500), &pressed, &queues);
+    assert_eq!(d.delivery.state, 4);
+    // Over: state 0 at the next tick with nothing to relax (no delay was ever set by it).
+    let mut c = controller();
+    c.tick(Duration::from_secs(1), &r, &queues);
+    let d = c.tick(Duration::from_millis(1500), &Readings::default(), &queues);
+    assert_eq!((d.delivery.state, d.delivery.recovering), (0, false));
 }

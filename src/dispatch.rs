@@ -513,8 +513,6 @@ impl Dispatcher {
         self.throttle.delivery.message_started();
         let _key = KeyInFlight::enter(q, received.payload());
         let settings = q.settings();
-        let max_attempts = settings.immediate_retries + 1;
-        let send_immediately = self.mode == TransactionMode::None;
 
         let (id, logical_id, hold_key, verdict) = {
             let Payload::Message(received_message) = received.payload() else {
@@ -543,57 +541,7 @@ impl Dispatcher {
             if let Some(o) = &self.observer {
                 o.started(&q.name, id, logical_id.as_deref());
             }
-            let mut attempt = q.failures.attempts(id);
-            let mut last_failure = None;
-            let verdict = loop {
-                if attempt >= max_attempts {
-                    let failure = last_failure.unwrap_or_else(|| Failure {
-                        kind: "throttlehost.RetriesExhausted",
-                        message: format!("{attempt} earlier attempts failed"),
-                        detail: "the failures were recorded in an earlier delivery of this message"
-                            .into(),
-                    });
-                    let retries = delayed_retries_of(message);
-                    if let Some(home) = q
-                        .delayed_home
-                        .as_ref()
-                        .filter(|_| retries < settings.delayed_retries)
-                    {
-                        let retry = self.delayed_retry(q, home, message, retries + 1);
-                        break Verdict::Deferred(home.clone(), Box::new(retry), failure);
-                    }
-                    let error_message = self.error_message(q, message, &failure, attempt);
-                    break Verdict::Failed(Box::new(error_message), failure);
-                }
-                q.downstream.before_attempt().await;
-                let mut ctx =
-                    Context::new(message, &q.name, attempt, &self.publisher, send_immediately);
-                let started = Instant::now();
-                let result =
-                    call_handler(q.handler.as_ref(), &mut ctx, settings.handler_timeout).await;
-                let took = started.elapsed();
-                q.metrics.handler_duration.record(took.as_secs_f64());
-                let in_flight = q.gate.in_flight();
-                let change = match &result {
-                    Ok(()) => q.downstream.succeeded(took, in_flight),
-                    Err(f) => q.downstream.failed(took, in_flight, f.kind == TIMEOUT_KIND),
-                };
-                if change == Change::Limit {
-                    q.apply_guard_limit();
-                }
-                match result {
-                    Ok(()) => break Verdict::Success(std::mem::take(&mut ctx.outbox)),
-                    Err(failure) => {
-                        attempt += 1;
-                        q.failures.record(id, attempt);
-                        if attempt < max_attempts {
-                            q.metrics.retry.increment(1);
-                            tracing::debug!(queue = %q.name, %id, attempt, error = %failure.message, "handler failed; retrying");
-                        }
-                        last_failure = Some(failure);
-                    }
-                }
-            };
+            let verdict = self.attempt_until_done(q, message, &settings).await;
             (id, logical_id, hold_key, verdict)
         };
         if let Some(o) = &self.observer {
@@ -627,6 +575,81 @@ impl Dispatcher {
             self.observe(q, id, logical_id.as_deref(), outcome);
         }
         next
+    }
+
+    /// Calls the handler until it succeeds or the immediate retries are used up (counting the
+    /// attempts of earlier deliveries this host remembers), then decides what becomes of the
+    /// message: its outbox, a delayed retry, or the error queue.
+    async fn attempt_until_done(
+        &self,
+        q: &QueueRuntime,
+        message: &Message,
+        settings: &crate::queue::QueueSettings,
+    ) -> Verdict {
+        let id = message.id;
+        let max_attempts = settings.immediate_retries + 1;
+        let mut attempt = q.failures.attempts(id);
+        let mut last_failure = None;
+        loop {
+            if attempt >= max_attempts {
+                let failure = last_failure.unwrap_or_else(|| Failure {
+                    kind: "throttlehost.RetriesExhausted",
+                    message: format!("{attempt} earlier attempts failed"),
+                    detail: "the failures were recorded in an earlier delivery of this message"
+                        .into(),
+                });
+                let retries = delayed_retries_of(message);
+                if let Some(home) = q
+                    .delayed_home
+                    .as_ref()
+                    .filter(|_| retries < settings.delayed_retries)
+                {
+                    let retry = self.delayed_retry(q, home, message, retries + 1);
+                    return Verdict::Deferred(home.clone(), Box::new(retry), failure);
+                }
+                let error_message = self.error_message(q, message, &failure, attempt);
+                return Verdict::Failed(Box::new(error_message), failure);
+            }
+            match self.attempt(q, message, attempt, settings).await {
+                Ok(outbox) => return Verdict::Success(outbox),
+                Err(failure) => {
+                    attempt += 1;
+                    q.failures.record(id, attempt);
+                    if attempt < max_attempts {
+                        q.metrics.retry.increment(1);
+                        tracing::debug!(queue = %q.name, %id, attempt, error = %failure.message, "handler failed; retrying");
+                    }
+                    last_failure = Some(failure);
+                }
+            }
+        }
+    }
+
+    /// One handler attempt, past the queue's downstream guards: the outage pause before it,
+    /// its outcome and latency reported after it (which may change the queue's limit).
+    async fn attempt(
+        &self,
+        q: &QueueRuntime,
+        message: &Message,
+        attempt: u32,
+        settings: &crate::queue::QueueSettings,
+    ) -> Result<Vec<(QueueName, OutgoingMessage)>, Failure> {
+        q.downstream.before_attempt().await;
+        let send_immediately = self.mode == TransactionMode::None;
+        let mut ctx = Context::new(message, &q.name, attempt, &self.publisher, send_immediately);
+        let started = Instant::now();
+        let result = call_handler(q.handler.as_ref(), &mut ctx, settings.handler_timeout).await;
+        let took = started.elapsed();
+        q.metrics.handler_duration.record(took.as_secs_f64());
+        let in_flight = q.gate.in_flight();
+        let change = match &result {
+            Ok(()) => q.downstream.succeeded(took, in_flight),
+            Err(f) => q.downstream.failed(took, in_flight, f.kind == TIMEOUT_KIND),
+        };
+        if change == Change::Limit {
+            q.apply_guard_limit();
+        }
+        result.map(|()| std::mem::take(&mut ctx.outbox))
     }
 
     async fn complete(

@@ -265,6 +265,10 @@ enum Verdict {
     /// Its immediate retries are used up and a delayed retry is due: store it in the delayed
     /// table of the first queue.
     Deferred(QueueName, Box<OutgoingMessage>, Failure),
+    /// The queue went into outage mode while this message was in flight beside others: it
+    /// goes back to its place (its failures remembered) instead of waiting for a turn, so one
+    /// message at a time means one in flight.
+    Released,
 }
 
 /// Where a message from a delayed table goes.
@@ -550,6 +554,13 @@ impl Dispatcher {
 
         let (outcome, next) = match verdict {
             Verdict::Success(outbox) => self.complete(q, received, id, outbox, follow).await,
+            Verdict::Released => {
+                tracing::debug!(queue = %q.name, %id, "outage mode: message returned to the queue to be tried one at a time");
+                if let Err(e) = received.rollback().await {
+                    tracing::warn!(queue = %q.name, %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
+                }
+                (None, None)
+            }
             Verdict::Deferred(home, retry, failure) => {
                 if self.defer(q, received, id, &home, &retry, &failure).await
                     && let Some(o) = &self.observer
@@ -610,6 +621,9 @@ impl Dispatcher {
                 let error_message = self.error_message(q, message, &failure, attempt);
                 return Verdict::Failed(Box::new(error_message), failure);
             }
+            if last_failure.is_some() && q.downstream.in_outage() && q.gate.in_flight() > 1 {
+                return Verdict::Released;
+            }
             match self.attempt(q, message, attempt, settings).await {
                 Ok(outbox) => return Verdict::Success(outbox),
                 Err(failure) => {
@@ -644,7 +658,11 @@ impl Dispatcher {
         let in_flight = q.gate.in_flight();
         let change = match &result {
             Ok(()) => q.downstream.succeeded(took, in_flight),
-            Err(f) => q.downstream.failed(took, in_flight, f.kind == TIMEOUT_KIND),
+            Err(f) => {
+                let logical_id = message.logical_id();
+                q.downstream
+                    .failed(&logical_id, took, in_flight, f.kind == TIMEOUT_KIND)
+            }
         };
         if change == Change::Limit {
             q.apply_guard_limit();

@@ -206,6 +206,10 @@ fn values_the_host_cannot_use_are_refused_by_config_check_naming_the_key() {
             "[host]\nadmin_address = \"127.0.0.1:9464\"\n[admin]\ntoken = \"change-me\"\n",
             "admin.token",
         ),
+        (
+            "[host]\nadmin_address = \"0.0.0.0:9464\"\n[admin]\ntoken = \"8d1f0c2b7e5a4f3c9b6d2e1a0f7c5b3e\"\n",
+            "admin.token",
+        ),
     ];
     for (text, key) in cases {
         let (code, stderr) = check(text);

@@ -546,3 +546,92 @@ fn an_unmet_state_expectation_fails_the_run() {
     let _ = std::fs::remove_file(path);
     let _ = std::fs::remove_dir_all(out_dir);
 }
+
+/// The record of phase `name`.
+fn phase<'a>(summary: &'a Value, name: &str) -> &'a Value {
+    summary["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no phase {name}: {summary:#}"))
+}
+
+fn number(v: &Value, field: &str) -> f64 {
+    v[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{field} missing in {v}"))
+}
+
+#[test]
+fn a_downstream_outage_puts_nothing_in_the_error_queue_and_gets_at_most_a_call_a_second() {
+    let s = scenario("outage", 0.5);
+    assert_appeared_and_cleared("outage", &s, "delivery", 12);
+    assert_eq!(s["messages_in_error_queue"], 0, "{s:#}");
+    let outage = phase(&s, "outage");
+    assert!(number(outage, "outage_detected_after") <= 2.0, "{outage}");
+    assert!(
+        number(outage, "calls_per_second_in_outage") <= 2.0,
+        "{outage}"
+    );
+    // The backlog and the delayed retries are handled within 60 s of the downstream's return.
+    let recovered = number(phase(&s, "recovered"), "start");
+    let last_done = number(&s, "busy_seconds") + number(phase(&s, "healthy"), "start");
+    assert!(
+        last_done - recovered <= 60.0,
+        "{last_done} vs {recovered}: {s:#}"
+    );
+}
+
+#[test]
+fn a_poisoned_message_among_good_ones_reaches_the_error_queue_without_outage_mode() {
+    let (s, _) = run("poison", 0.5, None);
+    assert_eq!(s["messages_lost"], 0, "{s:#}");
+    assert_eq!(s["cleared"], true, "{s:#}");
+    let sent = s["messages_sent"].as_u64().unwrap();
+    let poisoned = s["messages_in_error_queue"].as_u64().unwrap();
+    assert_eq!(
+        poisoned,
+        sent / 100,
+        "one in 100, after its delayed retries: {s:#}"
+    );
+    assert_eq!(s["messages_processed"].as_u64().unwrap() + poisoned, sent);
+    assert_eq!(seconds_in(&s, "delivery", 12), 0.0, "no outage mode: {s:#}");
+}
+
+#[test]
+fn the_latency_aware_limit_settles_near_the_best_concurrency_of_a_sweep() {
+    let s = scenario("saturation", 1.0);
+    let sweep: Vec<(f64, f64)> = ["fixed 1", "fixed 4", "fixed 8", "fixed 16", "fixed 64"]
+        .iter()
+        .map(|name| {
+            let p = phase(&s, name);
+            (
+                number(p, "mean_limit_second_half"),
+                number(p, "done_per_second"),
+            )
+        })
+        .collect();
+    let top = sweep.iter().map(|(_, rate)| *rate).fold(0.0, f64::max);
+    // The best concurrency: the lowest that reaches (nearly) the best throughput.
+    let best = sweep
+        .iter()
+        .find(|(_, rate)| *rate >= 0.95 * top)
+        .map(|(limit, _)| *limit)
+        .unwrap();
+    // The unloaded latency: the median at concurrency 1 (a p99 there would carry any hiccup
+    // of the machine into the bound).
+    let unloaded = number(phase(&s, "fixed 1"), "latency_p50_ms");
+    let aware = phase(&s, "latency-aware");
+    let limit = number(aware, "mean_limit_second_half");
+    assert!(
+        (limit - best).abs() <= 0.2 * best,
+        "limit {limit} vs best {best} of the sweep {sweep:?}"
+    );
+    assert!(number(aware, "latency_p99_ms") <= 2.0 * unloaded, "{aware}");
+    assert!(number(aware, "done_per_second") >= 0.9 * top, "{aware}");
+    assert!(
+        number(phase(&s, "fixed 64"), "latency_p50_ms") > 2.0 * unloaded,
+        "a fixed 8x capacity queues: {s:#}"
+    );
+}

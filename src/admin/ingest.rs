@@ -177,19 +177,34 @@ fn with_delay(
     Ok(message)
 }
 
+/// Where the data after the first JSON value of `body` starts (its first non-blank byte).
+fn trailing_offset(body: &[u8]) -> usize {
+    let mut values = serde_json::Deserializer::from_slice(body).into_iter::<serde_json::Value>();
+    let _ = values.next();
+    let end = values.byte_offset();
+    end + body[end..]
+        .iter()
+        .take_while(|b| b.is_ascii_whitespace())
+        .count()
+}
+
 /// The most messages one batch request may carry.
 pub const MAX_BATCH_MESSAGES: usize = 100_000;
 
 fn batch_messages(body: &[u8]) -> Result<Vec<OutgoingMessage>, String> {
-    let items: Vec<BatchItem> =
-        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body))
-            .map_err(|e| {
-                let at = e.path().to_string();
-                format!(
-                    "the body must be a JSON array of {{\"body\": ..., \"headers\": {{...}}, \"ttbr\": \"30s\"}}; at `{at}`: {}",
-                    e.inner()
-                )
-            })?;
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    let items: Vec<BatchItem> = serde_path_to_error::deserialize(&mut reader).map_err(|e| {
+        let at = e.path().to_string();
+        format!(
+            "the body must be a JSON array of {{\"body\": ..., \"headers\": {{...}}, \"ttbr\": \"30s\", \"delay\": \"10s\"}}; at `{at}`: {}",
+            e.inner()
+        )
+    })?;
+    // One array and nothing after it: a second value would otherwise be dropped unseen.
+    reader.end().map_err(|e| {
+        let offset = trailing_offset(body);
+        format!("the body holds more than one JSON value: data after the array at byte {offset} ({e}); send one array")
+    })?;
     if items.is_empty() || items.len() > MAX_BATCH_MESSAGES {
         return Err(format!(
             "a batch holds 1 to {MAX_BATCH_MESSAGES} messages, not {}",
@@ -299,4 +314,33 @@ fn ingested_message(
         }
     }
     Ok(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_after_the_array_is_refused_naming_its_offset() {
+        let body = br#"[{"body":"a"}] [{"body":"b"},{"body":"c"}]"#;
+        let e = batch_messages(body).unwrap_err();
+        assert!(e.contains("at byte 15"), "{e}");
+        assert_eq!(batch_messages(b"[{\"body\":\"a\"}] \n").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_batch_item_may_be_delayed_and_a_bad_delay_is_named() {
+        let ok = batch_messages(br#"[{"body":"a","delay":"30s"}]"#).unwrap();
+        assert_eq!(
+            ok[0].deliver_after,
+            Some(std::time::Duration::from_secs(30))
+        );
+        let e = batch_messages(br#"[{"body":"a"},{"body":"b","delay":"soon"}]"#).unwrap_err();
+        assert!(e.contains("[1].delay"), "{e}");
+        let e = batch_messages(br#"[{"body":"a","delay":"1s","ttbr":"5s"}]"#).unwrap_err();
+        assert!(
+            e.contains("[0].delay") && e.contains("time to be received"),
+            "{e}"
+        );
+    }
 }

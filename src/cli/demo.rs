@@ -11,6 +11,20 @@ const DEMO: &str = include_str!("../../load/demo.toml");
 
 /// Runs the demo.
 pub async fn demo(duration: Option<Duration>, admin: String) -> ExitCode {
+    // The demo's endpoint has no token: like `run`, it listens on loopback only.
+    match admin.parse::<std::net::SocketAddr>() {
+        Ok(address) if address.ip().is_loopback() => {}
+        Ok(_) => {
+            eprintln!(
+                "error: --admin {admin} is not a loopback address, and the demo's admin endpoint has no token (anyone who reaches it could send messages and override throttling); use 127.0.0.1:PORT, or `run` with [admin] token"
+            );
+            return ExitCode::from(2);
+        }
+        Err(_) => {
+            eprintln!("error: --admin `{admin}` is not an address like 127.0.0.1:9464");
+            return ExitCode::from(2);
+        }
+    }
     let scenario = match Scenario::parse(DEMO, "load/demo.toml") {
         Ok(s) => s,
         Err(e) => {

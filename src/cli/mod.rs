@@ -7,6 +7,7 @@ pub mod queues;
 pub mod run;
 pub mod send;
 pub mod status;
+pub mod waiting;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -45,20 +46,56 @@ pub fn config_check(path: &Path) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // The connection string as the driver reads it: what every command would refuse is
+    // refused here, not at the first `run`.
+    if let Err(e) = driver_accepts(&config.transport) {
+        eprintln!("error: {e}");
+        return ExitCode::from(INVALID);
+    }
     match toml::to_string_pretty(&config) {
         Ok(text) => {
-            println!(
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let written = writeln!(
+                out,
                 "# {}: valid; effective configuration with defaults filled in",
                 path.display()
-            );
-            print!("{text}");
-            ExitCode::SUCCESS
+            )
+            .and_then(|()| out.write_all(text.as_bytes()))
+            .and_then(|()| out.flush());
+            match written {
+                // A reader that stopped early (`| head`) is no error.
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    eprintln!("error: cannot print the configuration: {e}");
+                    ExitCode::from(1)
+                }
+                _ => ExitCode::SUCCESS,
+            }
         }
         Err(e) => {
             eprintln!("error: cannot print the configuration: {e}");
             ExitCode::from(1)
         }
     }
+}
+
+/// Builds the configured transport's driver settings without connecting: the connection
+/// string parsed by the driver's own parser.
+fn driver_accepts(transport: &throttlehost::config::TransportConfig) -> Result<(), String> {
+    use throttlehost::config::TransportKind;
+    let built = match transport.kind {
+        TransportKind::Memory => return Ok(()),
+        TransportKind::Postgres => {
+            throttlehost::transport::postgres::PostgresTransport::new(transport).map(|_| ())
+        }
+        TransportKind::Sqlserver => {
+            throttlehost::transport::sqlserver::SqlServerTransport::new(transport).map(|_| ())
+        }
+    };
+    built.map_err(|e| match e.to_string() {
+        named if named.contains("connection_string") => named,
+        other => format!("transport.connection_string: {other}"),
+    })
 }
 
 /// Waits for Ctrl-C or SIGTERM.

@@ -7,45 +7,88 @@ use std::time::Duration;
 use throttlehost::HostBuilder;
 use throttlehost::config::reload;
 
-/// The longest wait between tries to reach a database that is down at start.
-const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(30);
+use super::waiting::Waiting;
+
+/// The longest wait between tries to reach a database that is down at start: a host starts
+/// within this of the database answering.
+const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Runs until SIGTERM or Ctrl-C.
 pub async fn run(path: &Path) -> ExitCode {
-    let config = match super::read_config(path) {
+    let mut config = match super::read_config(path) {
         Ok(c) => c,
         Err(code) => return code,
     };
     let shutdown = super::shutdown_signal();
     tokio::pin!(shutdown);
+    // SIGHUP reloads from the first moment (even while waiting for the database), and a file
+    // that cannot be watched is said once (watch logs why).
+    let (mut triggers, _guard) = reload::watch(path);
+    let mut waiting: Option<Waiting> = None;
     // A database that is down at start is waited for (supervisors start hosts and databases
     // in any order); anything else that stops the start is reported at once.
     let mut retry_in = Duration::from_secs(1);
     let host = loop {
-        match HostBuilder::new(config.clone())
-            .config_path(path)
-            .start()
-            .await
-        {
+        // A cheap probe first while waiting: the admin endpoint keeps answering until the
+        // database does.
+        let probe = match &waiting {
+            Some(_) => throttlehost::transport::connect(&config.transport)
+                .await
+                .map(|_| ())
+                .map_err(throttlehost::HostError::from),
+            None => Ok(()),
+        };
+        let started = match probe {
+            Ok(()) => {
+                if let Some(w) = waiting.take() {
+                    w.stop().await;
+                }
+                HostBuilder::new(config.clone())
+                    .config_path(path)
+                    .start()
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match started {
             Ok(h) => break h,
             Err(e) if e.is_unreachable_database() && config.host.wait_for_database => {
                 tracing::warn!(
                     database = %config.transport.connection_string,
                     error = %e,
-                    retry_in_seconds = retry_in.as_secs(),
+                    retry_in_seconds = retry_in.as_secs_f64(),
                     "database not reachable; starting once it answers"
                 );
+                let reason = format!("waiting for the database: {e}");
+                match &waiting {
+                    Some(w) => w.set_reason(reason),
+                    None => waiting = Waiting::serve(&config.host.admin_address, reason).await,
+                }
                 tokio::select! {
-                    _ = &mut shutdown => return ExitCode::SUCCESS,
+                    _ = &mut shutdown => {
+                        if let Some(w) = waiting.take() {
+                            w.stop().await;
+                        }
+                        return ExitCode::SUCCESS;
+                    }
                     _ = tokio::time::sleep(retry_in) => {}
+                    Some(trigger) = triggers.recv() => {
+                        match super::read_config(path) {
+                            Ok(new) => {
+                                tracing::info!(?trigger, "configuration read again while waiting for the database; the host starts with it");
+                                config = new;
+                            }
+                            Err(_) => tracing::warn!(?trigger, "the configuration file is not valid; waiting on with the one read before"),
+                        }
+                    }
                 }
                 retry_in = (retry_in * 2).min(MAX_RETRY_INTERVAL);
             }
             Err(e) => {
-                eprintln!(
-                    "error: {e} (database: {})",
-                    config.transport.connection_string
-                );
+                if let Some(w) = waiting.take() {
+                    w.stop().await;
+                }
+                eprintln!("error: {e}");
                 return ExitCode::from(1);
             }
         }
@@ -53,8 +96,6 @@ pub async fn run(path: &Path) -> ExitCode {
     if let Some(address) = host.admin_address() {
         println!("throttlehost running; console: http://{address}/ (also /status and /metrics)");
     }
-    // SIGHUP reloads even when the file cannot be watched (watch logs why).
-    let (mut triggers, _guard) = reload::watch(path);
     let mut failed = false;
     loop {
         tokio::select! {

@@ -360,15 +360,16 @@ impl Default for DelayedDeliveryConfig {
     }
 }
 
-/// `[queues.outage]`: after `consecutive_failures` failed handler attempts in a row on the
+/// `[queues.outage]`: after `consecutive_failures` different messages failed in a row on the
 /// queue, it takes one message at a time with `pause` between attempts (doubling while the
 /// failures go on, up to `max_pause`), and returns to its limits at the first success.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutageConfig {
-    /// Failed attempts in a row that start outage mode; 0 = never. The default, 20, is more
-    /// than three messages' attempts with the default 5 immediate retries, so one bad message
-    /// failing alone does not look like an outage.
+    /// Different messages (by logical id) failing in a row, with no success between, that
+    /// start outage mode; 0 = never. A message's retries count once, so a few bad messages
+    /// failing again and again never look like an outage; 20 is seen within a fifth of a
+    /// second at 100 messages/s.
     pub consecutive_failures: u32,
     /// The first pause between attempts in outage mode.
     #[serde(with = "units::duration")]
@@ -388,10 +389,10 @@ impl Default for OutageConfig {
     }
 }
 
-/// `[queues.latency_limit]`: keeps handler latency near its healthy baseline by lowering the
-/// queue's limit when latency rises (Vector's adaptive request concurrency: +1 per interval
-/// while the limit is used and latency is at its mean, x `decrease_ratio` when latency
-/// exceeds mean + `deviation_scale` standard deviations or an attempt times out).
+/// `[queues.latency_limit]`: keeps handler latency near its unloaded baseline by lowering the
+/// queue's limit when latency rises (additive increase, multiplicative decrease: +1 per
+/// interval while the limit is used and latency stays within `tolerance` of the baseline,
+/// x `decrease_ratio` when it rises past it or an attempt times out).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LatencyLimitConfig {
@@ -403,8 +404,10 @@ pub struct LatencyLimitConfig {
     pub initial: u32,
     /// How far the limit falls when latency rises (0 < ratio < 1).
     pub decrease_ratio: f64,
-    /// Standard deviations above the mean latency that count as a rise.
-    pub deviation_scale: f64,
+    /// How far above its baseline (the lowest latency seen) latency may be and still count as
+    /// healthy: 0.05 = 5 %, measured on the mean of an interval of at least 50 ms, so timer
+    /// jitter averages out. Raise it for a downstream whose latency varies by itself.
+    pub tolerance: f64,
 }
 
 impl Default for LatencyLimitConfig {
@@ -414,7 +417,7 @@ impl Default for LatencyLimitConfig {
             min: 1,
             initial: 1,
             decrease_ratio: 0.9,
-            deviation_scale: 2.5,
+            tolerance: 0.05,
         }
     }
 }

@@ -100,12 +100,28 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
-const PASSWORD_KEYS: [&str; 3] = ["password", "pwd", "passwd"];
+/// Keys whose value is a secret, in any of the three forms (compared without case, spaces and
+/// underscores): passwords, the client key's passphrase (libpq `sslpassword`), and the tokens
+/// and secrets ADO.NET and SqlClient take.
+const SECRET_KEYS: [&str; 8] = [
+    "password",
+    "pwd",
+    "passwd",
+    "sslpassword",
+    "accesstoken",
+    "clientsecret",
+    "keystoresecret",
+    "columnencryptionkey",
+];
 
 fn is_password_key(key: &str) -> bool {
-    PASSWORD_KEYS
-        .iter()
-        .any(|k| key.trim().eq_ignore_ascii_case(k))
+    let folded: String = key
+        .trim()
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != '_')
+        .flat_map(char::to_lowercase)
+        .collect();
+    SECRET_KEYS.contains(&folded.as_str())
 }
 
 /// Replaces every password with `***`: in URL userinfo (`scheme://user:pw@host`) and its query
@@ -115,7 +131,17 @@ fn is_password_key(key: &str) -> bool {
 /// a form mistaken for the other still hides its password (`Pwd=abc;Server=x`, read as libpq,
 /// is one password: all of it is hidden); a value that does not end (an open quote) is hidden
 /// to the end of the string.
+///
+/// A string with no `key=value` pair and no URL is not echoed at all: it may be a password
+/// pasted on its own.
 pub fn redact(raw: &str) -> String {
+    if !raw.contains("://") && !raw.contains('=') {
+        return if raw.trim().is_empty() {
+            String::new()
+        } else {
+            "*** (not a connection string: hidden)".into()
+        };
+    }
     let mut spans = Vec::new();
     if let Some(scheme_end) = raw.find("://") {
         url_password_spans(raw, scheme_end + 3, &mut spans);
@@ -289,6 +315,25 @@ mod tests {
     use proptest::strategy::Strategy;
 
     use super::*;
+
+    #[test]
+    fn every_secret_key_is_hidden_in_every_form() {
+        assert_eq!(
+            redact("host=db password=a sslpassword=SslKeyPass77 user=app"),
+            "host=db password=*** sslpassword=*** user=app"
+        );
+        assert_eq!(
+            redact("postgres://app:pw@db/test?sslpassword=SslKeyPass77&sslmode=require"),
+            "postgres://app:***@db/test?sslpassword=***&sslmode=require"
+        );
+        assert_eq!(
+            redact("Server=x;Access Token=eyJhbGci;Client_Secret=abc;User Id=u"),
+            "Server=x;Access Token=***;Client_Secret=***;User Id=u"
+        );
+        let alone = redact("S3cretPassw0rd!");
+        assert!(!alone.contains("S3cret"), "{alone}");
+        assert_eq!(redact(""), "");
+    }
 
     #[test]
     fn ado_passwords_are_hidden() {

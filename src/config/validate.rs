@@ -16,6 +16,9 @@ pub const MAX_WORKER_THREADS: u32 = 1024;
 const MAX_COMMAND_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// The example configuration's placeholder token, refused so it never guards a real host.
 const PLACEHOLDER_TOKEN: &str = "change-me";
+/// A token an earlier example configuration shipped: published, so refused like the
+/// placeholder.
+const PUBLISHED_TOKENS: [&str; 1] = ["8d1f0c2b7e5a4f3c9b6d2e1a0f7c5b3e"];
 
 type Problems = Vec<(String, String)>;
 
@@ -120,10 +123,10 @@ fn validate_recoverability(i: usize, config: &Config, add: &mut impl FnMut(Strin
                 format!("{} is not between 0 and 1 (exclusive)", l.decrease_ratio),
             );
         }
-        if !(l.deviation_scale.is_finite() && l.deviation_scale >= 0.0) {
+        if !(l.tolerance.is_finite() && l.tolerance > 0.0 && l.tolerance <= 10.0) {
             add(
-                key("latency_limit.deviation_scale"),
-                format!("{} is not a number of 0 or more", l.deviation_scale),
+                key("latency_limit.tolerance"),
+                format!("{} is not between 0 (exclusive) and 10", l.tolerance),
             );
         }
     }
@@ -209,10 +212,10 @@ fn validate_host(config: &Config, instance: &str, add: &mut impl FnMut(String, S
             ),
             Ok(address) => {
                 let token = config.admin.token.expose();
-                if token == PLACEHOLDER_TOKEN {
+                if token == PLACEHOLDER_TOKEN || PUBLISHED_TOKENS.contains(&token) {
                     add(
                         "admin.token".into(),
-                        "is the example's placeholder \"change-me\"; set a secret of your own"
+                        "is a token published in an example; set a secret of your own (e.g. `openssl rand -hex 32`)"
                             .into(),
                     );
                 } else if token.is_empty() && !address.ip().is_loopback() {

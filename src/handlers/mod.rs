@@ -13,7 +13,7 @@ use async_trait::async_trait;
 pub use command::CommandHandler;
 pub use forward::ForwardHandler;
 pub use http::HttpHandler;
-pub use simulate::SimulateHandler;
+pub use simulate::{POISON_HEADER, SimulateHandler};
 
 use crate::config::HandlerConfig;
 use crate::message::{Headers, Message, OutgoingMessage};

@@ -15,6 +15,9 @@ pub struct SimulateHandler {
     /// The simulated downstream: `downstream_capacity` permits, remade when it changes.
     downstream: std::sync::Mutex<Option<(u32, std::sync::Arc<tokio::sync::Semaphore>)>>,
     calls: std::sync::atomic::AtomicU64,
+    /// Each call's latency in seconds since the last [`SimulateHandler::take_latencies`]
+    /// (the load tool reads them per phase).
+    latencies: std::sync::Mutex<Vec<f32>>,
 }
 
 /// The error a simulated failure returns.
@@ -24,6 +27,15 @@ pub struct SimulatedFailure(pub f64);
 
 const PAGE: usize = 4096;
 
+/// A poisoned message's failure.
+#[derive(Debug, thiserror::Error)]
+#[error("simulated poison message ({POISON_HEADER})")]
+pub struct PoisonedMessage;
+
+/// A message carrying this header fails every attempt of a simulate handler (the load tool's
+/// poisoned messages).
+pub const POISON_HEADER: &str = "throttlehost.SimulateFailure";
+
 impl SimulateHandler {
     /// A handler with these knobs.
     pub fn new(knobs: SimulateConfig) -> Self {
@@ -31,6 +43,7 @@ impl SimulateHandler {
             knobs: ArcSwap::from_pointee(knobs),
             downstream: std::sync::Mutex::new(None),
             calls: std::sync::atomic::AtomicU64::new(0),
+            latencies: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -47,6 +60,11 @@ impl SimulateHandler {
     /// Attempts made so far (calls to the simulated downstream).
     pub fn calls(&self) -> u64 {
         self.calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The latencies of the calls since the last take, seconds.
+    pub fn take_latencies(&self) -> Vec<f32> {
+        std::mem::take(&mut *self.latencies.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The simulated downstream's permits for `capacity` concurrent calls; None: unlimited.
@@ -102,10 +120,11 @@ fn burn_cpu(d: Duration) {
 
 #[async_trait]
 impl Handler for SimulateHandler {
-    async fn handle(&self, _ctx: &mut Context<'_>) -> Result<(), HandlerError> {
+    async fn handle(&self, ctx: &mut Context<'_>) -> Result<(), HandlerError> {
         let knobs = self.knobs.load_full();
         self.calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let called = std::time::Instant::now();
         // A downstream of limited capacity: calls past it wait their turn, so latency grows
         // with the calls made at once.
         let _served = match self.downstream(knobs.downstream_capacity) {
@@ -127,6 +146,17 @@ impl Handler for SimulateHandler {
             }
         }
         drop(memory);
+        drop(_served);
+        {
+            let mut latencies = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
+            // Bounded: a run that never takes them keeps the last million.
+            if latencies.len() < 1 << 20 {
+                latencies.push(called.elapsed().as_secs_f32());
+            }
+        }
+        if ctx.message().header(POISON_HEADER).is_some() {
+            return Err(Box::new(PoisonedMessage));
+        }
         if knobs.failure_rate > 0.0 && fastrand::f64() < knobs.failure_rate {
             return Err(Box::new(SimulatedFailure(knobs.failure_rate)));
         }

@@ -165,6 +165,7 @@ impl HostProbe for HostAdapter {
                     in_flight: q.gate.in_flight(),
                 },
                 depth: q.depth.get(),
+                downstream_limit: Some(q.downstream.limit()).filter(|l| *l != u32::MAX),
             })
             .collect()
     }

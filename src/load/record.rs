@@ -21,6 +21,10 @@ pub struct Sample {
     pub sent: u64,
     /// Messages done so far (any outcome).
     pub done: u64,
+    /// Calls the simulate handlers have taken so far (attempts, failed ones included).
+    pub calls: u64,
+    /// A queue is in outage mode.
+    pub outage: bool,
 }
 
 /// Where a phase sits on the run's clock.
@@ -32,6 +36,8 @@ pub struct PhaseSpan {
     pub start: f64,
     /// End, seconds.
     pub end: f64,
+    /// The simulate handlers' call latencies in the phase, seconds, sorted.
+    pub latencies: Vec<f32>,
 }
 
 /// Message accounting of a run.

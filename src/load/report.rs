@@ -79,6 +79,8 @@ pub struct Summary {
     pub peer_failures: Vec<String>,
     /// Messages done per second from the first phase to the last message done.
     pub throughput_per_second: f64,
+    /// Seconds from the first phase's start to the last message done.
+    pub busy_seconds: f64,
     /// Lowest effective concurrency limit seen per queue.
     pub min_concurrency_limit: BTreeMap<String, u32>,
     /// Phases with start and end, seconds.
@@ -91,7 +93,7 @@ pub struct Summary {
     pub passed: bool,
 }
 
-/// A phase in `summary.json`.
+/// A phase in `summary.json`, with what the handlers' downstream saw in it.
 #[derive(Debug, Clone, Serialize)]
 pub struct PhaseRecord {
     /// Name.
@@ -100,6 +102,62 @@ pub struct PhaseRecord {
     pub start: f64,
     /// End, seconds.
     pub end: f64,
+    /// Handler calls (attempts, failed ones included) per second in the phase.
+    pub calls_per_second: f64,
+    /// Handler calls per second from the first sample of the phase in outage mode to its end
+    /// (None when no queue was in outage mode in it).
+    pub calls_per_second_in_outage: Option<f64>,
+    /// Seconds from the phase's start to the first sample in outage mode.
+    pub outage_detected_after: Option<f64>,
+    /// Messages done (any outcome) per second in the phase.
+    pub done_per_second: f64,
+    /// Handler call latency in the phase, milliseconds: median, 99th percentile.
+    pub latency_p50_ms: Option<f64>,
+    /// See `latency_p50_ms`.
+    pub latency_p99_ms: Option<f64>,
+    /// The first queue's effective limit, averaged over the second half of the phase.
+    pub mean_limit_second_half: Option<f64>,
+}
+
+/// The value at `share` (0 to 1) of sorted `values`.
+fn percentile(values: &[f32], share: f64) -> Option<f64> {
+    let last = values.len().checked_sub(1)?;
+    let at = ((last as f64) * share).round() as usize;
+    Some(f64::from(values[at.min(last)]))
+}
+
+/// A phase's record from the samples taken in it.
+fn phase_record(p: &super::record::PhaseSpan, samples: &[super::record::Sample]) -> PhaseRecord {
+    let inside: Vec<&super::record::Sample> = samples
+        .iter()
+        .filter(|s| s.t >= p.start && s.t <= p.end)
+        .collect();
+    let rate = |from: Option<&&super::record::Sample>, f: fn(&super::record::Sample) -> u64| {
+        let (first, last) = (from?, inside.last()?);
+        let seconds = last.t - first.t;
+        (seconds > 0.0).then(|| (f(last) - f(first).min(f(last))) as f64 / seconds)
+    };
+    let outage_from = inside.iter().find(|s| s.outage);
+    let half = (p.start + p.end) / 2.0;
+    let limits: Vec<f64> = inside
+        .iter()
+        .filter(|s| s.t >= half)
+        .filter_map(|s| s.queues.first().map(|q| f64::from(q.1)))
+        .collect();
+    let ms = |v: Option<f64>| v.map(|s| (s * 10_000.0).round() / 10.0);
+    PhaseRecord {
+        name: p.name.clone(),
+        start: round1(p.start),
+        end: round1(p.end),
+        calls_per_second: round1(rate(inside.first(), |s| s.calls).unwrap_or(0.0)),
+        calls_per_second_in_outage: rate(outage_from, |s| s.calls).map(round1),
+        outage_detected_after: outage_from.map(|s| round1(s.t - p.start)),
+        done_per_second: round1(rate(inside.first(), |s| s.done).unwrap_or(0.0)),
+        latency_p50_ms: ms(percentile(&p.latencies, 0.5)),
+        latency_p99_ms: ms(percentile(&p.latencies, 0.99)),
+        mean_limit_second_half: (!limits.is_empty())
+            .then(|| round1(limits.iter().sum::<f64>() / limits.len() as f64)),
+    }
 }
 
 fn round1(x: f64) -> f64 {
@@ -179,15 +237,12 @@ pub fn summarize(run: &RunResult) -> Summary {
         messages_done_by_process: a.done_by_process.clone(),
         peer_failures: a.peer_failures.clone(),
         throughput_per_second: throughput.round(),
+        busy_seconds: round1(run.busy_seconds),
         min_concurrency_limit: min_limit,
         phases: run
             .phases
             .iter()
-            .map(|p| PhaseRecord {
-                name: p.name.clone(),
-                start: round1(p.start),
-                end: round1(p.end),
-            })
+            .map(|p| phase_record(p, &run.samples))
             .collect(),
         passed: expectations_met
             && control_violations.is_empty()
@@ -708,6 +763,8 @@ mod tests {
                     queues: Vec::new(),
                     sent: 0,
                     done: 0,
+                    calls: 0,
+                    outage: false,
                 }
             })
             .collect();

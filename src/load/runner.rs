@@ -118,6 +118,7 @@ impl Recorder {
         let stop = CancellationToken::new();
         let mut decisions = host.control().subscribe();
         let (samples2, phase2, stop2) = (samples.clone(), phase.clone(), stop.clone());
+        let sims = distinct_simulated(host);
         let task = tokio::spawn(async move {
             loop {
                 let snapshot = tokio::select! {
@@ -142,10 +143,12 @@ impl Recorder {
                             .get(&q.load.name)
                             .copied()
                             .unwrap_or(q.load.max)
-                            .min(q.load.max);
+                            .min(q.load.max)
+                            .min(q.downstream_limit.unwrap_or(u32::MAX));
                         (q.load.name.clone(), limit, q.load.in_flight, q.depth)
                     })
                     .collect();
+                let outage = snapshot.readings.downstream.outage.active;
                 let sample = Sample {
                     t: started.elapsed().as_secs_f64(),
                     phase: phase2.lock().unwrap_or_else(|e| e.into_inner()).clone(),
@@ -153,6 +156,8 @@ impl Recorder {
                     queues,
                     sent: ledger.sent.load(Ordering::Relaxed),
                     done: ledger.done.load(Ordering::Relaxed),
+                    calls: sims.iter().map(|s| s.calls()).sum(),
+                    outage,
                 };
                 samples2
                     .lock()
@@ -185,6 +190,27 @@ impl Recorder {
         let _ = self.task.await;
         std::mem::take(&mut *self.samples.lock().unwrap_or_else(|e| e.into_inner()))
     }
+}
+
+/// The host's simulate handlers, each once (a queue and its instance queue share one).
+fn distinct_simulated(host: &HostInner) -> Vec<Arc<crate::handlers::SimulateHandler>> {
+    let mut sims: Vec<Arc<crate::handlers::SimulateHandler>> = Vec::new();
+    for sim in host.simulated() {
+        if !sims.iter().any(|s| Arc::ptr_eq(s, sim)) {
+            sims.push(sim.clone());
+        }
+    }
+    sims
+}
+
+/// The latencies of every simulate handler since the last take, sorted.
+fn take_latencies(host: &HostInner) -> Vec<f32> {
+    let mut all: Vec<f32> = distinct_simulated(host)
+        .iter()
+        .flat_map(|s| s.take_latencies())
+        .collect();
+    all.sort_by(f32::total_cmp);
+    all
 }
 
 /// Counts every message by id; the host reports outcomes through [`DispatchObserver`].
@@ -635,6 +661,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     let mut remaining = 0;
     for q in &queue_names {
         remaining += transport.peek_depth(q).await.unwrap_or(0);
+        remaining += delayed_waiting(transport.as_ref(), q).await;
     }
     let description = transport.describe();
     let Session {
@@ -827,6 +854,7 @@ impl Session<'_> {
         ));
         let start = self.started.elapsed().as_secs_f64();
         self.recorder.set_phase(&label);
+        take_latencies(&self.inner);
         let phase_end = Instant::now() + length;
         loop {
             tokio::select! {
@@ -847,6 +875,7 @@ impl Session<'_> {
             name: label,
             start,
             end: self.started.elapsed().as_secs_f64(),
+            latencies: take_latencies(&self.inner),
         });
     }
 
@@ -877,6 +906,7 @@ impl Session<'_> {
     async fn drain(&mut self) -> f64 {
         let drain_start = self.started.elapsed().as_secs_f64();
         self.recorder.set_phase("drain");
+        take_latencies(&self.inner);
         let drain_deadline = Instant::now() + self.scenario.drain_timeout;
         while self.options.drain
             && !drained(&self.inner).await
@@ -890,6 +920,7 @@ impl Session<'_> {
             name: "drain".into(),
             start: drain_start,
             end: self.started.elapsed().as_secs_f64(),
+            latencies: take_latencies(&self.inner),
         });
         let last_done = *self
             .ledger
@@ -920,6 +951,7 @@ impl Session<'_> {
             name: "settle".into(),
             start: settle_start,
             end: self.started.elapsed().as_secs_f64(),
+            latencies: Vec::new(),
         });
         cleared
     }
@@ -936,6 +968,13 @@ fn apply_phase(host: &HostInner, phase: &Phase, queue: &QueueName) {
     {
         let mut settings = (*q.settings()).clone();
         settings.max = max;
+        q.reconfigure(settings);
+    }
+    if let Some(on) = phase.latency_limit
+        && let Some(q) = host.queue(queue.as_str())
+    {
+        let mut settings = (*q.settings()).clone();
+        settings.latency_limit.enabled = on;
         q.reconfigure(settings);
     }
     if let Some(change) = &phase.handler {
@@ -1040,6 +1079,7 @@ async fn generate(
     outstanding: Arc<Semaphore>,
     stop: CancellationToken,
 ) {
+    let offered_so_far = std::sync::atomic::AtomicU64::new(0);
     let offer = |ledger: &Arc<Ledger>| {
         let Ok(permit) = outstanding.clone().try_acquire_owned() else {
             ledger.send_failures.fetch_add(1, Ordering::Relaxed);
@@ -1047,6 +1087,10 @@ async fn generate(
         };
         let (host, queue, ledger) = (host.clone(), queue.clone(), ledger.clone());
         let mut message = OutgoingMessage::new(body.clone());
+        let n = offered_so_far.fetch_add(1, Ordering::Relaxed) + 1;
+        if phase.poison_every > 0 && n.is_multiple_of(phase.poison_every) {
+            message = message.with_header(crate::handlers::POISON_HEADER, "always");
+        }
         if let Some(ttbr) = phase.ttbr {
             message = message.with_time_to_be_received(ttbr);
         }
@@ -1184,8 +1228,20 @@ async fn drained(host: &HostInner) -> bool {
             Ok(0) => {}
             _ => return false,
         }
+        // Delayed retries still waiting will come back: not drained yet.
+        if delayed_waiting(host.transport().as_ref(), &q.name).await > 0 {
+            return false;
+        }
     }
     true
+}
+
+/// Messages in `queue`'s delayed table (0 where it has none).
+async fn delayed_waiting(transport: &dyn Transport, queue: &QueueName) -> u64 {
+    match transport.delayed_delivery() {
+        Some(d) => d.delayed_count(queue).await.unwrap_or(0),
+        None => 0,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -251,6 +251,14 @@ pub struct Phase {
     /// End the phase early once every queue is empty.
     #[serde(default)]
     pub until_drained: bool,
+    /// Every this-many-th message sent in the phase is poisoned: a simulate handler fails it on
+    /// every attempt (0: none).
+    #[serde(default)]
+    pub poison_every: u64,
+    /// Switches the phase's queue's latency-aware limit on or off from this phase on (the
+    /// other `[queues.latency_limit]` settings stay).
+    #[serde(default)]
+    pub latency_limit: Option<bool>,
 }
 
 impl Phase {
@@ -284,6 +292,8 @@ pub struct KnobChange {
     pub blocking: Option<bool>,
     /// Failure rate.
     pub failure_rate: Option<f64>,
+    /// Calls the simulated downstream serves at once (0: unlimited).
+    pub downstream_capacity: Option<u32>,
 }
 
 impl KnobChange {
@@ -297,6 +307,9 @@ impl KnobChange {
         }
         if let Some(v) = self.memory_per_message {
             knobs.memory_per_message = v;
+        }
+        if let Some(v) = self.downstream_capacity {
+            knobs.downstream_capacity = v;
         }
         if let Some(v) = self.cpu_work {
             knobs.cpu_work = v;

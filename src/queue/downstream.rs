@@ -6,15 +6,21 @@
 //! lowest of the configured max, the controller's limit and theirs.
 //!
 //! - **Outage mode** (NServiceBus 8's "system outage" rate limiting): after
-//!   `consecutive_failures` failed attempts in a row on the queue, one message at a time with a
+//!   `consecutive_failures` different messages failed in a row on the queue (by logical id,
+//!   so one bad message retried again and again counts once), one message at a time with a
 //!   pause before each attempt (immediate retries included), the pause doubling while failures
 //!   go on up to `max_pause`. The first success ends it, and the limit grows back one step per
 //!   success (doubling), so a recovered downstream gets no burst.
-//! - **Latency-aware limit** (Vector's adaptive request concurrency): once per interval (the
-//!   mean latency), +1 when the limit was used and latency stayed at or below its running
-//!   mean; x `decrease_ratio` when latency rose past mean + `deviation_scale` standard
-//!   deviations or an attempt timed out. The mean and variance are exponentially weighted
-//!   (alpha 0.4) over the intervals' means.
+//! - **Latency-aware limit** (additive increase, multiplicative decrease on latency, as
+//!   Vector's adaptive request concurrency, against an unloaded baseline as Envoy's gradient
+//!   controller keeps one): once per interval (the baseline latency, at least 50 ms), +1 when
+//!   the limit was used and the interval's mean latency stayed within `tolerance` of the
+//!   baseline; x `decrease_ratio` (at least -1) when it rose past it or an attempt timed out,
+//!   and then no increase for 20 intervals. A single call 1.5 x past the line (one that
+//!   queued behind a full downstream) decides at once.
+//!   The baseline is the lowest interval mean seen, drifting up 0.2 % an interval so that a
+//!   downstream that became slower for good is followed: a limit cut brings latency back to
+//!   the baseline, a saturated latency is never learnt as healthy.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -23,11 +29,20 @@ use tokio::time::Instant;
 
 use crate::config::{LatencyLimitConfig, OutageConfig};
 
-/// Weight of the newest interval in the latency mean and variance (Vector's default).
-const EWMA_ALPHA: f64 = 0.4;
+/// How far the baseline drifts up per interval without a lower reading.
+const BASELINE_DRIFT: f64 = 0.002;
+
+/// A single call this many times past the line is taken as queueing behind a full
+/// downstream (it waited about a whole call of another), and decides the interval at once.
+const QUEUED_FACTOR: f64 = 1.5;
+
+/// Intervals without an increase after a cut: a limit that found the knee stays under it
+/// most of the time instead of probing past it every other interval (Zeebe's stabilizing
+/// AIMD does the same).
+const HOLD_AFTER_CUT: u32 = 20;
 
 /// Shortest interval between two latency decisions: a handler of microseconds would otherwise
-/// decide on every message.
+/// decide on every message, on too few latencies to average.
 const MIN_INTERVAL: Duration = Duration::from_millis(50);
 
 /// What the guards say about a queue now, for metrics, `/status` and the controller.
@@ -35,9 +50,9 @@ const MIN_INTERVAL: Duration = Duration::from_millis(50);
 pub struct DownstreamReading {
     /// Outage mode is on.
     pub outage: bool,
-    /// Failed attempts in a row.
+    /// Different messages that failed in a row.
     pub consecutive_failures: u32,
-    /// Failed attempts in a row that start outage mode (0: never).
+    /// Messages failing in a row that start outage mode (0: never).
     pub failure_threshold: u32,
     /// The pause before the next attempt in outage mode.
     #[serde(serialize_with = "secs")]
@@ -46,7 +61,7 @@ pub struct DownstreamReading {
     pub latency_limit: Option<u32>,
     /// The latency-aware limit is below the queue's max (it is holding concurrency back).
     pub latency_limiting: bool,
-    /// The mean handler latency the limit steers by, seconds.
+    /// The unloaded handler latency the limit steers by (its baseline), seconds.
     pub latency_mean: f64,
     /// The latency of the last interval, seconds.
     pub latency_recent: f64,
@@ -60,6 +75,8 @@ fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 
 #[derive(Debug)]
 struct OutageState {
+    /// The messages (logical ids) that failed since the last success, up to the threshold.
+    failing: std::collections::HashSet<String>,
     consecutive: u32,
     active: bool,
     pause: Duration,
@@ -72,9 +89,13 @@ struct OutageState {
 #[derive(Debug)]
 struct LatencyState {
     limit: u32,
-    /// Running mean and variance of the intervals' mean latency (seconds).
-    mean: Option<f64>,
-    var: f64,
+    /// The lowest interval mean latency seen, drifting up (seconds).
+    baseline: Option<f64>,
+    /// The limit held the queue back at the last decision (below max, used or cut).
+    limiting: bool,
+    decided_at: Instant,
+    /// Intervals left before the limit may grow again after a cut.
+    hold: u32,
     /// This interval: sum and count of latencies, whether the limit was reached, whether an
     /// attempt timed out.
     sum: f64,
@@ -117,6 +138,7 @@ impl DownstreamGuard {
             latency_config: Mutex::new(latency.clone()),
             max: Mutex::new(max.max(1)),
             outage: Mutex::new(OutageState {
+                failing: Default::default(),
                 consecutive: 0,
                 active: false,
                 pause: outage.pause,
@@ -125,8 +147,10 @@ impl DownstreamGuard {
             }),
             latency: Mutex::new(LatencyState {
                 limit: latency.initial.clamp(latency.min.max(1), max.max(1)),
-                mean: None,
-                var: 0.0,
+                baseline: None,
+                limiting: false,
+                decided_at: now,
+                hold: 0,
                 sum: 0.0,
                 count: 0,
                 reached_limit: false,
@@ -192,9 +216,11 @@ impl DownstreamGuard {
             let max = *lock(&self.max);
             let mut o = lock(&self.outage);
             o.consecutive = 0;
+            o.failing.clear();
             if o.active {
                 o.active = false;
                 o.pause = config.pause;
+                o.next_attempt = Instant::now();
                 o.regrowing = Some(2.min(max));
                 change = Change::Limit;
             } else if let Some(n) = o.regrowing {
@@ -209,14 +235,24 @@ impl DownstreamGuard {
         change
     }
 
-    /// A handler attempt failed; `timed_out` when it ran past the handler timeout (latency
-    /// back pressure too).
-    pub fn failed(&self, latency: Duration, in_flight: u32, timed_out: bool) -> Change {
+    /// A handler attempt of `message` (its logical id) failed; `timed_out` when it ran past
+    /// the handler timeout (latency back pressure too).
+    pub fn failed(
+        &self,
+        message: &str,
+        latency: Duration,
+        in_flight: u32,
+        timed_out: bool,
+    ) -> Change {
         let mut change = Change::None;
         {
             let config = lock(&self.outage_config).clone();
             let mut o = lock(&self.outage);
-            o.consecutive = o.consecutive.saturating_add(1);
+            if (o.failing.len() as u32) < config.consecutive_failures.max(1)
+                && o.failing.insert(message.to_string())
+            {
+                o.consecutive = o.failing.len() as u32;
+            }
             if o.active {
                 o.pause = (o.pause * 2).min(config.max_pause.max(config.pause));
             } else if config.consecutive_failures > 0
@@ -249,35 +285,38 @@ impl DownstreamGuard {
         l.count += 1;
         l.reached_limit |= in_flight >= l.limit;
         l.back_pressure |= back_pressure;
-        if now < l.interval_ends {
+        // One call that queued behind a full downstream (far past the line, right after the
+        // limit grew) decides at once: waiting for the interval's mean would let a whole
+        // interval of calls queue.
+        let queued = l.hold == 0
+            && l.baseline.is_some_and(|b| {
+                latency.as_secs_f64() > b * (1.0 + config.tolerance) * QUEUED_FACTOR
+            });
+        l.back_pressure |= queued;
+        if now < l.interval_ends && !queued {
             return false;
         }
         let current = l.sum / f64::from(l.count.max(1));
         let before = l.limit;
-        match l.mean {
-            None => l.mean = Some(current),
-            Some(mean) => {
-                let line = mean + config.deviation_scale * l.var.sqrt();
-                if l.limit > config.min.max(1) && (l.back_pressure || current > line) {
-                    let cut = (f64::from(l.limit) * config.decrease_ratio).floor() as u32;
-                    l.limit = cut.clamp(config.min.max(1), l.limit - 1);
-                } else if l.limit < max
-                    && l.reached_limit
-                    && current <= mean + l.var.sqrt().max(mean * 0.01)
-                {
-                    l.limit += 1;
-                }
-                // The baseline follows latency while the limit holds or grows; a rise that
-                // cut the limit is not learnt as normal.
-                if l.limit >= before {
-                    let d = current - mean;
-                    l.mean = Some(mean + EWMA_ALPHA * d);
-                    l.var = (1.0 - EWMA_ALPHA) * (l.var + d * EWMA_ALPHA * d);
-                }
-            }
+        let baseline = l
+            .baseline
+            .map_or(current, |b| (b * (1.0 + BASELINE_DRIFT)).min(current));
+        l.baseline = Some(baseline);
+        let line = baseline * (1.0 + config.tolerance);
+        let reached = l.reached_limit;
+        if l.limit > config.min.max(1) && (l.back_pressure || current > line) {
+            let cut = (f64::from(l.limit) * config.decrease_ratio).floor() as u32;
+            l.limit = cut.clamp(config.min.max(1), l.limit - 1);
+            l.hold = HOLD_AFTER_CUT;
+        } else if l.hold > 0 {
+            l.hold -= 1;
+        } else if l.limit < max && reached && current <= line {
+            l.limit += 1;
         }
+        l.limiting = l.limit < max && (reached || l.limit < before);
+        l.decided_at = now;
         l.recent = current;
-        let interval = Duration::from_secs_f64(l.mean.unwrap_or(current)).max(MIN_INTERVAL);
+        let interval = Duration::from_secs_f64(baseline).max(MIN_INTERVAL);
         l.interval_ends = now + interval;
         (l.sum, l.count, l.reached_limit, l.back_pressure) = (0.0, 0, false, false);
         l.limit != before
@@ -290,17 +329,19 @@ impl DownstreamGuard {
         let latency_config = lock(&self.latency_config).clone();
         let max = *lock(&self.max);
         let l = lock(&self.latency);
-        let mean = l.mean.unwrap_or(0.0);
+        let baseline = l.baseline.unwrap_or(0.0);
+        // Limiting only while it has lately decided: an idle queue holds nothing back.
+        let recent = l.decided_at.elapsed() <= Duration::from_secs(2).max(MIN_INTERVAL * 4);
         DownstreamReading {
             outage: o.active,
             consecutive_failures: o.consecutive,
             failure_threshold: threshold,
             pause: if o.active { o.pause } else { Duration::ZERO },
             latency_limit: latency_config.enabled.then_some(l.limit),
-            latency_limiting: latency_config.enabled && l.limit < max,
-            latency_mean: mean,
+            latency_limiting: latency_config.enabled && l.limiting && l.limit < max && recent,
+            latency_mean: baseline,
             latency_recent: l.recent,
-            latency_line: mean + latency_config.deviation_scale * l.var.sqrt(),
+            latency_line: baseline * (1.0 + latency_config.tolerance),
         }
     }
 }
@@ -323,16 +364,21 @@ mod tests {
     async fn a_run_of_failures_starts_outage_mode_and_a_success_ends_it_without_a_burst() {
         let g = DownstreamGuard::new(&outage(3), &LatencyLimitConfig::default(), 16);
         assert_eq!(g.limit(), u32::MAX);
-        assert_eq!(g.failed(MS, 8, false), Change::None);
-        g.failed(MS, 8, false);
-        assert_eq!(g.failed(MS, 8, false), Change::Limit);
+        assert_eq!(g.failed("a", MS, 8, false), Change::None);
+        assert_eq!(
+            g.failed("a", MS, 8, false),
+            Change::None,
+            "the same message again"
+        );
+        g.failed("b", MS, 8, false);
+        assert_eq!(g.failed("c", MS, 8, false), Change::Limit);
         assert!(g.in_outage());
         assert_eq!(g.limit(), 1, "one message at a time");
         // Attempts are spaced by the pause, and the pause doubles while failures go on.
         let start = Instant::now();
         g.before_attempt().await;
         assert_eq!(start.elapsed(), Duration::from_secs(1));
-        g.failed(MS, 1, false);
+        g.failed("c", MS, 1, false);
         g.before_attempt().await;
         assert_eq!(start.elapsed(), Duration::from_secs(2));
         g.before_attempt().await;
@@ -342,7 +388,7 @@ mod tests {
             "pause doubled to 2 s"
         );
         for _ in 0..5 {
-            g.failed(MS, 1, false);
+            g.failed("c", MS, 1, false);
         }
         assert_eq!(
             g.reading().pause,
@@ -370,17 +416,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn successes_between_failures_keep_outage_mode_off() {
+    async fn successes_between_failures_and_one_bad_message_keep_outage_mode_off() {
         let g = DownstreamGuard::new(&outage(3), &LatencyLimitConfig::default(), 8);
-        for _ in 0..50 {
-            g.failed(MS, 2, false);
-            g.failed(MS, 2, false);
+        for i in 0..50 {
+            g.failed(&format!("x{i}"), MS, 2, false);
+            g.failed(&format!("y{i}"), MS, 2, false);
             g.succeeded(MS, 2);
         }
         assert!(!g.in_outage());
-        let off = DownstreamGuard::new(&outage(0), &LatencyLimitConfig::default(), 8);
+        // One poisoned message failing alone, again and again, is not an outage.
         for _ in 0..100 {
-            off.failed(MS, 2, false);
+            g.failed("poison", MS, 2, false);
+        }
+        assert!(!g.in_outage());
+        assert_eq!(g.reading().consecutive_failures, 1);
+        let off = DownstreamGuard::new(&outage(0), &LatencyLimitConfig::default(), 8);
+        for i in 0..100 {
+            off.failed(&i.to_string(), MS, 2, false);
         }
         assert!(!off.in_outage(), "0 switches it off");
     }

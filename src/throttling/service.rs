@@ -38,6 +38,8 @@ pub struct QueueReading {
     pub load: QueueLoad,
     /// Last known depth.
     pub depth: u64,
+    /// The limit the queue's downstream guards set (outage mode, latency-aware), if any.
+    pub downstream_limit: Option<u32>,
 }
 
 /// What the host tells the controller each tick (its counters, read without I/O).

@@ -44,6 +44,9 @@ pub trait DelayedDelivery: Send + Sync {
     /// nothing and says [`Moved::busy`].
     async fn move_due(&self, queue: &QueueName, batch: u32) -> Result<Moved, TransportError>;
 
+    /// Messages in `queue`'s delayed table now (due or not).
+    async fn delayed_count(&self, queue: &QueueName) -> Result<u64, TransportError>;
+
     /// The address written into the forward destination header for `queue`.
     fn forward_address(&self, queue: &QueueName) -> String;
 

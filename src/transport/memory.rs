@@ -477,6 +477,12 @@ impl DelayedDelivery for MemoryTransport {
         })
     }
 
+    async fn delayed_count(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        Ok(lock(&self.shared.delayed)
+            .get(queue)
+            .map_or(0, |t| t.rows.len() as u64))
+    }
+
     fn forward_address(&self, queue: &QueueName) -> String {
         queue.to_string()
     }

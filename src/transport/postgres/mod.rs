@@ -84,6 +84,7 @@ impl PostgresTransport {
                 config.connection_string
             ))
         })?;
+        libpq_environment(&mut pg);
         pg.connect_timeout(config.connect_timeout);
         if pg.get_application_name().is_none() {
             pg.application_name("throttlehost");
@@ -137,6 +138,91 @@ impl PostgresTransport {
     pub fn schema(&self) -> &str {
         &self.inner.schema
     }
+}
+
+/// Fills what the connection string leaves out from the environment variables libpq reads
+/// (`PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE`, `PGPASSWORD`) and then from the password file
+/// (`PGPASSFILE`, else `~/.pgpass`), as a PostgreSQL user expects.
+fn libpq_environment(pg: &mut tokio_postgres::Config) {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    if pg.get_hosts().is_empty()
+        && let Some(hosts) = var("PGHOST")
+    {
+        for host in hosts.split(',') {
+            pg.host(host.trim());
+        }
+    }
+    if pg.get_ports().is_empty()
+        && let Some(port) = var("PGPORT").and_then(|p| p.trim().parse::<u16>().ok())
+    {
+        pg.port(port);
+    }
+    if pg.get_user().is_none()
+        && let Some(user) = var("PGUSER")
+    {
+        pg.user(&user);
+    }
+    if pg.get_dbname().is_none()
+        && let Some(db) = var("PGDATABASE")
+    {
+        pg.dbname(&db);
+    }
+    if pg.get_password().is_some() {
+        return;
+    }
+    if let Some(password) = var("PGPASSWORD") {
+        pg.password(password);
+        return;
+    }
+    let file = var("PGPASSFILE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| var("HOME").map(|h| std::path::Path::new(&h).join(".pgpass")));
+    if let Some(text) = file.and_then(|f| std::fs::read_to_string(f).ok())
+        && let Some(password) = password_file_entry(pg, &text)
+    {
+        pg.password(password);
+    }
+}
+
+/// The password of the first line of a libpq password file (`host:port:database:user:password`,
+/// `*` matching anything, `\:` and `\\` escaped) that matches these settings.
+fn password_file_entry(pg: &tokio_postgres::Config, text: &str) -> Option<String> {
+    use tokio_postgres::config::Host;
+    let host = match pg.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        #[cfg(unix)]
+        Some(Host::Unix(_)) | None => "localhost".to_string(),
+        #[cfg(not(unix))]
+        None => "localhost".to_string(),
+    };
+    let port = pg.get_ports().first().copied().unwrap_or(5432).to_string();
+    let user = pg.get_user().unwrap_or_default().to_string();
+    let db = pg
+        .get_dbname()
+        .map(str::to_string)
+        .unwrap_or_else(|| user.clone());
+    let wanted = [host, port, db, user];
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
+        .find_map(|line| {
+            let mut fields = Vec::new();
+            let mut field = String::new();
+            let mut chars = line.chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => field.extend(chars.next()),
+                    ':' if fields.len() < 4 => fields.push(std::mem::take(&mut field)),
+                    c => field.push(c),
+                }
+            }
+            fields.push(field);
+            (fields.len() == 5
+                && fields[..4]
+                    .iter()
+                    .zip(&wanted)
+                    .all(|(f, w)| f == "*" || f == w))
+            .then(|| fields.pop().unwrap_or_default())
+        })
 }
 
 /// How much longer than `command_timeout` the client waits for an answer: the server's own
@@ -615,6 +701,12 @@ fn map_error(e: tokio_postgres::Error, queue: Option<&QueueName>) -> TransportEr
         }
         let class = &code.code()[..2];
         let message = format!("{} (SQLSTATE {})", db.message(), code.code());
+        if class == "28" {
+            // Not an outage: waiting will not make the password right.
+            return TransportError::Config(format!(
+                "the server refused the login: {message}; check the user and password in transport.connection_string (or PGUSER, PGPASSWORD, PGPASSFILE)"
+            ));
+        }
         let mapped = if class == "08" || class == "57" {
             TransportError::connection(message)
         } else {
@@ -633,6 +725,11 @@ fn map_error(e: tokio_postgres::Error, queue: Option<&QueueName>) -> TransportEr
         while let Some(c) = cause {
             message.push_str(&format!(": {c}"));
             cause = c.source();
+        }
+        if message.contains("password missing") {
+            return TransportError::Config(
+                "the server asks for a password and none was given: set it in transport.connection_string, PGPASSWORD or a password file (PGPASSFILE, ~/.pgpass)".into(),
+            );
         }
         TransportError::connection(message)
     };
@@ -845,6 +942,22 @@ impl DelayedDelivery for PostgresTransport {
                 .filter(|ms| ms.is_finite())
                 .map(|ms| Duration::from_millis(ms.clamp(0.0, u32::MAX as f64) as u64)),
         })
+    }
+
+    async fn delayed_count(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        let (_, row) = self
+            .inner
+            .answered("a count of delayed messages", client, async |c| {
+                c.query_one(&st.delayed.count, &[]).await
+            })
+            .await?;
+        let n: i64 = row
+            .map_err(|e| map_delayed_error(e, queue))?
+            .try_get(0)
+            .unwrap_or(0);
+        Ok(n.max(0) as u64)
     }
 
     fn forward_address(&self, queue: &QueueName) -> String {
@@ -1186,5 +1299,28 @@ impl SqlStore for Inner {
             }
         };
         CommitAndReceive { committed, next }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_password_file_is_read_as_libpq_reads_it() {
+        let pg: tokio_postgres::Config = "host=db.example port=5433 user=app dbname=orders"
+            .parse()
+            .unwrap();
+        let file = "# comment\nother:5433:orders:app:wrong\ndb.example:5433:*:app:pa\\:ss\\\\word\n*:*:*:*:fallback\n";
+        assert_eq!(
+            password_file_entry(&pg, file).as_deref(),
+            Some("pa:ss\\word")
+        );
+        let other: tokio_postgres::Config = "host=x user=u".parse().unwrap();
+        assert_eq!(
+            password_file_entry(&other, file).as_deref(),
+            Some("fallback")
+        );
+        assert_eq!(password_file_entry(&other, "x:1:2:3:4\n"), None);
     }
 }

@@ -82,6 +82,8 @@ pub struct DelayedStatements {
     /// returns moved, whether the lock was had, rows left, and milliseconds until the
     /// earliest finite due time left (NULL when none).
     pub move_due: String,
+    /// Rows in the table.
+    pub count: String,
 }
 
 impl DelayedStatements {
@@ -118,6 +120,7 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (Due)"
                  (SELECT (EXTRACT(EPOCH FROM (min(Due) - (now() AT TIME ZONE 'UTC')::timestamptz)) * 1000)::float8 \
                  FROM {table} WHERE isfinite(Due) AND Id NOT IN (SELECT Id FROM due))"
             ),
+            count: format!("SELECT count(*)::bigint FROM {table}"),
             table,
         }
     }

@@ -734,6 +734,15 @@ impl DelayedDelivery for SqlServerTransport {
         })
     }
 
+    async fn delayed_count(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue);
+        let mut conn = self.inner.conn().await?;
+        self.inner
+            .count(&mut conn, queue, &st.delayed.count, &[])
+            .await
+            .map_err(|e| delayed_table_named(e, queue))
+    }
+
     fn forward_address(&self, queue: &QueueName) -> String {
         self.inner.address_of(queue)
     }

@@ -82,6 +82,8 @@ pub struct DelayedStatements {
     pub move_due_with_recoverable: String,
     /// The same for a queue table without `Recoverable`.
     pub move_due_without_recoverable: String,
+    /// Rows in the table.
+    pub count: String,
 }
 
 impl DelayedStatements {
@@ -159,6 +161,7 @@ COMMIT TRAN;",
             ),
             move_due_with_recoverable: move_due(true),
             move_due_without_recoverable: move_due(false),
+            count: format!("SELECT COUNT_BIG(*) FROM {table};"),
             table,
         }
     }

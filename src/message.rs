@@ -68,7 +68,8 @@ impl Message {
 /// The longest time to be received a message may carry: 50 years. SQL Server adds it to the
 /// send time with `DATEADD(s, ...)`, whose argument is an int (68 years); PostgreSQL would take
 /// more, and then write an expiry the host could not read back.
-pub const MAX_TIME_TO_BE_RECEIVED: Duration = Duration::from_secs(50 * 365 * 24 * 3600);
+/// (Years of 365.25 days, as `50y` is read.)
+pub const MAX_TIME_TO_BE_RECEIVED: Duration = Duration::from_secs(50 * 31_557_600);
 
 /// Checks a time to be received against [`MAX_TIME_TO_BE_RECEIVED`], naming the value.
 pub fn check_time_to_be_received(ttbr: Duration) -> Result<Duration, String> {
@@ -220,6 +221,13 @@ mod tests {
         let m = OutgoingMessage::new("x");
         assert_eq!(m.logical_id(), m.id.to_string());
         assert!(m.headers.contains_key(TIME_SENT_HEADER));
+    }
+
+    #[test]
+    fn fifty_years_written_as_50y_is_accepted() {
+        let fifty = humantime::parse_duration("50y").unwrap();
+        assert_eq!(check_time_to_be_received(fifty), Ok(fifty));
+        assert!(check_time_to_be_received(fifty + Duration::from_secs(1)).is_err());
     }
 
     #[test]

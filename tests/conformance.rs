@@ -34,6 +34,11 @@ pub trait Harness: Send + Sync {
     async fn insert_poison(&self, queue: &str, id: Uuid, raw_headers: &str, body: &[u8]) -> bool;
     /// Reads a row's raw headers and body and whether Expires is NULL.
     async fn read_raw(&self, queue: &str, id: Uuid) -> Option<(String, Vec<u8>, bool)>;
+    /// Stores a row in `queue`'s delayed table whose due time no client type reads as a time
+    /// (PostgreSQL `infinity`; SQL Server its last `datetime`); false if unsupported.
+    async fn insert_never_due(&self, _queue: &str) -> bool {
+        false
+    }
     /// Why this transport cannot show `behaviour` (a test function's name), if it cannot.
     fn not_applicable(&self, _behaviour: &str) -> Option<&'static str> {
         None
@@ -1214,6 +1219,32 @@ pub async fn a_forward_destination_set_by_the_sender_is_kept(h: &dyn Harness) {
     r.commit().await.unwrap();
 }
 
+pub async fn a_row_that_is_never_due_does_not_stall_the_mover(h: &dyn Harness) {
+    let t = with_delayed(h, &["in"]).await;
+    assert!(
+        h.insert_never_due("in").await,
+        "database transports store it"
+    );
+    t.send(
+        &q("in"),
+        &OutgoingMessage::new("due").with_delay(Duration::ZERO),
+    )
+    .await
+    .unwrap();
+    let moved = move_until_moved(t.as_ref(), "in", Duration::from_secs(5)).await;
+    assert_eq!((moved.moved, moved.waiting), (1, 1), "{moved:?}");
+    let r = t.receive(&q("in")).await.unwrap().expect("the due one");
+    assert_eq!(body_of(r.as_ref()), b"due");
+    r.commit().await.unwrap();
+    let again = t
+        .delayed_delivery()
+        .unwrap()
+        .move_due(&q("in"), 100)
+        .await
+        .unwrap();
+    assert_eq!((again.moved, again.waiting), (0, 1), "{again:?}");
+}
+
 pub async fn a_delayed_send_is_refused_without_a_table_or_with_an_expiry(h: &dyn Harness) {
     let t = setup(h, &["in"]).await;
     let e = t
@@ -1241,7 +1272,8 @@ macro_rules! conformance {
             conformance!(@tests $harness, { $(#[$attr])* };
                 a_killed_connection_fails_cleanly_and_the_next_receive_works,
                 poison_rows_are_dead_lettered_unchanged,
-                a_poison_row_does_not_stop_an_ordered_queue
+                a_poison_row_does_not_stop_an_ordered_queue,
+                a_row_that_is_never_due_does_not_stall_the_mover
             );
             conformance!(@common $harness, { $(#[$attr])* });
         }
@@ -1373,6 +1405,19 @@ impl Harness for PostgresHarness {
         .unwrap();
         true
     }
+    async fn insert_never_due(&self, queue: &str) -> bool {
+        let c = self.schema.client().await;
+        c.execute(
+            &format!(
+                "INSERT INTO {} (Headers, Body, Due) VALUES ('{{}}', NULL, 'infinity')",
+                self.table(&format!("{queue}.delayed"))
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+        true
+    }
     async fn read_raw(&self, queue: &str, id: Uuid) -> Option<(String, Vec<u8>, bool)> {
         let c = self.schema.client().await;
         let row = c
@@ -1420,6 +1465,19 @@ impl Harness for SqlServerHarness {
     }
     async fn kill_connections(&self) -> Option<u64> {
         Some(self.schema.kill_connections().await)
+    }
+    async fn insert_never_due(&self, queue: &str) -> bool {
+        let mut c = mssql::client().await;
+        c.execute(
+            format!(
+                "INSERT INTO {} (Headers, Body, Due) VALUES (N'{{}}', NULL, '9999-12-31T23:59:59')",
+                self.schema.table(&format!("{queue}.Delayed"))
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+        true
     }
     async fn insert_poison(&self, queue: &str, id: Uuid, raw: &str, body: &[u8]) -> bool {
         let mut c = mssql::client().await;

@@ -9,26 +9,19 @@ use throttlehost::config::reload;
 
 use super::waiting::Waiting;
 
-/// The longest wait between tries to reach a database that is down at start: a host starts
-/// within this of the database answering.
-const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(2);
-
-/// Runs until SIGTERM or Ctrl-C.
-pub async fn run(path: &Path) -> ExitCode {
-    let mut config = match super::read_config(path) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let shutdown = super::shutdown_signal();
-    tokio::pin!(shutdown);
-    // SIGHUP reloads from the first moment (even while waiting for the database), and a file
-    // that cannot be watched is said once (watch logs why).
-    let (mut triggers, _guard) = reload::watch(path);
+/// Starts the host, waiting for a database that does not answer yet (supervisors start hosts
+/// and databases in any order) while the admin address says so; anything else that stops the
+/// start is reported at once. SIGHUP meanwhile reads the file again; SIGTERM ends the wait
+/// (exit 0).
+async fn start_host(
+    path: &Path,
+    mut config: throttlehost::Config,
+    mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    triggers: &mut tokio::sync::mpsc::Receiver<reload::Trigger>,
+) -> Result<throttlehost::Host, ExitCode> {
     let mut waiting: Option<Waiting> = None;
-    // A database that is down at start is waited for (supervisors start hosts and databases
-    // in any order); anything else that stops the start is reported at once.
     let mut retry_in = Duration::from_secs(1);
-    let host = loop {
+    loop {
         // A cheap probe first while waiting: the admin endpoint keeps answering until the
         // database does.
         let probe = match &waiting {
@@ -50,48 +43,66 @@ pub async fn run(path: &Path) -> ExitCode {
             }
             Err(e) => Err(e),
         };
-        match started {
-            Ok(h) => break h,
-            Err(e) if e.is_unreachable_database() && config.host.wait_for_database => {
-                tracing::warn!(
-                    database = %config.transport.connection_string,
-                    error = %e,
-                    retry_in_seconds = retry_in.as_secs_f64(),
-                    "database not reachable; starting once it answers"
-                );
-                let reason = format!("waiting for the database: {e}");
-                match &waiting {
-                    Some(w) => w.set_reason(reason),
-                    None => waiting = Waiting::serve(&config.host.admin_address, reason).await,
-                }
-                tokio::select! {
-                    _ = &mut shutdown => {
-                        if let Some(w) = waiting.take() {
-                            w.stop().await;
-                        }
-                        return ExitCode::SUCCESS;
-                    }
-                    _ = tokio::time::sleep(retry_in) => {}
-                    Some(trigger) = triggers.recv() => {
-                        match super::read_config(path) {
-                            Ok(new) => {
-                                tracing::info!(?trigger, "configuration read again while waiting for the database; the host starts with it");
-                                config = new;
-                            }
-                            Err(_) => tracing::warn!(?trigger, "the configuration file is not valid; waiting on with the one read before"),
-                        }
-                    }
-                }
-                retry_in = (retry_in * 2).min(MAX_RETRY_INTERVAL);
-            }
+        let e = match started {
+            Ok(host) => return Ok(host),
+            Err(e) if e.is_unreachable_database() && config.host.wait_for_database => e,
             Err(e) => {
                 if let Some(w) = waiting.take() {
                     w.stop().await;
                 }
                 eprintln!("error: {e}");
-                return ExitCode::from(1);
+                return Err(ExitCode::from(1));
             }
+        };
+        tracing::warn!(
+            database = %config.transport.connection_string,
+            error = %e,
+            retry_in_seconds = retry_in.as_secs_f64(),
+            "database not reachable; starting once it answers"
+        );
+        let reason = format!("waiting for the database: {e}");
+        match &waiting {
+            Some(w) => w.set_reason(reason),
+            None => waiting = Waiting::serve(&config.host.admin_address, reason).await,
         }
+        tokio::select! {
+            _ = &mut shutdown => {
+                if let Some(w) = waiting.take() {
+                    w.stop().await;
+                }
+                return Err(ExitCode::SUCCESS);
+            }
+            _ = tokio::time::sleep(retry_in) => {}
+            Some(trigger) = triggers.recv() => match super::read_config(path) {
+                Ok(new) => {
+                    tracing::info!(?trigger, "configuration read again while waiting for the database; the host starts with it");
+                    config = new;
+                }
+                Err(_) => tracing::warn!(?trigger, "the configuration file is not valid; waiting on with the one read before"),
+            },
+        }
+        retry_in = (retry_in * 2).min(MAX_RETRY_INTERVAL);
+    }
+}
+
+/// The longest wait between tries to reach a database that is down at start: a host starts
+/// within about this of the database answering (a try is one connection attempt).
+const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Runs until SIGTERM or Ctrl-C.
+pub async fn run(path: &Path) -> ExitCode {
+    let config = match super::read_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let shutdown = super::shutdown_signal();
+    tokio::pin!(shutdown);
+    // SIGHUP reloads from the first moment (even while waiting for the database), and a file
+    // that cannot be watched is said once (watch logs why).
+    let (mut triggers, _guard) = reload::watch(path);
+    let host = match start_host(path, config, shutdown.as_mut(), &mut triggers).await {
+        Ok(host) => host,
+        Err(code) => return code,
     };
     if let Some(address) = host.admin_address() {
         println!("throttlehost running; console: http://{address}/ (also /status and /metrics)");

@@ -55,8 +55,9 @@ pub struct HostConfig {
     /// Async worker threads of `throttlehost run`; 0 = one per CPU. Fewer cost less CPU per
     /// message when the host shares its cores with the database. Needs a restart.
     pub worker_threads: u32,
-    /// `run` keeps trying (1 s, doubling to 30 s) when the database cannot be reached at start,
-    /// instead of exiting; false = exit with an error at once.
+    /// `run` keeps trying (every second, answering on the admin address meanwhile) when the
+    /// database cannot be reached at start, instead of exiting; false = exit with an error at
+    /// once. A refused login is not waited for.
     pub wait_for_database: bool,
 }
 

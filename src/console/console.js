@@ -172,6 +172,21 @@ function rate(queue, field) {
   return Math.max(0, (a[field] - b[field]) / dt);
 }
 
+// A queue's downstream guards in words: outage mode (12), the latency-aware limit (13), or ok.
+function downstream(d) {
+  if (!d) return "–";
+  if (d.outage) {
+    return `12 outage: ${d.consecutive_failures} failing, pause ${fixed(d.pause, 1)} s`;
+  }
+  if (d.latency_limiting) {
+    return `13 latency: limit ${d.latency_limit}, ${fixed(d.latency_recent * 1000, 0)} ms vs ${fixed(d.latency_mean * 1000, 0)} ms`;
+  }
+  if (d.latency_limit !== null && d.latency_limit !== undefined) {
+    return `ok (latency limit ${d.latency_limit})`;
+  }
+  return d.consecutive_failures > 0 ? `ok (${d.consecutive_failures} failing)` : "ok";
+}
+
 function renderQueues(queues) {
   const body = document.querySelector("#queues tbody");
   body.replaceChildren(
@@ -191,6 +206,7 @@ function renderQueues(queues) {
         processed === null ? "–" : fixed(processed, 1),
         failed === null ? "–" : fixed(failed, 1),
         q.circuit_breaker,
+        downstream(q.downstream),
       ]);
     }),
   );

@@ -178,7 +178,8 @@ impl HostBuilder {
 
         prepare_transport(&config, transport.as_ref(), &to_create, &queues).await?;
 
-        let sensor = self.sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
+        let mut sensor = self.sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
+        check_memory_threshold(&config, sensor.as_mut())?;
         let control = Arc::new(ThrottleControl::new(
             config.throttling.clone(),
             sensor.machine(),
@@ -244,6 +245,27 @@ impl HostBuilder {
             controller_ended: controller.ended,
             admin,
         })
+    }
+}
+
+/// Refuses a process memory threshold the process is over before it handles anything: its
+/// delivery would never start.
+fn check_memory_threshold(
+    config: &Config,
+    sensor: &mut dyn crate::throttling::sensors::ResourceSensor,
+) -> Result<(), HostError> {
+    let thresholds =
+        crate::throttling::controller::Thresholds::resolve(&config.throttling, sensor.machine());
+    let rss = sensor.read().process_memory;
+    match thresholds.process_memory {
+        Some(limit) if config.throttling.enabled && limit <= rss => {
+            Err(HostError::Config(format!(
+                "throttling.process_memory ({}) is at or below this process's own memory before it handles anything ({}): delivery would never start; set it well above that, or \"off\"",
+                crate::config::ByteSize(limit),
+                crate::config::ByteSize(rss)
+            )))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -394,6 +416,8 @@ async fn prepare_transport(
                     TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
                         HostError::Transport(e)
                     }
+                    // A table of another layout: its error says what to change.
+                    TransportError::Config(m) => HostError::Config(format!("queue `{q}`: {m}")),
                     e => HostError::Config(format!(
                         "cannot create queue `{q}`: {e} (create the queues with a privileged account, then set host.create_queues = false)"
                     )),

@@ -77,6 +77,7 @@ impl PostgresTransport {
     pub fn new(config: &TransportConfig) -> Result<Self, TransportError> {
         let schema = config.effective_schema().to_string();
         validate_schema_name(&schema).map_err(TransportError::InvalidName)?;
+        check_url_userinfo(config.connection_string.expose())?;
         let tls = tls::TlsSettings::read(config.connection_string.expose());
         let mut pg = tokio_postgres::Config::from_str(&tls.connection_string).map_err(|e| {
             TransportError::Config(format!(
@@ -138,6 +139,24 @@ impl PostgresTransport {
     pub fn schema(&self) -> &str {
         &self.inner.schema
     }
+}
+
+/// A URL whose password holds an unencoded `@` is read by every driver as a host name after
+/// the first `@`: a name lookup error that says nothing of the password. Say what it is.
+fn check_url_userinfo(raw: &str) -> Result<(), TransportError> {
+    let Some(rest) = raw
+        .strip_prefix("postgres://")
+        .or_else(|| raw.strip_prefix("postgresql://"))
+    else {
+        return Ok(());
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    if authority.matches('@').count() > 1 {
+        return Err(TransportError::Config(
+            "transport.connection_string: the URL's user or password holds an `@`; write it percent-encoded as %40 (and `:` as %3A, `/` as %2F)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Fills what the connection string leaves out from the environment variables libpq reads
@@ -1305,6 +1324,14 @@ impl SqlStore for Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unencoded_at_in_a_url_password_is_named() {
+        let e = check_url_userinfo("postgres://app:p@ss@db/test").unwrap_err();
+        assert!(e.to_string().contains("%40"), "{e}");
+        assert!(check_url_userinfo("postgres://app:p%40ss@db/test?x=a@b").is_ok());
+        assert!(check_url_userinfo("host=db password=p@ss").is_ok());
+    }
 
     #[test]
     fn the_password_file_is_read_as_libpq_reads_it() {

@@ -207,6 +207,22 @@ async fn finish(
     }
 }
 
+/// Sends `message` to `queue` inside the receive and commits both, or rolls back: the message
+/// leaves its queue only together with its copy.
+async fn send_and_commit(
+    mut received: Box<dyn Received>,
+    queue: &QueueName,
+    message: &OutgoingMessage,
+) -> Result<(), TransportError> {
+    match received.send(queue, message).await {
+        Ok(()) => received.commit().await,
+        Err(e) => {
+            let _ = received.rollback().await;
+            Err(e)
+        }
+    }
+}
+
 /// Counts a message as in process while alive.
 struct InProcess<'a>(&'a AtomicU64);
 
@@ -750,18 +766,12 @@ impl Dispatcher {
     async fn move_to_error(
         &self,
         q: &QueueRuntime,
-        mut received: Box<dyn Received>,
+        received: Box<dyn Received>,
         id: Uuid,
         error_message: &OutgoingMessage,
         failure: &Failure,
     ) -> Option<Outcome> {
-        let result = match received.send(&q.error_queue, error_message).await {
-            Ok(()) => received.commit().await,
-            Err(e) => {
-                let _ = received.rollback().await;
-                Err(e)
-            }
-        };
+        let result = send_and_commit(received, &q.error_queue, error_message).await;
         match result {
             Ok(()) => {
                 q.failures.forget(id);
@@ -784,19 +794,13 @@ impl Dispatcher {
     async fn defer(
         &self,
         q: &QueueRuntime,
-        mut received: Box<dyn Received>,
+        received: Box<dyn Received>,
         id: Uuid,
         home: &QueueName,
         retry: &OutgoingMessage,
         failure: &Failure,
     ) -> bool {
-        let result = match received.send(home, retry).await {
-            Ok(()) => received.commit().await,
-            Err(e) => {
-                let _ = received.rollback().await;
-                Err(e)
-            }
-        };
+        let result = send_and_commit(received, home, retry).await;
         match result {
             Ok(()) => {
                 q.failures.forget(id);

@@ -47,6 +47,31 @@ fn signal(child: &Child, name: &str) {
     assert!(ok, "kill -{name}");
 }
 
+/// Writes a `run` configuration for PostgreSQL on `db_port` (nothing listens there yet) with
+/// `admin` as its admin address, and starts `throttlehost run` with it.
+fn start_run(name: &str, db_port: u16, admin: &str, schema: &str) -> (Child, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("th-startup-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("host.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[host]\nadmin_address = \"{admin}\"\n[transport]\nkind = \"postgres\"\n\
+             connection_string = \"host=127.0.0.1 port={db_port} user=postgres dbname=test connect_timeout=2\"\n\
+             schema = \"{schema}\"\n[[queues]]\nname = \"orders\"\n[queues.handler]\nkind = \"noop\"\n"
+        ),
+    )
+    .unwrap();
+    let host = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    (host, dir)
+}
+
 fn ready(admin: &str) -> (u16, String) {
     let (status, body, _) = http("GET", &format!("http://{admin}/readyz"), b"", &[]);
     (status, body)
@@ -57,26 +82,7 @@ async fn a_host_started_before_its_database_says_so_survives_sighup_and_starts_p
     let schema = PgSchema::new();
     let db_port = free_port();
     let admin = format!("127.0.0.1:{}", free_port());
-    let dir = std::env::temp_dir().join(format!("th-startup-{}", schema.name));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("host.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[host]\nadmin_address = \"{admin}\"\n[transport]\nkind = \"postgres\"\n\
-             connection_string = \"host=127.0.0.1 port={db_port} user=postgres dbname=test connect_timeout=2\"\n\
-             schema = \"{}\"\n[[queues]]\nname = \"orders\"\n[queues.handler]\nkind = \"noop\"\n",
-            schema.name
-        ),
-    )
-    .unwrap();
-    let mut host = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut host, dir) = start_run(&schema.name, db_port, &admin, &schema.name);
 
     // The admin endpoint answers while the database does not.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -124,25 +130,7 @@ async fn a_host_started_before_its_database_says_so_survives_sighup_and_starts_p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_while_waiting_for_the_database_stops_cleanly() {
     let db_port = free_port();
-    let dir = std::env::temp_dir().join(format!("th-startup-term-{db_port}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("host.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[host]\nadmin_address = \"off\"\n[transport]\nkind = \"postgres\"\n\
-             connection_string = \"host=127.0.0.1 port={db_port} user=postgres dbname=test\"\n\
-             [[queues]]\nname = \"orders\"\n[queues.handler]\nkind = \"noop\"\n"
-        ),
-    )
-    .unwrap();
-    let mut host = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut host, dir) = start_run(&format!("term-{db_port}"), db_port, "off", "public");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     signal(&host, "HUP");
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -93,7 +93,6 @@ impl DelayedStatements {
             bracket(schema),
             bracket(&format!("{queue}.Delayed"))
         );
-        let lock = format!("throttlehost_create_{schema}");
         let mover = format!("throttlehost_mover_{schema}.{queue}");
         let move_due = |recoverable: bool| {
             let (column, value) = if recoverable {
@@ -138,23 +137,19 @@ COMMIT TRAN;"
             )
         };
         DelayedStatements {
-            create: format!(
-                "SET XACT_ABORT ON;
-BEGIN TRAN;
-EXEC sp_getapplock @Resource = N'{lock}', @LockMode = 'Exclusive', @LockOwner = 'Transaction';
-IF SCHEMA_ID(N'{schema}') IS NULL EXEC(N'CREATE SCHEMA {sq}');
-IF OBJECT_ID(N'{table}', N'U') IS NULL
-BEGIN
-    CREATE TABLE {table} (
+            create: created_under_lock(
+                schema,
+                &format!("OBJECT_ID(N'{table}', N'U') IS NULL"),
+                &format!(
+                    "    CREATE TABLE {table} (
         Headers nvarchar(max) NOT NULL,
         Body varbinary(max) NULL,
         Due datetime NOT NULL,
         RowVersion bigint IDENTITY(1,1) NOT NULL
     );
     CREATE NONCLUSTERED INDEX [Index_Due] ON {table} (Due);
-END
-COMMIT TRAN;",
-                sq = bracket(schema)
+END"
+                ),
             ),
             store: format!(
                 "INSERT INTO {table} (Headers, Body, Due) VALUES (@P1, @P2, DATEADD(ms, @P3 % 1000, DATEADD(s, @P3 / 1000, GETUTCDATE())));"
@@ -584,6 +579,25 @@ pub const CLAIM_GIVE_UP: &str = "IF @@TRANCOUNT > 0 ROLLBACK TRAN;\nSET LOCK_TIM
 /// Server's 2 100 parameters per request (and its 1 000 rows per table value constructor).
 pub const SEND_MANY_ROWS: usize = 500;
 
+/// A creation script: under the schema's creation lock (one per schema, so hosts creating the
+/// schema and its tables at once do not collide), the schema when missing, then `body` (which
+/// ends in `END`) when `condition` holds. Names inside N'...' literals cannot hold quotes
+/// (validated).
+fn created_under_lock(schema: &str, condition: &str, body: &str) -> String {
+    let lock = format!("throttlehost_create_{schema}");
+    let sq = bracket(schema);
+    format!(
+        "SET XACT_ABORT ON;
+BEGIN TRAN;
+EXEC sp_getapplock @Resource = N'{lock}', @LockMode = 'Exclusive', @LockOwner = 'Transaction';
+IF SCHEMA_ID(N'{schema}') IS NULL EXEC(N'CREATE SCHEMA {sq}');
+IF {condition}
+BEGIN
+{body}
+COMMIT TRAN;"
+    )
+}
+
 /// Inserts `rows` messages (1 to [`SEND_MANY_ROWS`]) into `table` (`[schema].[table]`) in one
 /// statement. Message `i` (from 0) binds `@P{4i+1}` id, `@P{4i+2}` time-to-be-received in
 /// milliseconds (NULL: never expires), `@P{4i+3}` headers, `@P{4i+4}` body. The rows go through
@@ -616,9 +630,7 @@ impl QueueStatements {
     /// Builds the statements for `[schema].[queue]` in a dialect.
     pub fn new(schema: &str, queue: &QueueName, dialect: Dialect) -> Self {
         let table = format!("{}.{}", bracket(schema), bracket(queue.as_str()));
-        // Inside N'...' literals: names cannot contain quotes (validated). One lock per schema
-        // serialises creating the schema and its tables across hosts.
-        let lock = format!("throttlehost_create_{schema}");
+        // Inside N'...' literals: names cannot contain quotes (validated).
         let exists = format!("OBJECT_ID(N'{table}', N'U') IS NOT NULL");
         let insert = |recoverable: bool, expires: &str, params: &str| {
             let (column, value) = if recoverable {
@@ -636,14 +648,11 @@ impl QueueStatements {
         let receive = receive(&table, dialect);
         let end_if_empty = "IF @@ROWCOUNT = 0 AND @@TRANCOUNT > 0 COMMIT TRAN;";
         QueueStatements {
-            create: format!(
-                "SET XACT_ABORT ON;
-BEGIN TRAN;
-EXEC sp_getapplock @Resource = N'{lock}', @LockMode = 'Exclusive', @LockOwner = 'Transaction';
-IF SCHEMA_ID(N'{schema}') IS NULL EXEC(N'CREATE SCHEMA {sq}');
-IF NOT ({exists})
-BEGIN
-    CREATE TABLE {table} (
+            create: created_under_lock(
+                schema,
+                &format!("NOT ({exists})"),
+                &format!(
+                    "    CREATE TABLE {table} (
         Id uniqueidentifier NOT NULL,
         CorrelationId varchar(255) NULL,
         ReplyToAddress varchar(255) NULL,
@@ -655,9 +664,8 @@ BEGIN
     );
     CREATE NONCLUSTERED INDEX Index_RowVersion ON {table} (RowVersion);
     CREATE NONCLUSTERED INDEX Index_Expires ON {table} (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
-END
-COMMIT TRAN;",
-                sq = bracket(schema)
+END"
+                ),
             ),
             drop: format!("IF {exists} DROP TABLE {table};"),
             send_with_recoverable: insert(true, expires, "@P3, @P4"),

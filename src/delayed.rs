@@ -18,6 +18,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::metrics::QueueMetrics;
 use crate::transport::{Moved, QueueName, Transport};
 
@@ -104,15 +106,26 @@ pub fn next_wait(last: Duration, moved: &Moved, batch: u32) -> Duration {
     }
 }
 
-/// Runs `queue`'s mover until `stop`.
+/// What a mover moves and where it reports.
+pub struct MoverOf {
+    /// The queue whose delayed table it moves.
+    pub queue: QueueName,
+    /// Due messages per transaction.
+    pub batch: u32,
+    /// The queue's metrics (moved, waiting, next due).
+    pub metrics: QueueMetrics,
+    /// Messages in the delayed table as last read (the database size counts them).
+    pub waiting: Arc<AtomicU64>,
+}
+
+/// Runs the mover of a queue's delayed table until `stop`.
 pub async fn run_mover(
     transport: Arc<dyn Transport>,
-    queue: QueueName,
-    batch: u32,
+    of: MoverOf,
     wake: Arc<Wake>,
-    metrics: QueueMetrics,
     stop: CancellationToken,
 ) {
+    let (queue, batch, metrics) = (&of.queue, of.batch, &of.metrics);
     let Some(delayed) = transport.delayed_delivery() else {
         return;
     };
@@ -137,7 +150,7 @@ pub async fn run_mover(
         if stop.is_cancelled() {
             return;
         }
-        match delayed.move_due(&queue, batch).await {
+        match delayed.move_due(queue, batch).await {
             Ok(moved) => {
                 if failing {
                     tracing::info!(queue = %queue, "moving due delayed messages works again");
@@ -145,6 +158,7 @@ pub async fn run_mover(
                 }
                 metrics.delayed_moved.increment(moved.moved);
                 metrics.delayed_messages.set(moved.waiting as f64);
+                of.waiting.store(moved.waiting, Ordering::Relaxed);
                 metrics
                     .delayed_next_due
                     .set(moved.next_due_in.map_or(0.0, |d| d.as_secs_f64()));

@@ -110,8 +110,7 @@ impl Publisher {
         // Every transport takes an empty slice as nothing to do.
         self.transport.send_batch(queue, messages).await?;
         for m in messages {
-            self.published(queue);
-            self.scheduled(queue, m.deliver_after);
+            self.published(queue, m);
         }
         Ok(())
     }
@@ -129,8 +128,7 @@ impl Publisher {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
         self.transport.send(queue, message).await?;
-        self.published(queue);
-        self.scheduled(queue, message.deliver_after);
+        self.published(queue, message);
         Ok(())
     }
 
@@ -142,12 +140,17 @@ impl Publisher {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
         received.send(queue, message).await?;
-        self.published(queue);
-        self.scheduled(queue, message.deliver_after);
+        self.published(queue, message);
         Ok(())
     }
 
-    fn published(&self, queue: &QueueName) {
+    /// Counts a stored message: published, and in the queue's depth unless it waits in the
+    /// delayed table (its mover counts those, and tells the depth nothing when it moves them:
+    /// the next read does).
+    fn published(&self, queue: &QueueName, message: &OutgoingMessage) {
+        if message.deliver_after.is_some() {
+            self.scheduled(queue, message.deliver_after);
+        }
         self.throttle.publishing_rates.outgoing();
         let known = self
             .targets
@@ -165,7 +168,9 @@ impl Publisher {
             target.clone()
         });
         target.published.increment(1);
-        target.depth.arrived();
+        if message.deliver_after.is_none() {
+            target.depth.arrived();
+        }
     }
 
     fn target(&self, queue: &QueueName, depth: Arc<DepthCell>) -> Target {

@@ -251,3 +251,50 @@ async fn an_outage_switches_the_queue_to_one_paced_attempt_and_loses_nothing_to_
     .await;
     host.shutdown().await;
 }
+
+/// Delayed messages count in the database size (they will join the queue), as their mover
+/// reads them, and leave it once handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_messages_count_in_the_database_size() {
+    let d = Arc::new(Downstream::default());
+    let mut config = config(0, 0, Duration::from_secs(1));
+    config.throttling.sample_interval = Duration::from_millis(100);
+    let (host, _transport) = start(config, &d).await;
+    for i in 0..30 {
+        host.send(
+            "orders",
+            OutgoingMessage::new(format!("later {i}")).with_delay(Duration::from_millis(1500)),
+        )
+        .await
+        .unwrap();
+    }
+    let database_size = || {
+        host.status()
+            .throttling
+            .and_then(|t| {
+                t.resources
+                    .iter()
+                    .find(|r| r.condition == throttlehost::states::Condition::DatabaseSize)
+                    .map(|r| r.value)
+            })
+            .unwrap_or(0.0)
+    };
+    wait_until(
+        Duration::from_secs(5),
+        "30 delayed in the database size",
+        || database_size() >= 30.0,
+    )
+    .await;
+    assert_eq!(database_size(), 30.0, "counted once, not as queued too");
+    wait_until(Duration::from_secs(10), "handled when due", || {
+        d.succeeded.load(Ordering::SeqCst) == 30
+    })
+    .await;
+    wait_until(
+        Duration::from_secs(5),
+        "the database size falls back",
+        || database_size() == 0.0,
+    )
+    .await;
+    host.shutdown().await;
+}

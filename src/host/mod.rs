@@ -526,12 +526,16 @@ fn start_receiving(
         publisher.track_depth(&q.name, q.depth.clone());
         receive::start(q.clone(), receive_ctx.clone());
         if q.delayed_home.as_ref() == Some(&q.name) && transport.delayed_delivery().is_some() {
+            let of = crate::delayed::MoverOf {
+                queue: q.name.clone(),
+                batch: q.delayed_batch,
+                metrics: q.metrics.clone(),
+                waiting: q.delayed_waiting.clone(),
+            };
             receive_ctx.tasks.spawn(crate::delayed::run_mover(
                 transport.clone(),
-                q.name.clone(),
-                q.delayed_batch,
+                of,
                 publisher.schedule().wake(&q.name),
-                q.metrics.clone(),
                 receive_ctx.stop.clone(),
             ));
         }

@@ -176,7 +176,8 @@ impl HostProbe for HostAdapter {
         let mut total = 0u64;
         let receiving: HashSet<&QueueName> = self.queues.iter().map(|q| &q.name).collect();
         for q in self.queues.iter().filter(|q| self.counts(&q.name)) {
-            total += q.depth.get();
+            // Delayed messages will join the queue: they count, as their mover last read them.
+            total += q.depth.get() + q.delayed_waiting.load(std::sync::atomic::Ordering::Relaxed);
             if is_stale(&q.depth) | self.held_due(q) {
                 let mut read = StaleDepth::new(q.name.clone(), q.depth.clone(), false);
                 read.waiting = q

@@ -183,6 +183,9 @@ pub struct QueueRuntime {
     pub delayed_home: Option<QueueName>,
     /// Due messages the mover of this queue's delayed table moves per transaction.
     pub delayed_batch: u32,
+    /// Messages in this queue's delayed table, as its mover last read them (they count in the
+    /// database size: they will join the queue).
+    pub delayed_waiting: Arc<AtomicU64>,
     reconfigured: Notify,
     receiver_alive: AtomicBool,
 }
@@ -210,6 +213,7 @@ impl QueueRuntime {
             ),
             delayed_home: None,
             delayed_batch: 100,
+            delayed_waiting: Arc::default(),
             breaker: CircuitBreaker::new(name.as_str(), metrics.circuit_breaker_open.clone()),
             gate: Arc::new(ConcurrencyGate::new(settings.max)),
             name,

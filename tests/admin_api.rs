@@ -280,6 +280,28 @@ async fn first_sample(host: &Host) {
     .await;
 }
 
+/// The machine's readings, except the first, which shows an empty process: a host refuses to
+/// start with a threshold it is already over, and this test wants the host over it once
+/// running.
+struct OverOnceRunning {
+    system: throttlehost::throttling::sensors::SystemSensor,
+    started: bool,
+}
+
+impl throttlehost::throttling::sensors::ResourceSensor for OverOnceRunning {
+    fn read(&mut self) -> throttlehost::throttling::sensors::ResourceReadings {
+        let mut r = self.system.read();
+        if !std::mem::replace(&mut self.started, true) {
+            r.process_memory = 0;
+        }
+        r
+    }
+
+    fn machine(&self) -> throttlehost::throttling::controller::MachineFacts {
+        self.system.machine()
+    }
+}
+
 /// A process memory threshold far below what the process uses: the state, its cause in units,
 /// the action and the resume line all show in /status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,7 +309,14 @@ async fn a_throttled_direction_is_explained_in_words_and_units() {
     let mut config = common::memory_config("orders");
     config.queues[0].handler = Some(HandlerConfig::Noop);
     config.throttling.process_memory = MemoryThreshold::Bytes(1024 * 1024);
-    let host = HostBuilder::new(config).start().await.unwrap();
+    let host = HostBuilder::new(config)
+        .resource_sensor(OverOnceRunning {
+            system: throttlehost::throttling::sensors::SystemSensor::new(),
+            started: false,
+        })
+        .start()
+        .await
+        .unwrap();
     let base = format!("http://{}", host.admin_address().unwrap());
     common::wait_until(Duration::from_secs(10), "state 4", || {
         host.status()

@@ -212,14 +212,22 @@ impl DownstreamGuard {
     pub fn succeeded(&self, latency: Duration, in_flight: u32) -> Change {
         let mut change = Change::None;
         {
-            let config = lock(&self.outage_config).clone();
-            let max = *lock(&self.max);
             let mut o = lock(&self.outage);
+            // The common case, a success with nothing to undo, takes one lock.
+            if o.consecutive == 0 && !o.active && o.regrowing.is_none() {
+                drop(o);
+                return match self.observe_latency(latency, in_flight, false) {
+                    true => Change::Limit,
+                    false => Change::None,
+                };
+            }
+            let pause = lock(&self.outage_config).pause;
+            let max = *lock(&self.max);
             o.consecutive = 0;
             o.failing.clear();
             if o.active {
                 o.active = false;
-                o.pause = config.pause;
+                o.pause = pause;
                 o.next_attempt = Instant::now();
                 o.regrowing = Some(2.min(max));
                 change = Change::Limit;
@@ -274,10 +282,13 @@ impl DownstreamGuard {
     /// Feeds one latency into the current interval and decides at its end; true when the
     /// limit changed.
     fn observe_latency(&self, latency: Duration, in_flight: u32, back_pressure: bool) -> bool {
-        let config = lock(&self.latency_config).clone();
-        if !config.enabled {
-            return false;
-        }
+        let config = {
+            let config = lock(&self.latency_config);
+            if !config.enabled {
+                return false;
+            }
+            config.clone()
+        };
         let max = *lock(&self.max);
         let now = Instant::now();
         let mut l = lock(&self.latency);

@@ -11,14 +11,13 @@
 //! database that is down costs one statement per minute at most.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::metrics::QueueMetrics;
 use crate::transport::{Moved, QueueName, Transport};

@@ -127,7 +127,7 @@ impl Handler for SimulateHandler {
         let called = std::time::Instant::now();
         // A downstream of limited capacity: calls past it wait their turn, so latency grows
         // with the calls made at once.
-        let _served = match self.downstream(knobs.downstream_capacity) {
+        let served = match self.downstream(knobs.downstream_capacity) {
             Some(permits) => Some(permits.acquire_owned().await?),
             None => None,
         };
@@ -146,7 +146,7 @@ impl Handler for SimulateHandler {
             }
         }
         drop(memory);
-        drop(_served);
+        drop(served);
         {
             let mut latencies = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
             // Bounded: a run that never takes them keeps the last million.

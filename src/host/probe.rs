@@ -242,11 +242,13 @@ impl LimitSink for HostAdapter {
 }
 
 /// The worst queue of each downstream guard: an active one first (the most failures in a
-/// row; the latency furthest over its line), else the closest to its line.
+/// row; the latency furthest over its line), else the closest to its line. A guard no queue
+/// has on shows threshold 0 (off).
 fn downstream_guards(readings: impl Iterator<Item = DownstreamReading>) -> DownstreamGuards {
     let mut guards = DownstreamGuards::default();
+    // The default (threshold 0) stands for "no queue seen": any queue replaces it.
     let worse = |a: &GuardCondition, b: &GuardCondition| {
-        (b.active, b.value - b.threshold) > (a.active, a.value - a.threshold)
+        a.threshold == 0.0 || (b.active, b.value - b.threshold) > (a.active, a.value - a.threshold)
     };
     for r in readings {
         let outage = GuardCondition {
@@ -289,5 +291,28 @@ fn export_downstream(q: &QueueRuntime) {
     if let Some(limit) = d.latency_limit {
         m.latency_limit.set(f64::from(limit));
         m.latency_baseline.set(d.latency_mean);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_queue_shows_and_a_fine_one_still_shows_its_threshold() {
+        let fine = DownstreamReading {
+            failure_threshold: 20,
+            ..DownstreamReading::default()
+        };
+        let g = downstream_guards([fine].into_iter());
+        assert_eq!((g.outage.active, g.outage.threshold), (false, 20.0));
+        let failing = DownstreamReading {
+            outage: true,
+            consecutive_failures: 25,
+            ..fine
+        };
+        let g = downstream_guards([fine, failing, fine].into_iter());
+        assert_eq!((g.outage.active, g.outage.value), (true, 25.0));
+        assert_eq!(downstream_guards(std::iter::empty()).outage.threshold, 0.0);
     }
 }

@@ -58,8 +58,8 @@ pub trait DelayedDelivery: Send + Sync {
 /// The headers a delayed message is stored with: its own plus the forward destination (the
 /// queue whose table it is stored in, unless the sender named another: a delayed retry of an
 /// instance queue waits in its main queue's table).
-pub(crate) fn delayed_headers(message: &OutgoingMessage, destination: String) -> Headers {
-    let mut headers = message.headers.clone();
+pub(crate) fn delayed_headers(headers: &Headers, destination: String) -> Headers {
+    let mut headers = headers.clone();
     headers
         .entry(FORWARD_DESTINATION_HEADER.into())
         .or_insert(Some(destination));
@@ -131,7 +131,7 @@ mod tests {
     #[test]
     fn a_delayed_message_carries_its_destination() {
         let m = OutgoingMessage::new("x").with_delay(Duration::from_secs(1));
-        let h = delayed_headers(&m, "Sales@[dbo]".into());
+        let h = delayed_headers(&m.headers, "Sales@[dbo]".into());
         assert_eq!(
             h.get(FORWARD_DESTINATION_HEADER)
                 .cloned()

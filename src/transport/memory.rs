@@ -214,7 +214,8 @@ impl Shared {
                 .ok_or_else(|| TransportError::QueueNotFound(format!("{name}.Delayed")))?;
             let n = table.next;
             table.next += 1;
-            message.headers = delayed_headers_of(name, message.headers);
+            // The memory transport's address of a queue is its name.
+            message.headers = delayed_headers(&message.headers, name.to_string());
             table.rows.insert((due, n), message);
             return Ok(());
         }
@@ -314,15 +315,6 @@ fn stored_from(message: &OutgoingMessage) -> Result<StoredMessage, TransportErro
         expires: message.time_to_be_received.map(|t| SystemTime::now() + t),
         due: delay.map(|d| SystemTime::now() + d),
     })
-}
-
-/// A delayed message's headers: the memory transport's address of a queue is its name.
-fn delayed_headers_of(queue: &QueueName, headers: Headers) -> Headers {
-    let message = OutgoingMessage {
-        headers,
-        ..OutgoingMessage::new(Vec::new())
-    };
-    delayed_headers(&message, queue.to_string())
 }
 
 #[async_trait]

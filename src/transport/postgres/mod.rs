@@ -380,7 +380,7 @@ impl Inner {
         message: &OutgoingMessage,
         delay_ms: i64,
     ) -> Result<(), TransportError> {
-        let headers = serialize_headers(&delayed_headers(message, st.table.clone()));
+        let headers = serialize_headers(&delayed_headers(&message.headers, st.table.clone()));
         let stmt = client
             .prepare_cached(&st.delayed.store)
             .await

@@ -257,7 +257,8 @@ impl Inner {
     ) -> Result<(), TransportError> {
         let st = self.statements(queue);
         if let Some(delay_ms) = delay_millis(message)? {
-            let headers = serialize_headers(&delayed_headers(message, self.address_of(queue)));
+            let headers =
+                serialize_headers(&delayed_headers(&message.headers, self.address_of(queue)));
             let result = conn
                 .client
                 .execute(

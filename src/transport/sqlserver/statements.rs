@@ -78,7 +78,9 @@ pub struct DelayedStatements {
     /// Moves up to `@P1` due rows into the queue (with the `Recoverable` column) in one
     /// transaction under the queue's mover lock (an application lock another mover finds
     /// taken); returns moved, 1 when the lock was had, rows left, the server's time and the
-    /// earliest due time left.
+    /// earliest due time left. The count and the earliest skip locked rows (`READPAST`, as
+    /// NServiceBus reads its next due time): a delayed retry stored by a receive that has not
+    /// committed yet would otherwise make the mover wait for it.
     pub move_due_with_recoverable: String,
     /// The same for a queue table without `Recoverable`.
     pub move_due_without_recoverable: String,
@@ -132,7 +134,7 @@ IF @got >= 0
 BEGIN
     {delete}
 END
-SELECT @moved, CAST(CASE WHEN @got >= 0 THEN 1 ELSE 0 END AS int), (SELECT COUNT_BIG(*) FROM {table}), GETUTCDATE(), (SELECT MIN(Due) FROM {table});
+SELECT @moved, CAST(CASE WHEN @got >= 0 THEN 1 ELSE 0 END AS int), (SELECT COUNT_BIG(*) FROM {table} WITH (READPAST)), GETUTCDATE(), (SELECT MIN(Due) FROM {table} WITH (READPAST));
 COMMIT TRAN;"
             )
         };

@@ -724,6 +724,11 @@ impl Dispatcher {
                 self.throttle.delivery_rates.outgoing();
                 Some(Outcome::Success)
             }
+            Err(e @ TransportError::InDoubt { .. }) => {
+                tracing::warn!(queue = %q.name, %id, error = %e,
+                    "the database did not say whether the commit took effect");
+                None
+            }
             Err(e) => {
                 tracing::error!(queue = %q.name, %id, error = %e,
                     "commit failed after the handler succeeded; the message returns to the queue");

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{PgBacklog, Probe, fill, q, wait_until};
-use throttlehost::config::ConcurrencyModel;
+use common::{CommitCutter, Cut, PgBacklog, Probe, fill, q, wait_until};
+use throttlehost::config::{ConcurrencyModel, TransactionMode};
 use throttlehost::message::OutgoingMessage;
 use throttlehost::throttling::controller::MachineFacts;
 use throttlehost::throttling::sensors::{ResourceReadings, ResourceSensor};
-use throttlehost::transport::TransportError;
+use throttlehost::transport::{Transport, TransportError};
 
 /// `Expires` values PostgreSQL's `timestamp` holds and no client date type can: before the
 /// fix the receive failed to decode them, the row went back to the head of the queue and the
@@ -266,4 +266,145 @@ async fn a_commit_that_took_effect_is_reported_once_despite_killed_connections()
     assert_eq!(distinct.len(), MESSAGES, "every message reported done");
     assert_eq!(completed.len(), MESSAGES, "none reported twice");
     assert!(backlog.sent.iter().all(|id| distinct.contains(id)));
+}
+
+/// A commit whose answer is lost (the server restarted or the connection broke after the
+/// COMMIT reached it) is looked up, not guessed: before, every such commit was reported as
+/// failed ("the message returns to the queue") although its row was gone, and the success
+/// count was short by as many. A COMMIT that never reached the server still reports the
+/// failure, and its message is back in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_was_lost_is_looked_up_not_guessed() {
+    let schema = common::PgSchema::new();
+    let url = common::database_url();
+    let upstream = url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap()
+        .to_string();
+    let proxy = CommitCutter::start(upstream.clone()).await;
+    let mut config = schema.transport_config(TransactionMode::SendsAtomicWithReceive, 2);
+    config.connection_string = throttlehost::config::ConnectionString::new(
+        schema
+            .connection_string()
+            .replace(&upstream, &format!("127.0.0.1:{}", proxy.port))
+            // The proxy reads the statements: no TLS on this connection.
+            + "&sslmode=disable",
+    );
+    let transport = throttlehost::transport::postgres::PostgresTransport::connect(&config)
+        .await
+        .unwrap();
+    let client = schema.client().await;
+    let count = format!("SELECT count(*) FROM \"{}\".\"in\"", schema.name);
+    let rows = async || {
+        client
+            .query_one(&count, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    commits_whose_answer_was_lost(Arc::new(transport), &proxy, rows).await;
+}
+
+/// The same on SQL Server, where the receive batched after a COMMIT can also fail alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_a_commit_whose_answer_was_lost_is_looked_up_not_guessed() {
+    let schema = common::mssql::Schema::new();
+    let proxy = CommitCutter::start("127.0.0.1:1433".into()).await;
+    let mut config = schema.transport_config(TransactionMode::SendsAtomicWithReceive, 2);
+    // Through the proxy, and only the login encrypted so that it can read the statements.
+    let text = config.connection_string.expose().to_string();
+    let text = text
+        .split(';')
+        .filter(|part| {
+            let key = part
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            key != "server" && key != "encrypt"
+        })
+        .collect::<Vec<_>>()
+        .join(";");
+    config.connection_string = throttlehost::config::ConnectionString::new(format!(
+        "Server=tcp:127.0.0.1,{};Encrypt=false;{text}",
+        proxy.port
+    ));
+    let transport = throttlehost::transport::sqlserver::SqlServerTransport::connect(&config)
+        .await
+        .unwrap();
+    let table = schema.table("in");
+    let rows = async || {
+        let mut c = common::mssql::client().await;
+        let row = c
+            .query(format!("SELECT COUNT(*) FROM {table}"), &[])
+            .await
+            .unwrap()
+            .into_row()
+            .await
+            .unwrap()
+            .unwrap();
+        throttlehost::transport::sqlserver::int_at(&row, 0).unwrap()
+    };
+    commits_whose_answer_was_lost(Arc::new(transport), &proxy, rows).await;
+}
+
+async fn commits_whose_answer_was_lost(
+    transport: Arc<dyn Transport>,
+    proxy: &CommitCutter,
+    rows: impl AsyncFn() -> i64,
+) {
+    let queue = q("in");
+    transport.create_queue(&queue).await.unwrap();
+
+    // The COMMIT took effect; its answer never came.
+    transport
+        .send(&queue, &OutgoingMessage::new(b"a".to_vec()))
+        .await
+        .unwrap();
+    let received = transport.receive(&queue).await.unwrap().unwrap();
+    proxy.arm(Cut::AfterCommit);
+    received.commit().await.expect("the commit took effect");
+    assert_eq!(proxy.cut.load(Ordering::SeqCst), 1, "the answer was cut");
+    assert_eq!(rows().await, 0);
+
+    // The same in the one-round-trip form (COMMIT, then the next receive).
+    fill(&transport, &queue, 2).await;
+    let received = transport.receive(&queue).await.unwrap().unwrap();
+    proxy.arm(Cut::AfterCommit);
+    let done = received.commit_and_receive(&*transport, &queue).await;
+    done.committed.expect("the commit took effect");
+    assert_eq!(proxy.cut.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        rows().await,
+        1,
+        "the first of two is gone, the second is not"
+    );
+
+    // The COMMIT never reached the server: the failure stands and the message is back. (The
+    // cut connection's server side may have received the second message in a new
+    // transaction; it is rolled back once the server sees the connection closed.)
+    let mut received = None;
+    for _ in 0..50 {
+        received = transport.receive(&queue).await.unwrap();
+        if received.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let received = received.expect("the second message is received again");
+    proxy.arm(Cut::BeforeCommit);
+    let error = received
+        .commit()
+        .await
+        .expect_err("the commit did not happen");
+    assert!(
+        !matches!(error, TransportError::InDoubt { .. }),
+        "the look-up answered: {error}"
+    );
+    assert_eq!(proxy.cut.load(Ordering::SeqCst), 3);
+    assert_eq!(rows().await, 1, "the message returned to the queue");
 }

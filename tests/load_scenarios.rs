@@ -629,7 +629,10 @@ fn the_latency_aware_limit_settles_near_the_best_concurrency_of_a_sweep() {
         "limit {limit} vs best {best} of the sweep {sweep:?}"
     );
     assert!(number(aware, "latency_p99_ms") <= 2.0 * unloaded, "{aware}");
-    assert!(number(aware, "done_per_second") >= 0.9 * top, "{aware}");
+    // One cut (x0.9 from 8, floored to 7) is held for 20 intervals by design, so a run with a
+    // single cut averages about 7/8 of the best throughput; a floor of 0.9 failed on exactly
+    // that on a loaded machine. Two or more cuts, or a limit that never climbs back, fail here.
+    assert!(number(aware, "done_per_second") >= 0.85 * top, "{aware}");
     assert!(
         number(phase(&s, "fixed 64"), "latency_p50_ms") > 2.0 * unloaded,
         "a fixed 8x capacity queues: {s:#}"

@@ -75,6 +75,17 @@ pub enum TransportError {
         /// How long.
         after: std::time::Duration,
     },
+    /// A commit reported an error and whether it took effect could not be found out (the
+    /// database did not answer the look-up either): if it did not, the message returns.
+    #[error(
+        "not known whether the commit took effect ({error}; looking for its row: {check}); if it did not, the message returns to the queue"
+    )]
+    InDoubt {
+        /// The commit's error.
+        error: String,
+        /// Why the look-up failed.
+        check: String,
+    },
     /// The database rejected a statement.
     #[error("database error: {message}")]
     Database {

@@ -81,6 +81,12 @@ pub(crate) trait SqlStore: Send + Sync + Sized + 'static {
         queue: &QueueName,
     ) -> CommitAndReceive;
 
+    /// Whether message `id` is still in `queue`, asked on a connection of its own after its
+    /// receive's commit reported an error. The read waits for a transaction still deleting
+    /// the row to end, so `false` means the commit took effect (or it rolled back and
+    /// another receiver has handled the message since: either way it was handled).
+    async fn still_queued(&self, queue: &QueueName, id: Uuid) -> Result<bool, TransportError>;
+
     /// Records, on a connection of its own and committed at once, that message `id` of
     /// `queue` holds its `key` ([`Received::hold`]).
     async fn hold(
@@ -153,6 +159,36 @@ pub(crate) fn kept_row(
             Some((headers::serialize_headers(&m.headers), m.body.clone()))
         }
         (_, None) => None,
+    }
+}
+
+/// What a receive's commit that reported an error really did. A lost answer (a restarted or
+/// frozen server, a broken connection) leaves the commit in doubt, and on SQL Server an error
+/// of the receive batched after the COMMIT looks the same: the row is looked up on a
+/// connection of its own. Gone: the commit took effect and is reported as done, so a handled
+/// message is neither logged as returning nor missing from the success count. Still there:
+/// the error stands (the message returns). Not known (the database still does not answer):
+/// [`TransportError::InDoubt`].
+pub(crate) async fn settle_commit<S: SqlStore>(
+    store: &S,
+    queue: &QueueName,
+    id: Uuid,
+    committed: Result<(), TransportError>,
+) -> Result<(), TransportError> {
+    let Err(error) = committed else {
+        return Ok(());
+    };
+    match store.still_queued(queue, id).await {
+        Ok(false) => {
+            tracing::info!(queue = %queue, %id, error = %error,
+                "the commit reported an error but took effect (the message's row is gone)");
+            Ok(())
+        }
+        Ok(true) => Err(error),
+        Err(check) => Err(TransportError::InDoubt {
+            error: error.to_string(),
+            check: check.to_string(),
+        }),
     }
 }
 
@@ -250,7 +286,9 @@ impl<S: SqlStore> Received for SqlReceived<S> {
             self.end(false).await?;
             return Err(TransportError::aborted(&self.queue));
         }
-        self.end(true).await
+        let committed = self.end(true).await;
+        let id = self.payload.id();
+        settle_commit(&*self.store, &self.queue, id, committed).await
     }
 
     async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
@@ -278,10 +316,14 @@ impl<S: SqlStore> Received for SqlReceived<S> {
         // from the same queue (SQL Server's batch is per queue).
         match (self.failed || self.queue != *queue, self.conn.take()) {
             (false, Some(conn)) => {
-                self.store
+                let mut done = self
+                    .store
                     .clone()
                     .commit_and_receive(conn, transport, queue)
-                    .await
+                    .await;
+                let id = self.payload.id();
+                done.committed = settle_commit(&*self.store, &self.queue, id, done.committed).await;
+                done
             }
             (_, conn) => {
                 self.conn = conn;

@@ -463,3 +463,101 @@ impl PgBacklog {
             .unwrap()
     }
 }
+
+/// Where a [`CommitCutter`] cuts a connection that sends a COMMIT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// Pass everything.
+    Never,
+    /// Drop the COMMIT and close: the server rolls the transaction back.
+    BeforeCommit,
+    /// Pass the COMMIT, give the server a moment to run it, close before its answer comes
+    /// back: the commit took effect and the client never hears it.
+    AfterCommit,
+}
+
+/// A TCP proxy in front of a database server that cuts the next connection to send a
+/// COMMIT, where [`Cut`] says (once per arming). New connections pass untouched.
+pub struct CommitCutter {
+    pub port: u16,
+    armed: Arc<std::sync::Mutex<Cut>>,
+    /// Connections cut so far.
+    pub cut: Arc<AtomicU64>,
+}
+
+impl CommitCutter {
+    /// A proxy on a free loopback port forwarding to `upstream` (`host:port`).
+    pub async fn start(upstream: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(std::sync::Mutex::new(Cut::Never));
+        let cut = Arc::new(AtomicU64::new(0));
+        let (a, c) = (armed.clone(), cut.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                tokio::spawn(Self::relay(client, server, a.clone(), c.clone()));
+            }
+        });
+        CommitCutter { port, armed, cut }
+    }
+
+    /// Cuts the next connection that sends a COMMIT, as `cut` says.
+    pub fn arm(&self, cut: Cut) {
+        *self.armed.lock().unwrap() = cut;
+    }
+
+    async fn relay(
+        client: tokio::net::TcpStream,
+        server: tokio::net::TcpStream,
+        armed: Arc<std::sync::Mutex<Cut>>,
+        cut: Arc<AtomicU64>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client_read, mut client_write) = client.into_split();
+        let (mut server_read, mut server_write) = server.into_split();
+        let answers = tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+        });
+        let mut buffer = vec![0u8; 64 * 1024];
+        loop {
+            let n = match client_read.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let chunk = &buffer[..n];
+            // PostgreSQL sends statements as UTF-8, TDS as UTF-16LE.
+            const WIDE: &[u8] = b"C\0O\0M\0M\0I\0T\0";
+            let commits = chunk.windows(6).any(|w| w.eq_ignore_ascii_case(b"COMMIT"))
+                || chunk
+                    .windows(WIDE.len())
+                    .any(|w| w.eq_ignore_ascii_case(WIDE));
+            let action = match commits {
+                true => std::mem::replace(&mut *armed.lock().unwrap(), Cut::Never),
+                false => Cut::Never,
+            };
+            match action {
+                Cut::Never => {
+                    if server_write.write_all(chunk).await.is_err() {
+                        break;
+                    }
+                }
+                Cut::BeforeCommit => {
+                    cut.fetch_add(1, Ordering::SeqCst);
+                    break;
+                }
+                Cut::AfterCommit => {
+                    // The answer must not reach the client: stop relaying answers first.
+                    answers.abort();
+                    cut.fetch_add(1, Ordering::SeqCst);
+                    let _ = server_write.write_all(chunk).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    break;
+                }
+            }
+        }
+        answers.abort();
+    }
+}

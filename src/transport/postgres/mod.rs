@@ -1276,6 +1276,20 @@ impl SqlStore for Inner {
         discard(client);
     }
 
+    async fn still_queued(&self, queue: &QueueName, id: Uuid) -> Result<bool, TransportError> {
+        let st = self.statements(queue)?;
+        let client = self.client().await?;
+        let (client, found) = self
+            .answered("the look-up of a commit's row", client, async |c| {
+                c.query_opt(&st.still_queued, &[&id]).await
+            })
+            .await?;
+        found.map(|row| row.is_some()).map_err(|e| {
+            discard(client);
+            map_error(e, Some(queue))
+        })
+    }
+
     async fn commit_and_receive(
         self: Arc<Self>,
         client: Object,

@@ -49,6 +49,10 @@ pub struct QueueStatements {
     pub receive_batch: String,
     /// max(Seq) - min(Seq) + 1 over rows not locked by in-flight receives; 0 when empty.
     pub peek: String,
+    /// Whether a row with id `$1` is in the table, waiting for a transaction that is
+    /// deleting it to end (`FOR KEY SHARE` conflicts with a delete): asked after a commit
+    /// reported an error. Scans the table (Id has no index), which only such errors pay for.
+    pub still_queued: String,
     /// Deletes up to `$1` expired rows not locked by others.
     pub purge_expired_batch: String,
     /// Deletes every row.
@@ -181,6 +185,7 @@ impl QueueStatements {
                  (SELECT Seq FROM {table} ORDER BY Seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED)::bigint - \
                  (SELECT Seq FROM {table} ORDER BY Seq ASC LIMIT 1 FOR UPDATE SKIP LOCKED)::bigint + 1, 0)"
             ),
+            still_queued: format!("SELECT 1 FROM {table} WHERE Id = $1 FOR KEY SHARE"),
             purge_expired_batch: format!(
                 "DELETE FROM {table} WHERE Seq IN (SELECT Seq FROM {table} \
                  WHERE Expires < (now() AT TIME ZONE 'UTC') LIMIT $1 FOR UPDATE SKIP LOCKED)"

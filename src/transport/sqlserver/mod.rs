@@ -1159,6 +1159,25 @@ impl SqlStore for Inner {
         conn.claim = None;
     }
 
+    async fn still_queued(&self, queue: &QueueName, id: Uuid) -> Result<bool, TransportError> {
+        let sql = self.statements(queue).still_queued.clone();
+        let mut conn = self.conn().await?;
+        let result = async {
+            let row = conn
+                .client
+                .query(sql.as_str(), &[&id])
+                .await?
+                .into_row()
+                .await?;
+            Ok::<_, tiberius::error::Error>(row.as_ref().and_then(|r| int_at(r, 0)).unwrap_or(0))
+        }
+        .await;
+        result.map(|count| count > 0).map_err(|e| {
+            conn.broken |= !is_server_error(&e);
+            map_error(e, Some(queue))
+        })
+    }
+
     async fn commit_and_receive(
         self: Arc<Self>,
         conn: Pooled,

@@ -49,6 +49,11 @@ pub struct QueueStatements {
     pub commit_and_receive: String,
     /// max(RowVersion) - min(RowVersion) + 1 over committed rows not locked by receivers.
     pub peek: String,
+    /// How many rows have id `@P1`, read with locks (`READCOMMITTEDLOCK`, so a transaction
+    /// deleting the row is waited for even under read-committed snapshot): asked after a
+    /// commit reported an error. Scans the table (Id has no index), which only such errors
+    /// pay for.
+    pub still_queued: String,
     /// Deletes up to `@P1` expired rows; returns the count.
     pub purge_expired_batch: String,
     /// Deletes every row; returns the count.
@@ -680,6 +685,9 @@ END"
             begin_and_receive: format!("BEGIN TRAN;\n{}", with_end_if_empty(&receive, end_if_empty)),
             commit_and_receive: format!("COMMIT TRAN;\nBEGIN TRAN;\n{}", with_end_if_empty(&receive, end_if_empty)),
             receive,
+            still_queued: format!(
+                "SELECT COUNT(*) FROM {table} WITH (READCOMMITTEDLOCK) WHERE Id = @P1;"
+            ),
             peek: match dialect {
                 Dialect::Sqlserver => format!(
                     "SELECT ISNULL(CAST(MAX(RowVersion) - MIN(RowVersion) + 1 AS bigint), 0) FROM {table} WITH (READPAST, READCOMMITTEDLOCK);"

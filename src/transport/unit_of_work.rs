@@ -81,11 +81,14 @@ pub(crate) trait SqlStore: Send + Sync + Sized + 'static {
         queue: &QueueName,
     ) -> CommitAndReceive;
 
-    /// Whether message `id` is still in `queue`, asked on a connection of its own after its
-    /// receive's commit reported an error. The read waits for a transaction still deleting
-    /// the row to end, so `false` means the commit took effect (or it rolled back and
-    /// another receiver has handled the message since: either way it was handled).
-    async fn still_queued(&self, queue: &QueueName, id: Uuid) -> Result<bool, TransportError>;
+    /// Whether the commit of the receive `receipt` took effect, asked on a connection of its
+    /// own after the commit reported an error. Waits (up to the answer deadline) for a
+    /// transaction the server is still running to end.
+    async fn took_effect(
+        &self,
+        queue: &QueueName,
+        receipt: Receipt,
+    ) -> Result<bool, TransportError>;
 
     /// Records, on a connection of its own and committed at once, that message `id` of
     /// `queue` holds its `key` ([`Received::hold`]).
@@ -108,6 +111,18 @@ pub(crate) struct RawRow {
     pub headers: String,
     pub body: Vec<u8>,
     pub expires: Option<chrono::NaiveDateTime>,
+    /// The id of the transaction that removed the row, where the server tells it
+    /// (PostgreSQL).
+    pub transaction: Option<i64>,
+}
+
+/// What identifies a receive's commit for [`SqlStore::took_effect`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Receipt {
+    /// The message's id.
+    pub id: Uuid,
+    /// The id of the transaction that removed its row, when the server told it.
+    pub transaction: Option<i64>,
 }
 
 /// What a received row becomes: a message, an expired row, or a poison row (whose raw headers
@@ -164,27 +179,27 @@ pub(crate) fn kept_row(
 
 /// What a receive's commit that reported an error really did. A lost answer (a restarted or
 /// frozen server, a broken connection) leaves the commit in doubt, and on SQL Server an error
-/// of the receive batched after the COMMIT looks the same: the row is looked up on a
-/// connection of its own. Gone: the commit took effect and is reported as done, so a handled
-/// message is neither logged as returning nor missing from the success count. Still there:
-/// the error stands (the message returns). Not known (the database still does not answer):
+/// of the receive batched after the COMMIT looks the same: the store is asked on a connection
+/// of its own ([`SqlStore::took_effect`]). Took effect: reported as done, so a handled
+/// message is neither logged as returning nor missing from the success count. Did not: the
+/// error stands (the message returns). Not known (the database still does not answer):
 /// [`TransportError::InDoubt`].
 pub(crate) async fn settle_commit<S: SqlStore>(
     store: &S,
     queue: &QueueName,
-    id: Uuid,
+    receipt: Receipt,
     committed: Result<(), TransportError>,
 ) -> Result<(), TransportError> {
     let Err(error) = committed else {
         return Ok(());
     };
-    match store.still_queued(queue, id).await {
-        Ok(false) => {
-            tracing::info!(queue = %queue, %id, error = %error,
-                "the commit reported an error but took effect (the message's row is gone)");
+    match store.took_effect(queue, receipt).await {
+        Ok(true) => {
+            tracing::info!(queue = %queue, id = %receipt.id, error = %error,
+                "the commit reported an error but took effect");
             Ok(())
         }
-        Ok(true) => Err(error),
+        Ok(false) => Err(error),
         Err(check) => Err(TransportError::InDoubt {
             error: error.to_string(),
             check: check.to_string(),
@@ -204,6 +219,8 @@ pub(crate) struct SqlReceived<S: SqlStore> {
     payload: Payload,
     /// Raw headers and body of a poison row, for dead-lettering it unchanged.
     raw: Option<(String, Vec<u8>)>,
+    /// The id of the receiving transaction, when the server told it.
+    transaction: Option<i64>,
 }
 
 impl<S: SqlStore> SqlReceived<S> {
@@ -215,8 +232,10 @@ impl<S: SqlStore> SqlReceived<S> {
         conn: Option<S::Conn>,
         row: RawRow,
     ) -> Box<dyn Received> {
+        let transaction = row.transaction;
         let (payload, raw) = payload_of(row);
         Box::new(SqlReceived {
+            transaction,
             store,
             queue: queue.clone(),
             conn,
@@ -231,6 +250,13 @@ impl<S: SqlStore> SqlReceived<S> {
         match self.conn.take() {
             Some(conn) => self.store.end(conn, &self.queue, commit, self.failed).await,
             None => Ok(()),
+        }
+    }
+
+    fn receipt(&self) -> Receipt {
+        Receipt {
+            id: self.payload.id(),
+            transaction: self.transaction,
         }
     }
 
@@ -287,8 +313,7 @@ impl<S: SqlStore> Received for SqlReceived<S> {
             return Err(TransportError::aborted(&self.queue));
         }
         let committed = self.end(true).await;
-        let id = self.payload.id();
-        settle_commit(&*self.store, &self.queue, id, committed).await
+        settle_commit(&*self.store, &self.queue, self.receipt(), committed).await
     }
 
     async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
@@ -321,8 +346,9 @@ impl<S: SqlStore> Received for SqlReceived<S> {
                     .clone()
                     .commit_and_receive(conn, transport, queue)
                     .await;
-                let id = self.payload.id();
-                done.committed = settle_commit(&*self.store, &self.queue, id, done.committed).await;
+                let receipt = self.receipt();
+                done.committed =
+                    settle_commit(&*self.store, &self.queue, receipt, done.committed).await;
                 done
             }
             (_, conn) => {

@@ -29,7 +29,7 @@ use super::batch;
 use super::delayed::{DelayedDelivery, Moved, delay_millis, delayed_headers};
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
-use super::unit_of_work::{RawRow, SqlBatchWork, SqlReceived, SqlStore, payload_of};
+use super::unit_of_work::{RawRow, Receipt, SqlBatchWork, SqlReceived, SqlStore, payload_of};
 use super::{
     CommitAndReceive, HeldKey, QueueAdmin, QueueName, Received, Transport, TransportError,
 };
@@ -769,6 +769,8 @@ fn decode_row(queue: &QueueName, row: &tokio_postgres::Row) -> Result<RawRow, Tr
             headers,
             body: body.unwrap_or_default(),
             expires: expires.as_deref().and_then(parse_expires),
+            // Absent from receives that do not return it (batch receives).
+            transaction: row.try_get::<_, Option<i64>>(5).ok().flatten(),
         })
     })();
     decoded.map_err(|e| {
@@ -1276,18 +1278,44 @@ impl SqlStore for Inner {
         discard(client);
     }
 
-    async fn still_queued(&self, queue: &QueueName, id: Uuid) -> Result<bool, TransportError> {
-        let st = self.statements(queue)?;
-        let client = self.client().await?;
-        let (client, found) = self
-            .answered("the look-up of a commit's row", client, async |c| {
-                c.query_opt(&st.still_queued, &[&id]).await
-            })
-            .await?;
-        found.map(|row| row.is_some()).map_err(|e| {
-            discard(client);
-            map_error(e, Some(queue))
-        })
+    async fn took_effect(
+        &self,
+        queue: &QueueName,
+        receipt: Receipt,
+    ) -> Result<bool, TransportError> {
+        let Some(transaction) = receipt.transaction else {
+            return Err(TransportError::database(
+                "the receive did not return its transaction's id",
+            ));
+        };
+        // The server knows: `txid_status` says committed, aborted or still in progress (a
+        // backend that has not yet read the COMMIT or seen its connection closed).
+        let deadline = tokio::time::Instant::now() + self.answer_deadline;
+        loop {
+            let client = self.client().await?;
+            let (client, status) = self
+                .answered("the status of a commit", client, async |c| {
+                    c.query_one("SELECT txid_status($1)", &[&transaction]).await
+                })
+                .await?;
+            let status: Option<String> = status.and_then(|row| row.try_get(0)).map_err(|e| {
+                discard(client);
+                map_error(e, Some(queue))
+            })?;
+            match status.as_deref() {
+                Some("committed") => return Ok(true),
+                Some("aborted") => return Ok(false),
+                Some("in progress") if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => {
+                    return Err(TransportError::database(format!(
+                        "transaction {transaction} is {}",
+                        other.unwrap_or("too old to be known")
+                    )));
+                }
+            }
+        }
     }
 
     async fn commit_and_receive(

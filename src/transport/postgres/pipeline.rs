@@ -153,12 +153,15 @@ pub(super) fn decode_text_row(row: &SimpleQueryRow) -> Result<RawRow, String> {
         None => Vec::new(),
     };
     let expires = column(4)?.and_then(parse_expires);
+    // Absent from receives that do not return it (batch receives).
+    let transaction = row.try_get(5).ok().flatten().and_then(|t| t.parse().ok());
     Ok(RawRow {
         id,
         expired,
         headers,
         body,
         expires,
+        transaction,
     })
 }
 

@@ -36,7 +36,8 @@ pub struct QueueStatements {
     /// Inserts a row unchanged with no expiry (dead-lettering poison rows).
     pub send_raw: String,
     /// Deletes the oldest row not locked by another receiver; returns id, expired flag,
-    /// headers, body, expires. Expiry is decided by the server and `Expires` comes back as
+    /// headers, body, expires and the transaction's id (which tells, after a commit whose
+    /// answer was lost, whether it took effect). Expiry is decided by the server and `Expires` comes back as
     /// text ([`EXPIRES_TEXT`]): a `timestamp` holds values no client date type can
     /// (`infinity`, year 294276), and a row the host cannot decode must not go back to the
     /// head of the queue.
@@ -49,10 +50,6 @@ pub struct QueueStatements {
     pub receive_batch: String,
     /// max(Seq) - min(Seq) + 1 over rows not locked by in-flight receives; 0 when empty.
     pub peek: String,
-    /// Whether a row with id `$1` is in the table, waiting for a transaction that is
-    /// deleting it to end (`FOR KEY SHARE` conflicts with a delete): asked after a commit
-    /// reported an error. Scans the table (Id has no index), which only such errors pay for.
-    pub still_queued: String,
     /// Deletes up to `$1` expired rows not locked by others.
     pub purge_expired_batch: String,
     /// Deletes every row.
@@ -170,7 +167,7 @@ impl QueueStatements {
                  WHERE rs.Seq = (SELECT Seq FROM {table} ORDER BY Seq LIMIT 1 FOR UPDATE SKIP LOCKED) \
                  RETURNING rs.Id, \
                  CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END, \
-                 rs.Headers, rs.Body, {EXPIRES_TEXT}"
+                 rs.Headers, rs.Body, {EXPIRES_TEXT}, txid_current()"
             ),
             receive_batch: format!(
                 "WITH taken AS (DELETE FROM {table} rs \
@@ -185,7 +182,6 @@ impl QueueStatements {
                  (SELECT Seq FROM {table} ORDER BY Seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED)::bigint - \
                  (SELECT Seq FROM {table} ORDER BY Seq ASC LIMIT 1 FOR UPDATE SKIP LOCKED)::bigint + 1, 0)"
             ),
-            still_queued: format!("SELECT 1 FROM {table} WHERE Id = $1 FOR KEY SHARE"),
             purge_expired_batch: format!(
                 "DELETE FROM {table} WHERE Seq IN (SELECT Seq FROM {table} \
                  WHERE Expires < (now() AT TIME ZONE 'UTC') LIMIT $1 FOR UPDATE SKIP LOCKED)"
@@ -273,7 +269,7 @@ impl QueueStatements {
              ORDER BY t.Seq LIMIT 1 FOR UPDATE OF t SKIP LOCKED) \
              RETURNING rs.Id, \
              CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END, \
-             rs.Headers, rs.Body, {EXPIRES_TEXT}"
+             rs.Headers, rs.Body, {EXPIRES_TEXT}, txid_current()"
         );
         // Rows of the window that may not run: the complement of the receive's checks.
         let may_run = checks.trim_start_matches(" AND ");

@@ -31,7 +31,7 @@ use super::batch;
 use super::delayed::{DelayedDelivery, Moved, delay_millis, delayed_headers};
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
-use super::unit_of_work::{RawRow, SqlBatchWork, SqlReceived, SqlStore, payload_of};
+use super::unit_of_work::{RawRow, Receipt, SqlBatchWork, SqlReceived, SqlStore, payload_of};
 use super::{
     CommitAndReceive, HeldKey, QueueAdmin, QueueName, Received, Transport, TransportError,
 };
@@ -1040,6 +1040,7 @@ fn decode_row(queue: &QueueName, row: &tiberius::Row) -> Result<RawRow, Transpor
             headers: headers.unwrap_or("").to_string(),
             body: body.unwrap_or(&[]).to_vec(),
             expires,
+            transaction: None,
         }),
         Ok((None, ..)) | Err(_) => Err(TransportError::database(format!(
             "queue `{queue}` returned a row of unexpected shape; is it an NServiceBus queue table?"
@@ -1159,20 +1160,27 @@ impl SqlStore for Inner {
         conn.claim = None;
     }
 
-    async fn still_queued(&self, queue: &QueueName, id: Uuid) -> Result<bool, TransportError> {
+    async fn took_effect(
+        &self,
+        queue: &QueueName,
+        receipt: Receipt,
+    ) -> Result<bool, TransportError> {
+        // SQL Server keeps no status of ended transactions: the row is looked up. Gone means
+        // the commit took effect, or it rolled back and another receiver has handled the
+        // message since (it is then reported as done by both).
         let sql = self.statements(queue).still_queued.clone();
         let mut conn = self.conn().await?;
         let result = async {
             let row = conn
                 .client
-                .query(sql.as_str(), &[&id])
+                .query(sql.as_str(), &[&receipt.id])
                 .await?
                 .into_row()
                 .await?;
             Ok::<_, tiberius::error::Error>(row.as_ref().and_then(|r| int_at(r, 0)).unwrap_or(0))
         }
         .await;
-        result.map(|count| count > 0).map_err(|e| {
+        result.map(|count| count == 0).map_err(|e| {
             conn.broken |= !is_server_error(&e);
             map_error(e, Some(queue))
         })

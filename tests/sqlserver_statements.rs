@@ -99,11 +99,11 @@ fn multi_row_send() {
 #[test]
 fn babelfish_claim_receive() {
     let s = statements(Dialect::Babelfish);
-    let claim = babelfish_claim(&s.table, 3, true);
+    let claim = babelfish_claim(&s.table, &s.claim_from, 3, true);
     insta::assert_snapshot!("babelfish_claim_transactional", claim);
     insta::assert_snapshot!(
         "babelfish_claim_autocommit",
-        babelfish_claim(&s.table, 0, false)
+        babelfish_claim(&s.table, &s.claim_from, 0, false)
     );
     insta::assert_snapshot!("babelfish_claim_give_up", CLAIM_GIVE_UP);
     assert!(claim.starts_with("SET LOCK_TIMEOUT 1;"));
@@ -112,7 +112,7 @@ fn babelfish_claim_receive() {
     assert!(restored < claim.find("SELECT Id").unwrap());
     assert!(!claim.contains("WITH message"));
     assert!(claim.contains("INTO @received"));
-    assert!(!babelfish_claim(&s.table, 0, false).contains("BEGIN TRAN"));
+    assert!(!babelfish_claim(&s.table, &s.claim_from, 0, false).contains("BEGIN TRAN"));
 }
 
 #[test]
@@ -298,42 +298,42 @@ fn ordered_receive_passes_over_a_held_key() {
     );
 }
 
-/// The Babelfish ordered receive: the same key and stage steps, an unkeyed row guarded by a
-/// lock named by its RowVersion (Babelfish ignores READPAST, so a row in flight stays
-/// visible), and a plain DELETE ... OUTPUT INTO, deleting only a row whose guard it holds.
+/// The Babelfish ordered receive is a claim (a row lock that gives up within 1 ms) over the
+/// rows that may run: each key's oldest, unkeyed rows, no held key, no stage whose previous
+/// stage has rows. It asks for no application lock: Babelfish 4.2's server process aborts at
+/// the fifth refused `sp_getapplock` (or `APPLOCK_TEST` answering 0) of a session.
 #[test]
-fn babelfish_ordered_receive_guards_every_row() {
-    let both = OrderingConfig {
+fn babelfish_ordered_receive_claims_from_the_rows_that_may_run() {
+    let all = OrderingConfig {
         key_header: "Sales.OrderId".into(),
         stages: true,
+        failed_key: throttlehost::config::FailedKey::Hold,
         ..OrderingConfig::default()
     };
-    let s = statements(Dialect::Babelfish).with_ordering(&both);
+    let s = statements(Dialect::Babelfish).with_ordering(&all);
     assert!(s.ordered);
-    insta::assert_snapshot!("babelfish_ordered_begin_and_receive", s.begin_and_receive);
-    let sql = &s.begin_and_receive;
+    let claim = babelfish_claim(&s.table, &s.claim_from, 2, true);
+    insta::assert_snapshot!("babelfish_ordered_claim", claim);
+    assert!(claim.starts_with("SET LOCK_TIMEOUT 1;"));
+    assert!(claim.contains("WHERE (h.k IS NULL OR h.nth = 1)"));
+    assert!(claim.contains("[dbo].[throttlehost_held] x"));
+    assert!(claim.contains("h.previous IS NULL OR NOT EXISTS"));
+    assert!(claim.contains("ORDER BY h.RowVersion OFFSET 2 ROWS FETCH NEXT 1 ROWS ONLY"));
+    for text in [
+        &claim,
+        s.waiting.as_ref().unwrap(),
+        &s.delayed.move_due_with_recoverable,
+        &s.delayed.move_due_without_recoverable,
+    ] {
+        assert!(!text.contains("applock"), "{text}");
+        assert!(!text.contains("APPLOCK"), "{text}");
+    }
+    // Unordered, the claim aims at every row.
+    let plain = statements(Dialect::Babelfish);
     assert!(
-        !sql.contains("WITH message AS"),
-        "Babelfish rejects a CTE delete"
+        babelfish_claim(&plain.table, &plain.claim_from, 0, true)
+            .contains("WHERE RowVersion IN (SELECT RowVersion FROM [dbo].[Sales.Node-1] ORDER BY RowVersion OFFSET 0 ROWS")
     );
-    let key = sql
-        .find("SET @key_lock = N'throttlehost:key:'")
-        .expect("key lock");
-    let row = sql
-        .find("SET @key_lock = N'throttlehost:row:'")
-        .expect("an unkeyed row's guard");
-    let stage = sql
-        .find("@Resource = @stage_lock, @LockMode = 'Shared'")
-        .unwrap();
-    let delete = sql.find("OUTPUT deleted.Id").unwrap();
-    assert!(key < row && row < stage && stage < delete);
-    assert!(sql[row..].starts_with("SET @key_lock = N'throttlehost:row:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', N'[dbo].[Sales.Node-1]|' + CONVERT(nvarchar(20), @rv)), 2)"));
-    assert!(sql.contains("IF @key_lock IS NOT NULL EXEC sp_releaseapplock @Resource = @key_lock"));
-    // The exact dialect needs no row guard: READPAST passes over rows in flight.
-    let exact = statements(Dialect::Sqlserver)
-        .with_ordering(&both)
-        .begin_and_receive;
-    assert!(!exact.contains("throttlehost:row:"));
 }
 
 /// An ordered queue's waiting count: later messages of a key, keys whose lock a receive holds
@@ -353,8 +353,8 @@ fn ordered_waiting_tests_locks_without_taking_them() {
         .expect("an ordered queue counts its waiting messages");
     insta::assert_snapshot!("ordered_waiting", sql);
     assert!(!sql.contains("sp_getapplock"), "a count takes no lock");
-    assert!(sql.contains("APPLOCK_TEST('public', N'throttlehost:key:'"));
-    assert!(sql.contains("APPLOCK_TEST('public', N'throttlehost:stage:'"));
+    assert!(sql.contains("APPLOCK_TEST('public', N'throttlehost:key:f754755763f32bba:'"));
+    assert!(sql.contains("APPLOCK_TEST('public', N'throttlehost:stage:f754755763f32bba:'"));
     assert!(sql.contains("[throttlehost_held]"));
     assert!(sql.contains("SELECT TOP (64) RowVersion"));
     // Without a key, only the stage condition is left.
@@ -369,4 +369,93 @@ fn ordered_waiting_tests_locks_without_taking_them() {
     assert!(!only_stages.contains("throttlehost:key:"));
     assert!(only_stages.contains("w.previous IS NOT NULL"));
     assert_eq!(statements(Dialect::Sqlserver).waiting, None, "unordered");
+}
+
+/// Every binary-to-text conversion Babelfish gets wrong, in every statement of both dialects
+/// and every ordering: `CONVERT` with a binary style (1 or 2) is ignored there (the bytes are
+/// decoded as WIN1252 text, which failed the ordered receive for about half of all keys), and
+/// a hash is binary.
+#[test]
+fn no_statement_converts_binary_to_text() {
+    let keyed = OrderingConfig {
+        key_header: "Order.Key".into(),
+        stages: true,
+        failed_key: throttlehost::config::FailedKey::Hold,
+        ..OrderingConfig::default()
+    };
+    let mut texts = Vec::new();
+    for dialect in [Dialect::Sqlserver, Dialect::Babelfish] {
+        for ordering in [None, Some(&keyed)] {
+            let s = match ordering {
+                Some(o) => statements(dialect).with_ordering(o),
+                None => statements(dialect),
+            };
+            texts.extend([
+                s.create.clone(),
+                s.receive.clone(),
+                s.begin_and_receive.clone(),
+                s.commit_and_receive.clone(),
+                s.peek.clone(),
+                s.still_queued.clone(),
+                s.purge_expired_batch.clone(),
+                s.waiting.clone().unwrap_or_default(),
+                s.delayed.create.clone(),
+                s.delayed.store.clone(),
+                s.delayed.move_due_with_recoverable.clone(),
+                s.delayed.move_due_without_recoverable.clone(),
+            ]);
+        }
+        let plain = statements(dialect);
+        let ordered = statements(dialect).with_ordering(&keyed);
+        texts.push(babelfish_claim(&plain.table, &plain.claim_from, 0, true));
+        texts.push(babelfish_claim(
+            &ordered.table,
+            &ordered.claim_from,
+            0,
+            true,
+        ));
+        texts.push(begin_and_receive_batch(&plain.table, 8, dialect));
+    }
+    for text in &texts {
+        assert!(!text.contains("HASHBYTES"), "a hash is binary: {text}");
+        assert_eq!(binary_styles(text), Vec::<u32>::new(), "{text}");
+    }
+    // The check itself finds what it looks for.
+    assert_eq!(
+        binary_styles("SELECT CONVERT(nvarchar(64), HASHBYTES('SHA2_256', x), 2)"),
+        vec![2]
+    );
+    assert!(binary_styles("SELECT CONVERT(nvarchar(30), held_at, 121)").is_empty());
+}
+
+/// The style arguments 1 and 2 (binary to hex text) of the `CONVERT` calls in `sql`.
+fn binary_styles(sql: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut rest = sql;
+    while let Some(at) = rest.find("CONVERT(") {
+        rest = &rest[at + "CONVERT(".len()..];
+        // The call's arguments: up to the parenthesis that closes it, split at top level.
+        let (mut depth, mut args, mut current) = (0, Vec::new(), String::new());
+        for c in rest.chars() {
+            match c {
+                '(' => depth += 1,
+                ')' if depth == 0 => break,
+                ')' => depth -= 1,
+                ',' if depth == 0 => {
+                    args.push(std::mem::take(&mut current));
+                    continue;
+                }
+                _ => {}
+            }
+            current.push(c);
+        }
+        args.push(current);
+        if let [_, _, style] = args.as_slice()
+            && let Ok(style) = style.trim().parse::<u32>()
+            && (style == 1 || style == 2)
+        {
+            found.push(style);
+        }
+    }
+    found
 }

@@ -289,8 +289,10 @@ pub struct HeldStatements {
     pub insert: String,
     /// The holds of a queue table: key, message id, reason, held at (text), oldest first.
     pub list: String,
-    /// Lifts the holds of a queue table, of a key (NULL: all); the count comes back.
+    /// Lifts the holds of a queue table's key (queue table, key); the count comes back.
     pub release: String,
+    /// Lifts every hold of a queue table; the count comes back.
+    pub release_all: String,
 }
 
 /// A key held by its failed message ([`Received::hold`]).

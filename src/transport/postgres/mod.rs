@@ -1093,10 +1093,11 @@ impl QueueAdmin for PostgresTransport {
             return Ok(0);
         }
         let held = held_statements(&quote_ident(&self.inner.schema));
-        client
-            .execute(&held.release, &[&st.table, &key])
-            .await
-            .map_err(|e| map_error(e, Some(queue)))
+        let released = match key {
+            Some(key) => client.execute(&held.release, &[&st.table, &key]).await,
+            None => client.execute(&held.release_all, &[&st.table]).await,
+        };
+        released.map_err(|e| map_error(e, Some(queue)))
     }
 
     async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {

@@ -310,9 +310,8 @@ pub fn held_statements(schema: &str) -> HeldStatements {
             "SELECT key, message_id, reason, held_at::text FROM {table} \
              WHERE queue_table = $1 ORDER BY held_at, key"
         ),
-        release: format!(
-            "DELETE FROM {table} WHERE queue_table = $1 AND ($2::text IS NULL OR key = $2)"
-        ),
+        release: format!("DELETE FROM {table} WHERE queue_table = $1 AND key = $2"),
+        release_all: format!("DELETE FROM {table} WHERE queue_table = $1"),
         table,
     }
 }

@@ -410,7 +410,8 @@ impl Inner {
         let st = self.statements(queue);
         let mut cursor = claim::Cursor::starting_at(self.held.start(queue));
         for _ in 0..claim::CLAIM_ATTEMPTS {
-            let sql = statements::babelfish_claim(&st.table, cursor.skip, transactional);
+            let sql =
+                statements::babelfish_claim(&st.table, &st.claim_from, cursor.skip, transactional);
             let answer = conn.first_result(&sql).await;
             let held = match answer {
                 Ok(rows) => match rows.first() {
@@ -604,9 +605,9 @@ impl Transport for SqlServerTransport {
         let st = self.inner.statements(queue);
         let conn = self.inner.conn().await?;
         let transactional = self.inner.mode != TransactionMode::None;
-        // An ordered queue's receive guards every row with an application lock, so it needs
-        // no claim on Babelfish (see `statements::ordered_receive`).
-        if self.inner.dialect == Dialect::Babelfish && !st.ordered {
+        // Babelfish receives by claim, an ordered queue from the rows that may run (see
+        // `statements::babelfish_ordered_candidates`).
+        if self.inner.dialect == Dialect::Babelfish {
             return self.inner.claim_receive(conn, queue, transactional).await;
         }
         let sql = if transactional {
@@ -704,19 +705,39 @@ impl DelayedDelivery for SqlServerTransport {
             &st.delayed.move_due_without_recoverable
         };
         let batch = i64::from(batch.max(1));
-        let row = async {
+        let answer = async {
             conn.client
                 .query(sql.as_str(), &[&batch])
                 .await?
                 .into_row()
                 .await
         }
-        .await
-        .map_err(|e| {
-            // XACT_ABORT rolled the move back; the connection's state is in doubt.
-            conn.broken = true;
-            delayed_table_named(map_error(e, Some(queue)), queue)
-        })?;
+        .await;
+        let row = match answer {
+            // Babelfish: another host's mover holds the due rows (see the statement).
+            Err(tiberius::error::Error::Server(t))
+                if self.inner.dialect == Dialect::Babelfish
+                    && claim::classify(t.code(), t.message()) == claim::ClaimFailure::Held =>
+            {
+                let given_up = conn.run_batch(statements::CLAIM_GIVE_UP).await;
+                given_up.map_err(|e| {
+                    conn.broken = true;
+                    map_error(e, Some(queue))
+                })?;
+                drop(conn);
+                return Ok(Moved {
+                    moved: 0,
+                    busy: true,
+                    waiting: self.delayed_count(queue).await?,
+                    next_due_in: None,
+                });
+            }
+            answer => answer.map_err(|e| {
+                // XACT_ABORT rolled the move back; the connection's state is in doubt.
+                conn.broken = true;
+                delayed_table_named(map_error(e, Some(queue)), queue)
+            })?,
+        };
         let Some(row) = row else {
             return Err(TransportError::database(format!(
                 "the move of `{queue}`'s due delayed messages returned nothing"
@@ -873,12 +894,22 @@ impl QueueAdmin for SqlServerTransport {
     ) -> Result<u64, TransportError> {
         let table = self.inner.statements(queue).table.clone();
         let mut conn = self.inner.conn().await?;
-        let release = self.inner.held().release;
-        match self
-            .inner
-            .count(&mut conn, queue, &release, &[&table.as_str(), &key])
-            .await
-        {
+        let held = self.inner.held();
+        let released = match key {
+            Some(key) => {
+                let params: &[&dyn tiberius::ToSql] = &[&table.as_str(), &key];
+                self.inner
+                    .count(&mut conn, queue, &held.release, params)
+                    .await
+            }
+            None => {
+                let params: &[&dyn tiberius::ToSql] = &[&table.as_str()];
+                self.inner
+                    .count(&mut conn, queue, &held.release_all, params)
+                    .await
+            }
+        };
+        match released {
             // No held-keys table: nothing was ever held here.
             Err(TransportError::QueueNotFound(_)) => Ok(0),
             other => other,
@@ -1193,7 +1224,7 @@ impl SqlStore for Inner {
         queue: &QueueName,
     ) -> CommitAndReceive {
         let st = self.statements(queue);
-        if self.dialect == Dialect::Babelfish && !st.ordered {
+        if self.dialect == Dialect::Babelfish {
             return self.commit_and_claim(conn, queue).await;
         }
         // One batch: COMMIT, BEGIN, receive. With XACT_ABORT ON a failed COMMIT aborts the

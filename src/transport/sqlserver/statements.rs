@@ -64,6 +64,9 @@ pub struct QueueStatements {
     pub waiting: Option<String>,
     /// The dialect the statements are written in.
     pub dialect: Dialect,
+    /// Babelfish's claim candidates, oldest first ([`babelfish_claim`]): every row, or on an
+    /// ordered queue the rows that may run ([`babelfish_ordered_candidates`]).
+    pub claim_from: String,
     /// The queue's delayed table, `[schema].[<queue>.Delayed]`, and its statements.
     pub delayed: DelayedStatements,
 }
@@ -129,8 +132,12 @@ impl DelayedStatements {
     INSERT INTO {queue_table} (Id, CorrelationId, ReplyToAddress, {column}Expires, Headers, Body)
     SELECT NEWID(), NULL, NULL, {value}NULL, Headers, Body FROM @moving ORDER BY Due, N;"
             );
-            format!(
-                "SET XACT_ABORT ON;
+            let report = format!(
+                "SELECT @moved, CAST(CASE WHEN @got >= 0 THEN 1 ELSE 0 END AS int), (SELECT COUNT_BIG(*) FROM {table} WITH (READPAST)), GETUTCDATE(), (SELECT MIN(Due) FROM {table} WITH (READPAST));"
+            );
+            match dialect {
+                Dialect::Sqlserver => format!(
+                    "SET XACT_ABORT ON;
 BEGIN TRAN;
 DECLARE @got int, @moved bigint = 0;
 DECLARE @moving TABLE (N int IDENTITY(1,1), Headers nvarchar(max), Body varbinary(max), Due datetime);
@@ -139,9 +146,25 @@ IF @got >= 0
 BEGIN
     {delete}
 END
-SELECT @moved, CAST(CASE WHEN @got >= 0 THEN 1 ELSE 0 END AS int), (SELECT COUNT_BIG(*) FROM {table} WITH (READPAST)), GETUTCDATE(), (SELECT MIN(Due) FROM {table} WITH (READPAST));
+{report}
 COMMIT TRAN;"
-            )
+                ),
+                // No application lock (Babelfish 4.2's server process aborts at the fifth
+                // refused one of a session, see `babelfish_ordered_candidates`): the rows'
+                // own locks, given up within 1 ms, keep two movers apart. The batch then
+                // fails with a lock timeout, which the transport reports as busy.
+                Dialect::Babelfish => format!(
+                    "SET XACT_ABORT ON;
+SET LOCK_TIMEOUT {CLAIM_LOCK_TIMEOUT_MS};
+BEGIN TRAN;
+DECLARE @got int = 0, @moved bigint = 0;
+DECLARE @moving TABLE (N int IDENTITY(1,1), Headers nvarchar(max), Body varbinary(max), Due datetime);
+{delete}
+COMMIT TRAN;
+SET LOCK_TIMEOUT -1;
+{report}"
+                ),
+            }
         };
         DelayedStatements {
             create: created_under_lock(
@@ -272,12 +295,7 @@ fn with_end_if_empty(receive: &str, end: &str) -> String {
 /// and the key or stage, within the 255 characters a resource may have. The look for a row of
 /// the previous stage reads the whole queue (there is no index on a header); it runs only for
 /// messages that name a previous stage.
-pub fn ordered_receive(
-    table: &str,
-    ordering: &OrderingConfig,
-    after_commit: bool,
-    dialect: Dialect,
-) -> String {
+pub fn ordered_receive(table: &str, ordering: &OrderingConfig, after_commit: bool) -> String {
     let begin = if after_commit {
         "COMMIT TRAN;\nBEGIN TRAN;"
     } else {
@@ -296,34 +314,22 @@ pub fn ordered_receive(
             String::new(),
         ),
     };
-    let row_step = match dialect {
-        Dialect::Sqlserver => String::new(),
-        Dialect::Babelfish => ordered_row_step(table),
-    };
     let stage_step = if ordering.stages {
         ordered_stage_step(table)
     } else {
         String::new()
     };
-    let delete = match dialect {
-        Dialect::Sqlserver => format!(
-            "    WITH message AS (SELECT TOP (1) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion = @rv)
+    let delete = format!(
+        "    WITH message AS (SELECT TOP (1) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion = @rv)
     DELETE FROM message
     OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received;"
-        ),
-        // No CTE delete on Babelfish; the row's guard is held, so nobody else holds the row.
-        Dialect::Babelfish => format!(
-            "    DELETE FROM {table}
-    OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
-    WHERE RowVersion = @rv;"
-        ),
-    };
+    );
     // Lets go of what a candidate that was not taken locked. (The CTE's WITH must follow a
     // statement that ends with a semicolon, so the delete stays outside any BEGIN block.)
     let release = "        IF @key_lock IS NOT NULL EXEC sp_releaseapplock @Resource = @key_lock, @LockOwner = 'Transaction';
         IF @stage_held = 1 EXEC sp_releaseapplock @Resource = @stage_lock, @LockOwner = 'Transaction';
 ";
-    format!(
+    let sql = format!(
         "{begin}
 DECLARE @received TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
 DECLARE @heads TABLE (RowVersion bigint PRIMARY KEY, k nvarchar(4000) NULL);
@@ -338,7 +344,7 @@ BEGIN
     SELECT TOP (1) @rv = RowVersion, @k = k FROM @heads ORDER BY RowVersion;
     IF @rv IS NULL BREAK;
     DELETE FROM @heads WHERE RowVersion = @rv;
-{key_step}{row_step}{stage_step}    IF @free = 0
+{key_step}{stage_step}    IF @free = 0
     BEGIN
 {release}        CONTINUE;
     END;
@@ -349,7 +355,8 @@ BEGIN
 END;
 IF NOT EXISTS (SELECT 1 FROM @received) AND @@TRANCOUNT > 0 COMMIT TRAN;
 {READ_RECEIVED};"
-    )
+    );
+    sql
 }
 
 /// The messages among an ordered queue's `lookahead` oldest that may not run now: a later
@@ -361,7 +368,11 @@ IF NOT EXISTS (SELECT 1 FROM @received) AND @@TRANCOUNT > 0 COMMIT TRAN;
 /// `APPLOCK_TEST` asks whether a lock could be granted without taking it. The owner is the
 /// session, so the count needs no transaction; it runs on a connection that holds no locks,
 /// as a lock this session held would test as grantable. The count takes no lock of its own.
-fn ordered_waiting(table: &str, ordering: &OrderingConfig) -> String {
+///
+/// Babelfish ignores READPAST, so rows in flight stay in the window: a key's oldest row whose
+/// lock is held is the one in flight there (a receive only takes a key's oldest), not a row
+/// waiting, and only the later rows of the key count.
+fn ordered_waiting(table: &str, ordering: &OrderingConfig, dialect: Dialect) -> String {
     let mut columns = vec!["RowVersion".to_owned()];
     let mut conditions = Vec::new();
     let busy = |kind: &str, value: &str| {
@@ -372,7 +383,10 @@ fn ordered_waiting(table: &str, ordering: &OrderingConfig) -> String {
     };
     if let Some(name) = ordering.key_header() {
         columns.push(format!("{} AS k", header_value(name)));
-        let mut key_waits = vec!["w.nth > 1".to_owned(), busy("key", "w.k")];
+        let mut key_waits = vec!["w.nth > 1".to_owned()];
+        if dialect == Dialect::Sqlserver {
+            key_waits.push(busy("key", "w.k"));
+        }
         if ordering.failed_key == FailedKey::Hold {
             let held = held_statements(&table[..table.find("].[").map_or(0, |at| at + 1)]).table;
             key_waits.push(format!(
@@ -391,9 +405,14 @@ fn ordered_waiting(table: &str, ordering: &OrderingConfig) -> String {
             "{} AS previous",
             header_value(PREVIOUS_STAGE_HEADER)
         ));
+        // Babelfish: rows of the previous stage in flight are still visible, and no lock may
+        // be tested there (see `babelfish_ordered_candidates`).
+        let in_flight = match dialect {
+            Dialect::Sqlserver => format!("{} OR ", busy("stage", "w.previous")),
+            Dialect::Babelfish => String::new(),
+        };
         conditions.push(format!(
-            "(w.previous IS NOT NULL AND ({} OR EXISTS (SELECT 1 FROM {table} s WITH (READPAST) WHERE {} = w.previous)))",
-            busy("stage", "w.previous"),
+            "(w.previous IS NOT NULL AND ({in_flight}EXISTS (SELECT 1 FROM {table} s WITH (READPAST) WHERE {} = w.previous)))",
             header_value(EXECUTION_STAGE_HEADER),
         ));
     }
@@ -409,33 +428,34 @@ WHERE {};",
     )
 }
 
-/// Babelfish's guard for an unkeyed row ([`ordered_receive`] step 2): a lock named by its
-/// RowVersion, taken Exclusive without waiting; a row whose guard another receive holds is
-/// in flight there and is passed over.
-fn ordered_row_step(table: &str) -> String {
-    format!(
-        "    IF @k IS NULL
-    BEGIN
-        SET @key_lock = {};
-        EXEC @got = sp_getapplock @Resource = @key_lock, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
-        IF @got < 0 CONTINUE;
-    END;
-",
-        lock_name(table, "row", "CONVERT(nvarchar(20), @rv)")
-    )
-}
-
 /// A header's value in a queue row, NULL when the headers are not JSON.
 fn header_value(name: &str) -> String {
     format!("CASE WHEN ISJSON(Headers) = 1 THEN JSON_VALUE(Headers, N'$.\"{name}\"') END")
 }
 
-/// An application lock's name: `throttlehost:<kind>:` and a hash of the table and `value`
-/// (an expression), within the 255 characters a resource may have.
+/// An application lock's name: `throttlehost:<kind>:<table tag>:` and `value` (an
+/// expression), within the 255 characters a resource may have. A value of up to 200
+/// characters is used as it is; a longer one is cut to 180 and followed by its `CHECKSUM` and
+/// length (two long values that share all three share a lock, which only serialises them).
+///
+/// No binary value is converted to text: Babelfish ignores `CONVERT`'s style argument and
+/// decodes the bytes as WIN1252 text (a SHA-256 hash failed that way for about half of all
+/// keys), and it casts binary to integers through text as well.
 fn lock_name(table: &str, kind: &str, value: &str) -> String {
+    let tag = table_tag(table);
     format!(
-        "N'throttlehost:{kind}:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', N'{table}|' + {value}), 2)"
+        "N'throttlehost:{kind}:{tag}:' + CASE WHEN LEN({value}) <= 200 THEN {value} \
+         ELSE LEFT({value}, 180) + N'~' + CONVERT(nvarchar(12), CHECKSUM({value})) + N'~' + CONVERT(nvarchar(12), LEN({value})) END"
     )
+}
+
+/// A table's tag in lock names: FNV-1a (64 bits) of its quoted name in hex, computed here so
+/// that every host writes the same name and the statement converts nothing.
+fn table_tag(table: &str) -> String {
+    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{hash:016x}")
 }
 
 /// Per-key order ([`ordered_receive`] step 2): the candidates (each key's oldest in the
@@ -540,11 +560,62 @@ WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE queue_table = @P1 AND message_id =
 WHERE queue_table = @P1 ORDER BY held_at, [key];"
         ),
         release: format!(
-            "DELETE FROM {table} WHERE queue_table = @P1 AND (@P2 IS NULL OR [key] = @P2);
+            "DELETE FROM {table} WHERE queue_table = @P1 AND [key] = @P2;
+SELECT CAST(@@ROWCOUNT AS bigint);"
+        ),
+        // A statement of its own rather than a NULL key: Babelfish refuses a NULL parameter
+        // sent without a type (TDS type 0x1F).
+        release_all: format!(
+            "DELETE FROM {table} WHERE queue_table = @P1;
 SELECT CAST(@@ROWCOUNT AS bigint);"
         ),
         table,
     }
+}
+
+/// An ordered queue's claim candidates on Babelfish, oldest first: of the `lookahead`
+/// oldest rows, each key's oldest and every unkeyed row; with `failed_key = "hold"` not of a
+/// held key; with stages not of a stage whose previous stage still has rows.
+///
+/// Babelfish ignores READPAST and reads committed rows under MVCC, so a row in flight stays
+/// visible until its receive commits: a key's oldest row is the one in flight when there is
+/// one (the claim on it fails on its row lock and moves on), a later row of the key is never
+/// a candidate, and a previous stage's rows in flight count as rows. No application lock is
+/// needed, and none may be asked for: Babelfish 4.2 leaks an error-stack entry for every
+/// refused `sp_getapplock` and every `APPLOCK_TEST` that answers 0, and its server process
+/// aborts at the fifth in a session (`PANIC: ERRORDATA_STACK_SIZE exceeded`), restarting the
+/// whole server.
+pub fn babelfish_ordered_candidates(table: &str, ordering: &OrderingConfig) -> String {
+    let key = match ordering.key_header() {
+        Some(name) => header_value(name),
+        None => "CAST(NULL AS nvarchar(4000))".to_owned(),
+    };
+    let mut filters = vec!["(h.k IS NULL OR h.nth = 1)".to_owned()];
+    if ordering.key_header().is_some() && ordering.failed_key == FailedKey::Hold {
+        let held = held_statements(&table[..table.find("].[").map_or(0, |at| at + 1)]).table;
+        filters.push(format!(
+            "(h.k IS NULL OR NOT EXISTS (SELECT 1 FROM {held} x WHERE x.queue_table = N'{table}' AND x.[key] = h.k))"
+        ));
+    }
+    let previous = if ordering.stages {
+        filters.push(format!(
+            "(h.previous IS NULL OR NOT EXISTS (SELECT 1 FROM {table} s WHERE {} = h.previous))",
+            header_value(EXECUTION_STAGE_HEADER)
+        ));
+        format!(", {} AS previous", header_value(PREVIOUS_STAGE_HEADER))
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT h.RowVersion FROM (
+    SELECT w.*, ROW_NUMBER() OVER (PARTITION BY w.k ORDER BY w.RowVersion) AS nth
+    FROM (SELECT TOP ({}) RowVersion, {key} AS k{previous} FROM {table} ORDER BY RowVersion) AS w
+) AS h
+WHERE {}
+ORDER BY h.RowVersion",
+        ordering.lookahead,
+        filters.join("\n  AND ")
+    )
 }
 
 /// How long a Babelfish claim waits for a row another transaction holds before it gives up
@@ -558,7 +629,7 @@ pub const CLAIM_LOCK_TIMEOUT_MS: u32 = 1;
 /// found); otherwise an autocommit delete (transaction mode `none`). The lock timeout is
 /// set back to "wait" before the rows are returned, so the rest of the unit of work (sends,
 /// commit) waits as usual. `skip` is a number the host computes, written into the text.
-pub fn babelfish_claim(table: &str, skip: u32, transactional: bool) -> String {
+pub fn babelfish_claim(table: &str, from: &str, skip: u32, transactional: bool) -> String {
     let (begin, end_if_empty) = if transactional {
         (
             "BEGIN TRAN;\n",
@@ -572,7 +643,7 @@ pub fn babelfish_claim(table: &str, skip: u32, transactional: bool) -> String {
 {begin}DECLARE @received TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
 DELETE FROM {table}
 OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
-WHERE RowVersion IN (SELECT RowVersion FROM {table} ORDER BY RowVersion OFFSET {skip} ROWS FETCH NEXT 1 ROWS ONLY);
+WHERE RowVersion IN ({from} OFFSET {skip} ROWS FETCH NEXT 1 ROWS ONLY);
 {end_if_empty}SET LOCK_TIMEOUT -1;
 {READ_RECEIVED};"
     )
@@ -685,6 +756,7 @@ END"
             begin_and_receive: format!("BEGIN TRAN;\n{}", with_end_if_empty(&receive, end_if_empty)),
             commit_and_receive: format!("COMMIT TRAN;\nBEGIN TRAN;\n{}", with_end_if_empty(&receive, end_if_empty)),
             receive,
+            claim_from: format!("SELECT RowVersion FROM {table} ORDER BY RowVersion"),
             still_queued: format!(
                 "SELECT COUNT(*) FROM {table} WITH (READCOMMITTEDLOCK) WHERE Id = @P1;"
             ),
@@ -713,9 +785,17 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
 
     /// The same statements with receives that keep the order `ordering` asks for.
     pub fn with_ordering(mut self, ordering: &OrderingConfig) -> Self {
-        self.begin_and_receive = ordered_receive(&self.table, ordering, false, self.dialect);
-        self.commit_and_receive = ordered_receive(&self.table, ordering, true, self.dialect);
-        self.waiting = Some(ordered_waiting(&self.table, ordering));
+        match self.dialect {
+            Dialect::Sqlserver => {
+                self.begin_and_receive = ordered_receive(&self.table, ordering, false);
+                self.commit_and_receive = ordered_receive(&self.table, ordering, true);
+            }
+            // Babelfish receives by claim, from the candidates that may run.
+            Dialect::Babelfish => {
+                self.claim_from = babelfish_ordered_candidates(&self.table, ordering);
+            }
+        }
+        self.waiting = Some(ordered_waiting(&self.table, ordering, self.dialect));
         self.ordered = true;
         self
     }

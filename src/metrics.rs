@@ -265,6 +265,13 @@ pub const METRICS: &[MetricDef] = &[
         "Seconds until the earliest message of the queue's delayed table is due (0 when none waits)",
     ),
     def(
+        "lock_conflicts_total",
+        C,
+        None,
+        &["queue", "kind"],
+        "Lock conflicts on the queue's tables that were handled, by kind: lock_timeout (a Babelfish claim or delayed mover passed over a row another transaction holds), deadlock (a statement chosen as deadlock victim, retried)",
+    ),
+    def(
         "delayed_moved_total",
         C,
         None,
@@ -507,6 +514,14 @@ impl Metrics {
             delayed_messages: self.gauge("delayed_messages", &q),
             delayed_next_due: self.gauge("delayed_next_due_seconds", &q),
             delayed_moved: self.counter("delayed_moved_total", &q),
+            lock_timeouts: self.counter(
+                "lock_conflicts_total",
+                &[("queue", queue), ("kind", "lock_timeout")],
+            ),
+            deadlocks: self.counter(
+                "lock_conflicts_total",
+                &[("queue", queue), ("kind", "deadlock")],
+            ),
             downstream_state: self.gauge("downstream_state", &q),
             consecutive_failures: self.gauge("consecutive_failures", &q),
             outage_pause: self.gauge("outage_pause_seconds", &q),
@@ -646,6 +661,10 @@ pub struct QueueMetrics {
     pub delayed_next_due: Gauge,
     /// Due messages moved in.
     pub delayed_moved: Counter,
+    /// Rows passed over because another transaction held them (Babelfish claims, movers).
+    pub lock_timeouts: Counter,
+    /// Statements chosen as deadlock victims and retried.
+    pub deadlocks: Counter,
     /// 0, 12 (outage mode) or 13 (latency-limited).
     pub downstream_state: Gauge,
     /// Failed attempts in a row.

@@ -408,3 +408,82 @@ async fn commits_whose_answer_was_lost(
     assert_eq!(proxy.cut.load(Ordering::SeqCst), 3);
     assert_eq!(rows().await, 1, "the message returned to the queue");
 }
+
+/// The exact SQL Server dialect on Babelfish is refused before anything is created: before,
+/// `run` created the queue tables (and the delayed ones), then refused to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_a_refused_start_creates_no_table() {
+    use throttlehost::config::Dialect;
+    if common::mssql::dialect() != Dialect::Babelfish {
+        eprintln!("the exact dialect is refused only on Babelfish");
+        return;
+    }
+    let schema = common::mssql::Schema::new();
+    let mut transport = schema.transport_config(TransactionMode::ReceiveOnly, 4);
+    transport.dialect = Dialect::Sqlserver;
+    let config = common::host_config(transport, "in", ConcurrencyModel::Fixed, 1);
+    let refused = throttlehost::HostBuilder::new(config)
+        .handler("in", common::ProbeHandler(Probe::new(Duration::ZERO)))
+        .start()
+        .await;
+    let error = refused
+        .err()
+        .expect("the exact dialect on Babelfish is refused");
+    assert!(error.to_string().contains("dialect"), "{error}");
+    let mut client = common::mssql::client().await;
+    let tables = client
+        .query(
+            "SELECT COUNT(*) FROM INFORMATION_SCHEMA.TABLES WHERE TABLE_SCHEMA = @P1",
+            &[&schema.name.as_str()],
+        )
+        .await
+        .unwrap()
+        .into_row()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        throttlehost::transport::sqlserver::int_at(&tables, 0),
+        Some(0),
+        "no table was created"
+    );
+}
+
+/// A Babelfish claim that passes over a row another host holds is counted by queue (the
+/// `lock_conflicts_total` metric), not only logged by the driver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_a_claim_passing_over_a_held_row_is_counted() {
+    use throttlehost::config::Dialect;
+    use throttlehost::transport::ConflictSink;
+    if common::mssql::dialect() != Dialect::Babelfish {
+        eprintln!("only Babelfish receives by claim");
+        return;
+    }
+    #[derive(Default)]
+    struct Sink(AtomicU64);
+    impl ConflictSink for Sink {
+        fn lock_timeout(&self, _: &throttlehost::transport::QueueName) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn deadlock(&self, _: &throttlehost::transport::QueueName) {}
+    }
+    let schema = common::mssql::Schema::new();
+    let first = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    let second = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    let sink = Arc::new(Sink::default());
+    second.report_conflicts_to(sink.clone());
+    first.create_queue(&q("in")).await.unwrap();
+    fill(&first, &q("in"), 2).await;
+    let held = first.receive(&q("in")).await.unwrap().expect("the oldest");
+    // Another host's first claim aims at the head, which `first` holds.
+    let next = second
+        .receive(&q("in"))
+        .await
+        .unwrap()
+        .expect("the next one");
+    assert_eq!(sink.0.load(Ordering::SeqCst), 1, "one row passed over");
+    next.commit().await.unwrap();
+    held.commit().await.unwrap();
+}

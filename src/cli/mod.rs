@@ -20,8 +20,7 @@ pub const INVALID: u8 = 2;
 /// Logs go to stderr; `RUST_LOG` filters them. Demo and load default to warnings only, so
 /// their own output stays readable.
 pub fn init_logging(json: bool, quiet_default: bool) {
-    let default = if quiet_default { "warn" } else { "info" };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref(), quiet_default);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -29,6 +28,22 @@ pub fn init_logging(json: bool, quiet_default: bool) {
         builder.json().init();
     } else {
         builder.init();
+    }
+}
+
+/// The log filter: `RUST_LOG` when set and valid, else `info` (`warn` with `quiet_default`).
+/// The SQL Server driver's own lines are off unless `RUST_LOG` names it: it logs every server
+/// error at ERROR (thousands of handled lock timeouts a minute on Babelfish, each counted in
+/// `throttlehost_lock_conflicts_total` instead) and its certificate warning on every new
+/// connection (the transport says it once).
+pub fn log_filter(rust_log: Option<&str>, quiet_default: bool) -> EnvFilter {
+    let default = if quiet_default { "warn" } else { "info" };
+    let filter = rust_log
+        .and_then(|text| EnvFilter::try_new(text).ok())
+        .unwrap_or_else(|| EnvFilter::new(default));
+    match rust_log.is_some_and(|text| text.contains("tiberius")) {
+        true => filter,
+        false => filter.add_directive("tiberius=off".parse().expect("a valid directive")),
     }
 }
 
@@ -118,5 +133,20 @@ pub async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn the_sql_server_driver_is_quiet_unless_asked_for() {
+        assert!(log_filter(None, false).to_string().contains("tiberius=off"));
+        assert!(log_filter(None, true).to_string().contains("warn"));
+        let asked = log_filter(Some("info,tiberius=debug"), false).to_string();
+        assert!(asked.contains("tiberius=debug") && !asked.contains("tiberius=off"));
+        let other = log_filter(Some("throttlehost=debug"), false).to_string();
+        assert!(other.contains("throttlehost=debug") && other.contains("tiberius=off"));
     }
 }

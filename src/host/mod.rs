@@ -43,7 +43,7 @@ use crate::receive::{self, QueueRuntime, QueueSettings, ReceiveContext};
 use crate::throttling::sensors::{ResourceSensor, SystemSensor};
 use crate::throttling::service::{self, ServiceParts, ThrottleControl};
 use crate::throttling::{Clock, Direction, Throttle, TokioClock};
-use crate::transport::{self, QueueName, Transport, TransportError};
+use crate::transport::{self, ConflictSink, QueueName, Transport, TransportError};
 
 /// Why a host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -177,6 +177,7 @@ impl HostBuilder {
         } = plan_queues(&config, &self.handlers, &metrics, &instance)?;
 
         prepare_transport(&config, transport.as_ref(), &to_create, &queues).await?;
+        transport.report_conflicts_to(Arc::new(ConflictCounters::of(&queues)));
 
         let mut sensor = self.sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
         check_memory_threshold(&config, sensor.as_mut())?;
@@ -361,6 +362,35 @@ fn plan_queues(
     })
 }
 
+/// The lock conflicts the transport handles itself, counted per receiving queue
+/// (`throttlehost_lock_conflicts_total`); conflicts on other tables are not this host's.
+struct ConflictCounters(HashMap<QueueName, crate::metrics::QueueMetrics>);
+
+impl ConflictCounters {
+    fn of(queues: &[Arc<QueueRuntime>]) -> Self {
+        ConflictCounters(
+            queues
+                .iter()
+                .map(|q| (q.name.clone(), q.metrics.clone()))
+                .collect(),
+        )
+    }
+}
+
+impl ConflictSink for ConflictCounters {
+    fn lock_timeout(&self, queue: &QueueName) {
+        if let Some(m) = self.0.get(queue) {
+            m.lock_timeouts.increment(1);
+        }
+    }
+
+    fn deadlock(&self, queue: &QueueName) {
+        if let Some(m) = self.0.get(queue) {
+            m.deadlocks.increment(1);
+        }
+    }
+}
+
 /// Every queue this host receives from, sends errors to or forwards to (what ingest accepts).
 /// Their published counters are registered at 0, so a dashboard panel never says "No data"
 /// on a fresh host.
@@ -408,6 +438,14 @@ async fn prepare_transport(
     queues: &[Arc<QueueRuntime>],
 ) -> Result<(), HostError> {
     let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
+    // Before anything is created: a start that is refused leaves no tables behind.
+    let server_warnings = transport
+        .server_checks()
+        .await
+        .map_err(|e| HostError::Config(e.to_string()))?;
+    for warning in server_warnings {
+        tracing::warn!("{warning}");
+    }
     if config.host.create_queues {
         create_delayed_tables(config, transport).await?;
         for q in to_create {

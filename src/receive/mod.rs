@@ -186,6 +186,7 @@ pub(crate) fn account(
             ReceiveOutcome::Empty
         }
         Err(e) if e.is_deadlock() => {
+            q.metrics.deadlocks.increment(1);
             tracing::debug!(queue = %q.name, error = %e, "receive was a deadlock victim; retrying");
             ReceiveOutcome::Failed(Duration::ZERO)
         }

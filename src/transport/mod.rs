@@ -308,6 +308,16 @@ pub struct HeldKey {
     pub held_at: String,
 }
 
+/// Where a transport reports the lock conflicts it handled itself (a row passed over because
+/// another transaction holds it, a deadlock victim retried), so they are counted by queue
+/// instead of logged one by one.
+pub trait ConflictSink: Send + Sync {
+    /// A statement on `queue`'s tables gave up on a row another transaction holds.
+    fn lock_timeout(&self, queue: &QueueName);
+    /// A statement on `queue`'s tables was chosen as a deadlock victim and retried.
+    fn deadlock(&self, queue: &QueueName);
+}
+
 /// What [`Received::commit_and_receive`] did.
 pub struct CommitAndReceive {
     /// The commit of the current receive.
@@ -383,6 +393,12 @@ pub trait QueueAdmin: Send + Sync + 'static {
     ) -> Result<u64, TransportError> {
         let _ = (queue, key);
         Ok(0)
+    }
+
+    /// Checks of the server itself, run before the host creates anything: an error when the
+    /// configuration cannot work with it (SQL Server: the dialect), warnings otherwise.
+    async fn server_checks(&self) -> Result<Vec<String>, TransportError> {
+        Ok(Vec::new())
     }
 
     /// Warnings about the setup of these queues (missing indexes, column types, pool size);
@@ -464,6 +480,10 @@ pub trait Transport: QueueAdmin {
     fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
         None
     }
+
+    /// From now on, reports the lock conflicts this transport handles itself to `sink`
+    /// (default: a transport that has none ignores it).
+    fn report_conflicts_to(&self, _sink: Arc<dyn ConflictSink>) {}
 }
 
 /// Opens the transport a configuration describes.

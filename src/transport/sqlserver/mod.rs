@@ -33,7 +33,8 @@ use super::headers::serialize_headers;
 use super::names::validate_schema_name;
 use super::unit_of_work::{RawRow, Receipt, SqlBatchWork, SqlReceived, SqlStore, payload_of};
 use super::{
-    CommitAndReceive, HeldKey, QueueAdmin, QueueName, Received, Transport, TransportError,
+    CommitAndReceive, ConflictSink, HeldKey, QueueAdmin, QueueName, Received, Transport,
+    TransportError,
 };
 use crate::config::{Dialect, FailedKey, OrderingConfig, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
@@ -66,6 +67,8 @@ struct Inner {
     recoverable: RwLock<HashMap<QueueName, bool>>,
     /// Rows this host's claiming receives hold, per queue (Babelfish).
     held: claim::HeldRows,
+    /// Where handled lock conflicts are counted ([`Transport::report_conflicts_to`]).
+    conflicts: RwLock<Option<Arc<dyn ConflictSink>>>,
 }
 
 /// Parses an ADO.NET connection string into a tiberius configuration. Errors never contain
@@ -81,6 +84,23 @@ pub fn parse_connection_string(raw: &str) -> Result<tiberius::Config, TransportE
             crate::config::secret::redact(raw)
         ))
     })
+}
+
+/// Says once per process that the server's certificate is trusted without validation, when
+/// the connection string asks for it (the driver's own warning, on every new connection, is
+/// off by default: see the CLI's log filter).
+fn warn_once_if_trusting(raw: &str) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let trusting = raw.split(';').any(|part| {
+        let (key, value) = part.split_once('=').unwrap_or((part, ""));
+        key.trim().eq_ignore_ascii_case("TrustServerCertificate")
+            && ["true", "yes"].contains(&value.trim().to_ascii_lowercase().as_str())
+    });
+    if trusting && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "TrustServerCertificate=true: the SQL Server's certificate is trusted without validation"
+        );
+    }
 }
 
 fn password_values(raw: &str) -> Vec<String> {
@@ -106,6 +126,7 @@ impl SqlServerTransport {
         validate_schema_name(&schema).map_err(TransportError::InvalidName)?;
         let raw = config.connection_string.expose();
         let mut tiberius_config = parse_connection_string(raw)?;
+        warn_once_if_trusting(raw);
         if !raw.to_ascii_lowercase().contains("application name") {
             tiberius_config.application_name("throttlehost");
         }
@@ -135,6 +156,7 @@ impl SqlServerTransport {
                 statements: RwLock::new(HashMap::new()),
                 recoverable: RwLock::new(HashMap::new()),
                 held: claim::HeldRows::default(),
+                conflicts: RwLock::new(None),
             }),
         })
     }
@@ -184,6 +206,16 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .insert(queue.clone(), built.clone());
         built
+    }
+
+    /// Counts a handled lock conflict on `queue`'s tables where the host asked.
+    fn conflict(&self, queue: &QueueName, deadlock: bool) {
+        let sink = self.conflicts.read().unwrap_or_else(|e| e.into_inner());
+        match (sink.as_ref(), deadlock) {
+            (Some(sink), true) => sink.deadlock(queue),
+            (Some(sink), false) => sink.lock_timeout(queue),
+            (None, _) => {}
+        }
     }
 
     async fn conn(&self) -> Result<Pooled, TransportError> {
@@ -433,6 +465,7 @@ impl Inner {
                 Err(tiberius::error::Error::Server(t))
                     if claim::classify(t.code(), t.message()) == claim::ClaimFailure::Held =>
                 {
+                    self.conflict(queue, false);
                     let given_up = conn.run_batch(statements::CLAIM_GIVE_UP).await;
                     given_up.map_err(|e| {
                         conn.broken = true;
@@ -659,6 +692,14 @@ impl Transport for SqlServerTransport {
         Some(self)
     }
 
+    fn report_conflicts_to(&self, sink: Arc<dyn ConflictSink>) {
+        *self
+            .inner
+            .conflicts
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
     async fn ping(&self) -> Result<(), TransportError> {
         let mut conn = self.inner.conn().await?;
         conn.run_batch("SELECT 1").await.map_err(|e| {
@@ -719,6 +760,7 @@ impl DelayedDelivery for SqlServerTransport {
                 if self.inner.dialect == Dialect::Babelfish
                     && claim::classify(t.code(), t.message()) == claim::ClaimFailure::Held =>
             {
+                self.inner.conflict(queue, false);
                 let given_up = conn.run_batch(statements::CLAIM_GIVE_UP).await;
                 given_up.map_err(|e| {
                     conn.broken = true;
@@ -937,14 +979,7 @@ impl QueueAdmin for SqlServerTransport {
             .collect())
     }
 
-    async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {
-        let mut warnings = Vec::new();
-        if !self.inner.max_pool_size_in_connection_string {
-            warnings.push(format!(
-                "the connection string sets no Max Pool Size; the pool holds at most transport.pool_size = {} connections, one per in-flight message: keep it above the queues' total concurrency",
-                self.inner.pool_size
-            ));
-        }
+    async fn server_checks(&self) -> Result<Vec<String>, TransportError> {
         let mut conn = match self.inner.conn().await {
             Ok(c) => c,
             Err(e) => return Ok(vec![format!("cannot run start-up checks: {e}")]),
@@ -960,16 +995,30 @@ impl QueueAdmin for SqlServerTransport {
         match server {
             Ok(row) => {
                 let babelfish = row.and_then(|r| int_at(&r, 0)) == Some(1);
-                warnings.extend(dialect_check(self.inner.dialect, babelfish)?);
+                dialect_check(self.inner.dialect, babelfish)
             }
             Err(e) => {
                 conn.broken |= !is_server_error(&e);
-                warnings.push(format!(
+                Ok(vec![format!(
                     "cannot tell SQL Server from Babelfish: {}",
                     map_error(e, None)
-                ));
+                )])
             }
         }
+    }
+
+    async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {
+        let mut warnings = Vec::new();
+        if !self.inner.max_pool_size_in_connection_string {
+            warnings.push(format!(
+                "the connection string sets no Max Pool Size; the pool holds at most transport.pool_size = {} connections, one per in-flight message: keep it above the queues' total concurrency",
+                self.inner.pool_size
+            ));
+        }
+        let mut conn = match self.inner.conn().await {
+            Ok(c) => c,
+            Err(e) => return Ok(vec![format!("cannot run start-up checks: {e}")]),
+        };
         for queue in queues {
             let st = self.inner.statements(queue);
             let table = st.table.as_str();
@@ -1031,10 +1080,10 @@ fn dialect_check(
             "the server is Babelfish for PostgreSQL, which rejects the SQL Server receive statement (DELETE through a CTE); set transport.dialect = \"babelfish\"".into(),
         )),
         (Dialect::Babelfish, true) => Ok(vec![
-            "dialect babelfish: Babelfish ignores READPAST, so concurrent receivers on one queue wait for each other's locked row (see sql/sqlserver/README.md)".into(),
+            "dialect babelfish: Babelfish ignores READPAST, so receivers claim rows: a row another receive holds is passed over within 1 ms and counted in throttlehost_lock_conflicts_total{kind=\"lock_timeout\"} (see sql/sqlserver/README.md)".into(),
         ]),
         (Dialect::Babelfish, false) => Ok(vec![
-            "transport.dialect = \"babelfish\" on SQL Server: it works, but receives through a table variable cost a second statement; \"sqlserver\" is the dialect for this server".into(),
+            "transport.dialect = \"babelfish\" on SQL Server: it works, but receives claim rows under a lock timeout where READPAST passes over them; \"sqlserver\" is the dialect for this server".into(),
         ]),
         (Dialect::Sqlserver, false) => Ok(Vec::new()),
     }
@@ -1144,6 +1193,7 @@ impl SqlStore for Inner {
             match self.send_on(&mut conn, queue, message).await {
                 Err(e) if e.is_deadlock() && attempt < DEADLOCK_RETRIES => {
                     attempt += 1;
+                    self.conflict(queue, true);
                     tracing::debug!(queue = %queue, attempt, "send was a deadlock victim; retrying");
                 }
                 other => return other,

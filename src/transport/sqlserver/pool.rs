@@ -106,6 +106,20 @@ impl Manager {
     }
 }
 
+/// A connect error in words, with what to change where the driver's words do not say it.
+pub fn explained(error: &tiberius::error::Error) -> String {
+    let text = error.to_string();
+    if text.to_ascii_lowercase().contains("encryption level") {
+        return format!(
+            "{text}: the connection string's Encrypt= setting does not fit the server. \
+             Encrypt=true (also when Encrypt= is missing) encrypts everything and needs TLS on the server; \
+             Encrypt=false encrypts the login only and still needs TLS on the server; \
+             Encrypt=DANGER_PLAINTEXT encrypts nothing, for a server without TLS (the password travels in clear)"
+        );
+    }
+    text
+}
+
 impl bb8::ManageConnection for Manager {
     type Connection = Connection;
     type Error = tiberius::error::Error;
@@ -113,7 +127,7 @@ impl bb8::ManageConnection for Manager {
     async fn connect(&self) -> Result<Connection, Self::Error> {
         let result = self.open().await;
         *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-            result.as_ref().err().map(|e| e.to_string());
+            result.as_ref().err().map(explained);
         result
     }
 
@@ -128,5 +142,28 @@ impl bb8::ManageConnection for Manager {
 
     fn has_broken(&self, conn: &mut Connection) -> bool {
         conn.broken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::explained;
+
+    #[test]
+    fn an_encryption_mismatch_names_the_setting_and_its_values() {
+        let refused = tiberius::error::Error::Protocol(
+            "Server does not allow the requested encryption level.".into(),
+        );
+        let text = explained(&refused);
+        for needed in [
+            "Encrypt=",
+            "Encrypt=true",
+            "Encrypt=false",
+            "DANGER_PLAINTEXT",
+        ] {
+            assert!(text.contains(needed), "{needed}: {text}");
+        }
+        let other = tiberius::error::Error::Protocol("something else".into());
+        assert_eq!(explained(&other), "Protocol error: something else");
     }
 }

@@ -1623,4 +1623,17 @@ async fn sqlserver_startup_checks_warn_about_old_layouts() {
         .await
         .unwrap();
     assert_eq!(t.peek_depth(&q("bare")).await.unwrap(), 1);
+    // So does a bulk load (more than one multi-row insert holds), into both old layouts.
+    let many: Vec<_> = (0..600u32)
+        .map(|i| OutgoingMessage::new(i.to_be_bytes().to_vec()))
+        .collect();
+    for table in ["bare", "old"] {
+        t.send_batch(&q(table), &many).await.unwrap();
+        let first = t.receive(&q(table)).await.unwrap().expect("a message");
+        if table == "old" {
+            assert_eq!(body_of(first.as_ref()), 0u32.to_be_bytes().to_vec());
+        }
+        first.rollback().await.unwrap();
+    }
+    assert_eq!(t.peek_depth(&q("bare")).await.unwrap(), 601);
 }

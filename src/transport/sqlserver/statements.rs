@@ -751,7 +751,7 @@ END"
             send_raw_with_recoverable: insert(true, "NULL", "@P2, @P3"),
             send_raw_without_recoverable: insert(false, "NULL", "@P2, @P3"),
             has_recoverable: format!(
-                "SELECT CASE WHEN OBJECT_ID(N'{table}', N'U') IS NULL THEN -1 ELSE (SELECT COUNT(*) FROM sys.columns WHERE object_id = OBJECT_ID(N'{table}', N'U') AND name = N'Recoverable') END;"
+                "SELECT CASE WHEN OBJECT_ID(N'{table}', N'U') IS NULL THEN -1 WHEN COL_LENGTH(N'{table}', N'Recoverable') IS NULL THEN 0 ELSE 1 END;"
             ),
             begin_and_receive: format!("BEGIN TRAN;\n{}", with_end_if_empty(&receive, end_if_empty)),
             commit_and_receive: format!("COMMIT TRAN;\nBEGIN TRAN;\n{}", with_end_if_empty(&receive, end_if_empty)),

@@ -471,19 +471,24 @@ async fn sqlserver_a_claim_passing_over_a_held_row_is_counted() {
     }
     let schema = common::mssql::Schema::new();
     let first = schema.transport(TransactionMode::ReceiveOnly, 2).await;
-    let second = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    let second = schema.transport(TransactionMode::ReceiveOnly, 4).await;
     let sink = Arc::new(Sink::default());
     second.report_conflicts_to(sink.clone());
     first.create_queue(&q("in")).await.unwrap();
-    fill(&first, &q("in"), 2).await;
+    fill(&first, &q("in"), 4).await;
     let held = first.receive(&q("in")).await.unwrap().expect("the oldest");
     // Another host's first claim aims at the head, which `first` holds.
-    let next = second
-        .receive(&q("in"))
-        .await
-        .unwrap()
-        .expect("the next one");
+    let next = second.receive(&q("in")).await.unwrap().expect("the next");
     assert_eq!(sink.0.load(Ordering::SeqCst), 1, "one row passed over");
-    next.commit().await.unwrap();
-    held.commit().await.unwrap();
+    // The same host's claims pass over what it holds by name: no conflict of their own.
+    let third = second.receive(&q("in")).await.unwrap().expect("the third");
+    let fourth = second.receive(&q("in")).await.unwrap().expect("the fourth");
+    assert_eq!(
+        sink.0.load(Ordering::SeqCst),
+        3,
+        "only `first`'s row, once each"
+    );
+    for r in [held, next, third, fourth] {
+        r.commit().await.unwrap();
+    }
 }

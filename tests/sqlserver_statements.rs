@@ -8,7 +8,7 @@ use throttlehost::transport::QueueName;
 use throttlehost::transport::sqlserver::QueueStatements;
 use throttlehost::transport::sqlserver::statements::{
     CLAIM_GIVE_UP, HEADERS_TYPE, IS_BABELFISH, LIST_QUEUES, ROWVERSION_INDEXES, SEND_MANY_ROWS,
-    babelfish_claim, begin_and_receive_batch, send_many,
+    babelfish_claim, babelfish_claim_batch, begin_and_receive_batch, send_many,
 };
 
 fn statements(dialect: Dialect) -> QueueStatements {
@@ -99,20 +99,32 @@ fn multi_row_send() {
 #[test]
 fn babelfish_claim_receive() {
     let s = statements(Dialect::Babelfish);
-    let claim = babelfish_claim(&s.table, &s.claim_from, 3, true);
+    let claim = babelfish_claim(&s.table, &s.claim_from, (&[17, 18], 3), true);
     insta::assert_snapshot!("babelfish_claim_transactional", claim);
     insta::assert_snapshot!(
         "babelfish_claim_autocommit",
-        babelfish_claim(&s.table, &s.claim_from, 0, false)
+        babelfish_claim(&s.table, &s.claim_from, (&[], 0), false)
     );
     insta::assert_snapshot!("babelfish_claim_give_up", CLAIM_GIVE_UP);
-    assert!(claim.starts_with("SET LOCK_TIMEOUT 1;"));
-    assert!(claim.contains("OFFSET 3 ROWS FETCH NEXT 1 ROWS ONLY"));
+    // The table variable is made before the 1 ms timeout, which is for the rows alone.
+    assert!(claim.starts_with("DECLARE @received TABLE"));
+    assert!(claim.contains("\nSET LOCK_TIMEOUT 1;\nBEGIN TRAN;\nDELETE"));
+    assert!(claim.contains(
+        "SELECT RowVersion FROM [dbo].[Sales.Node-1] WHERE RowVersion NOT IN (17, 18) ORDER BY RowVersion OFFSET 3 ROWS FETCH NEXT 1 ROWS ONLY"
+    ));
+    assert!(claim.contains("deleted.RowVersion INTO @received"));
     let restored = claim.find("SET LOCK_TIMEOUT -1;").unwrap();
     assert!(restored < claim.find("SELECT Id").unwrap());
     assert!(!claim.contains("WITH message"));
     assert!(claim.contains("INTO @received"));
-    assert!(!babelfish_claim(&s.table, &s.claim_from, 0, false).contains("BEGIN TRAN"));
+    assert!(!babelfish_claim(&s.table, &s.claim_from, (&[], 0), false).contains("BEGIN TRAN"));
+    // The batch receive claims too: up to its size, past this host's rows, within 1 ms.
+    let batch = babelfish_claim_batch(&s.table, 8, &[17, 18]);
+    insta::assert_snapshot!("babelfish_claim_batch", batch);
+    assert!(batch.contains(
+        "WHERE RowVersion IN (SELECT TOP(8) RowVersion FROM [dbo].[Sales.Node-1] WHERE RowVersion NOT IN (17, 18) ORDER BY RowVersion);"
+    ));
+    assert!(batch.contains("SET LOCK_TIMEOUT 1;") && !batch.contains("READPAST"));
 }
 
 #[test]
@@ -312,13 +324,13 @@ fn babelfish_ordered_receive_claims_from_the_rows_that_may_run() {
     };
     let s = statements(Dialect::Babelfish).with_ordering(&all);
     assert!(s.ordered);
-    let claim = babelfish_claim(&s.table, &s.claim_from, 2, true);
+    let claim = babelfish_claim(&s.table, &s.claim_from, (&[7], 2), true);
     insta::assert_snapshot!("babelfish_ordered_claim", claim);
-    assert!(claim.starts_with("SET LOCK_TIMEOUT 1;"));
+    assert!(claim.contains("\nSET LOCK_TIMEOUT 1;\nBEGIN TRAN;\nDELETE"));
     assert!(claim.contains("WHERE (h.k IS NULL OR h.nth = 1)"));
     assert!(claim.contains("[dbo].[throttlehost_held] x"));
     assert!(claim.contains("h.previous IS NULL OR NOT EXISTS"));
-    assert!(claim.contains("ORDER BY h.RowVersion OFFSET 2 ROWS FETCH NEXT 1 ROWS ONLY"));
+    assert!(claim.contains("\n  AND h.RowVersion NOT IN (7)\nORDER BY h.RowVersion OFFSET 2 ROWS FETCH NEXT 1 ROWS ONLY"));
     for text in [
         &claim,
         s.waiting.as_ref().unwrap(),
@@ -331,7 +343,7 @@ fn babelfish_ordered_receive_claims_from_the_rows_that_may_run() {
     // Unordered, the claim aims at every row.
     let plain = statements(Dialect::Babelfish);
     assert!(
-        babelfish_claim(&plain.table, &plain.claim_from, 0, true)
+        babelfish_claim(&plain.table, &plain.claim_from, (&[], 0), true)
             .contains("WHERE RowVersion IN (SELECT RowVersion FROM [dbo].[Sales.Node-1] ORDER BY RowVersion OFFSET 0 ROWS")
     );
 }
@@ -407,11 +419,16 @@ fn no_statement_converts_binary_to_text() {
         }
         let plain = statements(dialect);
         let ordered = statements(dialect).with_ordering(&keyed);
-        texts.push(babelfish_claim(&plain.table, &plain.claim_from, 0, true));
+        texts.push(babelfish_claim(
+            &plain.table,
+            &plain.claim_from,
+            (&[], 0),
+            true,
+        ));
         texts.push(babelfish_claim(
             &ordered.table,
             &ordered.claim_from,
-            0,
+            (&[3], 0),
             true,
         ));
         texts.push(begin_and_receive_batch(&plain.table, 8, dialect));

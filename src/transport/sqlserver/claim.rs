@@ -18,25 +18,33 @@
 //! the next receive finds it) — "nearly oldest first", the order a competing-consumer queue
 //! under concurrency gives anyway.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use crate::transport::QueueName;
 
 /// The most claim attempts one receive makes before it answers empty.
 pub const CLAIM_ATTEMPTS: u32 = 16;
-/// The furthest from the head a claim starts, however many rows this host holds.
-pub const MAX_START_SKIP: usize = 256;
+/// The most held rows a claim names to pass over; further ones it skips by count.
+pub const MAX_EXCLUDED: usize = 512;
 
-/// Rows of each queue held by this host's open claiming receives.
+/// What this host's claiming receives hold on each queue.
 #[derive(Debug, Default)]
 pub struct HeldRows {
-    queues: Mutex<HashMap<QueueName, Arc<AtomicUsize>>>,
+    queues: Mutex<HashMap<QueueName, Arc<Mutex<QueueHeld>>>>,
+    /// Per queue: whose turn it is to claim ([`HeldRows::turn`]).
+    turns: Mutex<HashMap<QueueName, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// One queue's held rows (by RowVersion) and claims under way.
+#[derive(Debug, Default)]
+struct QueueHeld {
+    rows: BTreeSet<i64>,
+    claiming: u32,
 }
 
 impl HeldRows {
-    fn counter(&self, queue: &QueueName) -> Arc<AtomicUsize> {
+    fn of(&self, queue: &QueueName) -> Arc<Mutex<QueueHeld>> {
         self.queues
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -45,28 +53,110 @@ impl HeldRows {
             .clone()
     }
 
-    /// Where a claim on `queue` starts: past the rows this host holds there.
-    pub fn start(&self, queue: &QueueName) -> u32 {
-        self.counter(queue)
-            .load(Ordering::Relaxed)
-            .min(MAX_START_SKIP) as u32
+    /// Waits for this host's turn to claim on `queue`; the turn lasts while the guard lives.
+    /// One claim at a time: claims made at once by receivers of one host aimed at rows
+    /// another of them was taking (positions shift as rows commit, so a count of claims under
+    /// way does not keep them apart): at 8 receivers on Babelfish 0.55-0.75 claims per
+    /// message failed on a row lock, and 8 drained slower than 1. A claim is one short
+    /// statement; the handlers and commits still run at once.
+    pub async fn turn(&self, queue: &QueueName) -> tokio::sync::OwnedMutexGuard<()> {
+        let turns = self
+            .turns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(queue.clone())
+            .or_default()
+            .clone();
+        turns.lock_owned().await
     }
 
-    /// Counts a row claimed on `queue` as held until the returned guard drops.
-    pub fn hold(&self, queue: &QueueName) -> Held {
-        let counter = self.counter(queue);
-        counter.fetch_add(1, Ordering::Relaxed);
-        Held(counter)
+    /// Starts a claim on `queue`: the rows this host holds there, which the claim passes
+    /// over by name (the oldest [`MAX_EXCLUDED`]; it skips the rest by count), and how many
+    /// claims of this host are under way, which it skips by count so that claims made at
+    /// once aim at different rows.
+    pub fn start(&self, queue: &QueueName) -> Claiming {
+        let of = self.of(queue);
+        let (excluded, skip) = {
+            let mut held = of.lock().unwrap_or_else(|e| e.into_inner());
+            let excluded: Vec<i64> = held.rows.iter().take(MAX_EXCLUDED).copied().collect();
+            let beyond = (held.rows.len() - excluded.len()) as u32;
+            let skip = held.claiming + beyond;
+            held.claiming += 1;
+            (excluded, skip)
+        };
+        Claiming {
+            of,
+            excluded,
+            skip,
+            ended: false,
+        }
+    }
+}
+
+/// A claim under way; dropped without [`Claiming::landed`], it counts no more.
+#[derive(Debug)]
+pub struct Claiming {
+    of: Arc<Mutex<QueueHeld>>,
+    /// Rows this host holds, to pass over by name.
+    pub excluded: Vec<i64>,
+    /// Rows to skip past the head, besides the excluded ones.
+    pub skip: u32,
+    ended: bool,
+}
+
+impl Claiming {
+    /// The claim took these rows: each held until its guard drops.
+    pub fn landed_many(self, row_versions: &[i64]) -> Vec<Held> {
+        let of = self.of.clone();
+        let mut held = Vec::with_capacity(row_versions.len());
+        if let Some((first, rest)) = row_versions.split_first() {
+            held.push(self.landed(*first));
+            of.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .rows
+                .extend(rest.iter().copied());
+            held.extend(rest.iter().map(|&row_version| Held {
+                of: of.clone(),
+                row_version,
+            }));
+        }
+        held
+    }
+
+    /// The claim took row `row_version`: held until the returned guard drops.
+    pub fn landed(mut self, row_version: i64) -> Held {
+        let mut held = self.of.lock().unwrap_or_else(|e| e.into_inner());
+        held.claiming = held.claiming.saturating_sub(1);
+        held.rows.insert(row_version);
+        drop(held);
+        self.ended = true;
+        Held {
+            of: self.of.clone(),
+            row_version,
+        }
+    }
+}
+
+impl Drop for Claiming {
+    fn drop(&mut self) {
+        if !self.ended {
+            let mut held = self.of.lock().unwrap_or_else(|e| e.into_inner());
+            held.claiming = held.claiming.saturating_sub(1);
+        }
     }
 }
 
 /// One held row; dropping it (the transaction ended, the connection closed) releases it.
 #[derive(Debug)]
-pub struct Held(Arc<AtomicUsize>);
+pub struct Held {
+    of: Arc<Mutex<QueueHeld>>,
+    row_version: i64,
+}
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        let mut held = self.of.lock().unwrap_or_else(|e| e.into_inner());
+        held.rows.remove(&self.row_version);
     }
 }
 
@@ -126,21 +216,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn held_rows_count_while_their_guards_live() {
+    fn a_claim_passes_over_held_rows_by_name_and_claims_under_way_by_count() {
         let held = HeldRows::default();
         let q = QueueName::new("orders").unwrap();
         let other = QueueName::new("billing").unwrap();
-        assert_eq!(held.start(&q), 0);
-        let a = held.hold(&q);
-        let b = held.hold(&q);
-        assert_eq!(held.start(&q), 2, "past the two rows this host holds");
-        assert_eq!(held.start(&other), 0, "per queue");
+        let first = held.start(&q);
+        let second = held.start(&q);
+        assert_eq!(
+            (first.skip, second.skip),
+            (0, 1),
+            "claims at once aim apart"
+        );
+        let a = first.landed(41);
+        let b = second.landed(40);
+        let third = held.start(&q);
+        assert_eq!((third.excluded.clone(), third.skip), (vec![40, 41], 0));
+        assert!(held.start(&other).excluded.is_empty(), "per queue");
+        drop(third);
         drop(a);
-        assert_eq!(held.start(&q), 1);
+        let fourth = held.start(&q);
+        assert_eq!((fourth.excluded.clone(), fourth.skip), (vec![40], 0));
+        drop(fourth);
         drop(b);
-        assert_eq!(held.start(&q), 0);
-        let many: Vec<Held> = (0..MAX_START_SKIP + 10).map(|_| held.hold(&q)).collect();
-        assert_eq!(held.start(&q), MAX_START_SKIP as u32, "bounded");
+        let many: Vec<Held> = (0..MAX_EXCLUDED as i64 + 3)
+            .map(|rv| held.start(&q).landed(rv))
+            .collect();
+        let bounded = held.start(&q);
+        assert_eq!((bounded.excluded.len(), bounded.skip), (MAX_EXCLUDED, 3));
         drop(many);
     }
 

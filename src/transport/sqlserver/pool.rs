@@ -25,7 +25,7 @@ pub struct Connection {
     pub broken: bool,
     /// The row this connection's open transaction claimed (Babelfish's claiming receive);
     /// counted as held until the transaction ends or the connection goes.
-    pub claim: Option<super::claim::Held>,
+    pub claim: Vec<super::claim::Held>,
 }
 
 impl Connection {
@@ -101,7 +101,7 @@ impl Manager {
         Ok(Connection {
             client,
             broken: false,
-            claim: None,
+            claim: Vec::new(),
         })
     }
 }

@@ -199,8 +199,7 @@ const READ_RECEIVED: &str = "SELECT Id,
     CASE WHEN Expires IS NULL THEN 0 WHEN Expires > GETUTCDATE() THEN 0 ELSE 1 END,
     Headers,
     Body,
-    Expires
-FROM @received";
+    Expires";
 
 fn receive(table: &str, dialect: Dialect) -> String {
     match dialect {
@@ -218,7 +217,8 @@ OUTPUT deleted.Id,
 DELETE FROM {table}
 OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
 WHERE RowVersion IN (SELECT TOP(1) RowVersion FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion);
-{READ_RECEIVED};"
+{READ_RECEIVED}
+FROM @received;"
         ),
     }
 }
@@ -252,6 +252,34 @@ DECLARE @received TABLE (RowVersion bigint, Id uniqueidentifier, Expires datetim
 {delete}
 IF @@ROWCOUNT = 0 AND @@TRANCOUNT > 0 COMMIT TRAN;
 {READ_RECEIVED}
+FROM @received
+ORDER BY RowVersion;"
+    )
+}
+
+/// Babelfish's batch receive, taken in this host's turn: up to `max` of the oldest rows but
+/// the `excluded` ones this host holds, in a transaction it begins (committed at once when
+/// empty), giving up within 1 ms on a row another host holds. Returns the rows oldest first
+/// with their RowVersion last.
+pub fn babelfish_claim_batch(table: &str, max: u32, excluded: &[i64]) -> String {
+    let not_held = match excluded {
+        [] => String::new(),
+        rows => {
+            let rows: Vec<String> = rows.iter().map(i64::to_string).collect();
+            format!(" WHERE RowVersion NOT IN ({})", rows.join(", "))
+        }
+    };
+    format!(
+        "DECLARE @received TABLE (RowVersion bigint, Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
+SET LOCK_TIMEOUT {CLAIM_LOCK_TIMEOUT_MS};
+BEGIN TRAN;
+DELETE FROM {table}
+OUTPUT deleted.RowVersion, deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
+WHERE RowVersion IN (SELECT TOP({max}) RowVersion FROM {table}{not_held} ORDER BY RowVersion);
+IF @@ROWCOUNT = 0 AND @@TRANCOUNT > 0 COMMIT TRAN;
+SET LOCK_TIMEOUT -1;
+{READ_RECEIVED}, RowVersion
+FROM @received
 ORDER BY RowVersion;"
     )
 }
@@ -354,7 +382,8 @@ BEGIN
 {release}    END;
 END;
 IF NOT EXISTS (SELECT 1 FROM @received) AND @@TRANCOUNT > 0 COMMIT TRAN;
-{READ_RECEIVED};"
+{READ_RECEIVED}
+FROM @received;"
     );
     sql
 }
@@ -611,7 +640,7 @@ pub fn babelfish_ordered_candidates(table: &str, ordering: &OrderingConfig) -> S
     SELECT w.*, ROW_NUMBER() OVER (PARTITION BY w.k ORDER BY w.RowVersion) AS nth
     FROM (SELECT TOP ({}) RowVersion, {key} AS k{previous} FROM {table} ORDER BY RowVersion) AS w
 ) AS h
-WHERE {}
+WHERE {}{AND_NOT_HELD}
 ORDER BY h.RowVersion",
         ordering.lookahead,
         filters.join("\n  AND ")
@@ -629,7 +658,22 @@ pub const CLAIM_LOCK_TIMEOUT_MS: u32 = 1;
 /// found); otherwise an autocommit delete (transaction mode `none`). The lock timeout is
 /// set back to "wait" before the rows are returned, so the rest of the unit of work (sends,
 /// commit) waits as usual. `skip` is a number the host computes, written into the text.
-pub fn babelfish_claim(table: &str, from: &str, skip: u32, transactional: bool) -> String {
+pub fn babelfish_claim(
+    table: &str,
+    from: &str,
+    (excluded, skip): (&[i64], u32),
+    transactional: bool,
+) -> String {
+    let not_held = |lead: &str| match excluded {
+        [] => String::new(),
+        rows => {
+            let rows: Vec<String> = rows.iter().map(i64::to_string).collect();
+            format!("{lead}RowVersion NOT IN ({})", rows.join(", "))
+        }
+    };
+    let from = from
+        .replace(WHERE_NOT_HELD, &not_held(" WHERE "))
+        .replace(AND_NOT_HELD, &not_held("\n  AND h."));
     let (begin, end_if_empty) = if transactional {
         (
             "BEGIN TRAN;\n",
@@ -639,15 +683,20 @@ pub fn babelfish_claim(table: &str, from: &str, skip: u32, transactional: bool) 
         ("", "")
     };
     format!(
-        "SET LOCK_TIMEOUT {CLAIM_LOCK_TIMEOUT_MS};
-{begin}DECLARE @received TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
-DELETE FROM {table}
-OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
+        "DECLARE @received TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), RowVersion bigint);
+SET LOCK_TIMEOUT {CLAIM_LOCK_TIMEOUT_MS};
+{begin}DELETE FROM {table}
+OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @received
 WHERE RowVersion IN ({from} OFFSET {skip} ROWS FETCH NEXT 1 ROWS ONLY);
 {end_if_empty}SET LOCK_TIMEOUT -1;
-{READ_RECEIVED};"
+{READ_RECEIVED}, RowVersion FROM @received;"
     )
 }
+
+/// Where a claim's candidates name the rows this host holds ([`babelfish_claim`]): in a
+/// query without a WHERE clause, and in one with.
+const WHERE_NOT_HELD: &str = "/*where not held*/";
+const AND_NOT_HELD: &str = "/*and not held*/";
 
 /// Ends a claim attempt that failed on a held row: rolls back whatever the failed batch left
 /// open and sets the lock timeout back to "wait".
@@ -756,7 +805,7 @@ END"
             begin_and_receive: format!("BEGIN TRAN;\n{}", with_end_if_empty(&receive, end_if_empty)),
             commit_and_receive: format!("COMMIT TRAN;\nBEGIN TRAN;\n{}", with_end_if_empty(&receive, end_if_empty)),
             receive,
-            claim_from: format!("SELECT RowVersion FROM {table} ORDER BY RowVersion"),
+            claim_from: format!("SELECT RowVersion FROM {table}{WHERE_NOT_HELD} ORDER BY RowVersion"),
             still_queued: format!(
                 "SELECT COUNT(*) FROM {table} WITH (READCOMMITTEDLOCK) WHERE Id = @P1;"
             ),

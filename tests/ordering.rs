@@ -225,6 +225,8 @@ async fn three_hosts_run_stages_one_after_another_on(db: Db) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut config = db.config(queue, 4);
     config.queues[0].ordering.stages = true;
+    // Idle receivers look again within 100 ms, so that a stage's members start together.
+    config.queues[0].concurrency.peek_interval = Duration::from_millis(100);
     let mut hosts = Vec::new();
     for _ in 0..3 {
         let host = HostBuilder::new(config.clone())
@@ -270,7 +272,11 @@ async fn three_hosts_run_stages_one_after_another_on(db: Db) {
         let (_, last_start, first_end, _) = span(*stage);
         assert!(
             last_start < first_end,
-            "the {members} members of stage {stage} overlap in time"
+            "the {members} members of stage {stage} overlap in time: {:?}",
+            log.iter()
+                .filter(|h| h.0 == *stage)
+                .map(|h| (h.2 - log[0].2, h.3 - log[0].2))
+                .collect::<Vec<_>>()
         );
     }
 }

@@ -28,6 +28,9 @@ pub struct HostStatus {
     pub receiving: bool,
     /// Messages handed to handlers and not done.
     pub in_process: u64,
+    /// Seconds the database has not answered while statements waited; null while it
+    /// answers (shown after a few seconds of silence, long before statements time out).
+    pub database_silent_seconds: Option<f64>,
     /// Throttling; None until the first sample.
     pub throttling: Option<ThrottlingStatus>,
     /// Receiving queues.

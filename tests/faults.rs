@@ -492,3 +492,60 @@ async fn sqlserver_a_claim_passing_over_a_held_row_is_counted() {
         r.commit().await.unwrap();
     }
 }
+
+/// A database that stops answering (frozen, as SIGSTOP makes it) is said to be so within
+/// seconds, in `/status` and by `throttlehost status`, while every breaker is still closed:
+/// before, the host looked healthy for ~47 s and the first warning blamed the pool size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_database_is_said_to_be_silent_before_statements_time_out() {
+    let schema = common::PgSchema::new();
+    let url = common::database_url();
+    let upstream = url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap()
+        .to_string();
+    let proxy = CommitCutter::start(upstream.clone()).await;
+    let mut transport = schema.transport_config(TransactionMode::ReceiveOnly, 6);
+    transport.connection_string = throttlehost::config::ConnectionString::new(
+        schema
+            .connection_string()
+            .replace(&upstream, &format!("127.0.0.1:{}", proxy.port))
+            + "&sslmode=disable",
+    );
+    transport.command_timeout = Duration::from_secs(20);
+    let mut config = common::host_config(transport, "in", ConcurrencyModel::Monitor, 2);
+    config.queues[0].concurrency.peek_interval = Duration::from_millis(200);
+    let host = throttlehost::HostBuilder::new(config)
+        .handler("in", common::ProbeHandler(Probe::new(Duration::ZERO)))
+        .start()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(host.status().database_silent_seconds, None, "it answers");
+    proxy.freeze(true);
+    let frozen_at = tokio::time::Instant::now();
+    wait_until(Duration::from_secs(9), "the silence to show", || {
+        host.status().database_silent_seconds.is_some()
+    })
+    .await;
+    let said_after = frozen_at.elapsed();
+    assert!(
+        said_after < Duration::from_secs(9),
+        "within seconds, long before the 22 s statement deadline: {said_after:?}"
+    );
+    assert!(
+        host.status()
+            .queues
+            .iter()
+            .all(|q| q.circuit_breaker == "closed"),
+        "no statement has failed yet"
+    );
+    proxy.freeze(false);
+    wait_until(Duration::from_secs(10), "the answers to come back", || {
+        host.status().database_silent_seconds.is_none()
+    })
+    .await;
+    host.shutdown().await;
+}

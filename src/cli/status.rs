@@ -65,6 +65,11 @@ fn impaired(s: &Value) -> Option<String> {
     if s["receiving"] == false {
         return Some("the host is shutting down".into());
     }
+    if let Some(silent) = s["database_silent_seconds"].as_f64() {
+        return Some(format!(
+            "the database is not answering (statements have waited {silent:.0} s with no answer)"
+        ));
+    }
     let failing: Vec<String> = s["queues"]
         .as_array()
         .into_iter()
@@ -189,6 +194,16 @@ mod tests {
         assert_eq!(
             impaired(&failing).as_deref(),
             Some("receives are failing for queue orders (circuit breaker armed)")
+        );
+        let silent = serde_json::json!({
+            "receiving": true,
+            "database_silent_seconds": 6.2,
+            "queues": [{ "name": "in", "circuit_breaker": "closed" }]
+        });
+        assert_eq!(
+            impaired(&silent).as_deref(),
+            Some("the database is not answering (statements have waited 6 s with no answer)"),
+            "said while the breakers are still closed"
         );
         let stopping = serde_json::json!({ "receiving": false, "queues": [] });
         assert_eq!(

@@ -259,6 +259,7 @@ mod tests {
             uptime_seconds: 1.0,
             receiving: true,
             in_process: 0,
+            database_silent_seconds: None,
             throttling: Some(ThrottlingStatus {
                 sampled_at_seconds: 1.0,
                 enabled: true,

@@ -91,6 +91,7 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
         uptime_seconds: host.started.elapsed().as_secs_f64(),
         receiving: host.is_receiving(),
         in_process: host.in_process(),
+        database_silent_seconds: host.transport.silent_for().map(|d| d.as_secs_f64()),
         throttling,
         queues: host
             .queues

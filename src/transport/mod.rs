@@ -19,6 +19,7 @@ pub mod headers;
 pub mod memory;
 pub use crate::names;
 pub mod postgres;
+pub mod silence;
 pub mod sqlserver;
 mod unit_of_work;
 
@@ -478,6 +479,13 @@ pub trait Transport: QueueAdmin {
     /// Delayed delivery, when this transport can keep messages until they are due
     /// ([`DelayedDelivery`]); None when it cannot, and a send with a delay is then refused.
     fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
+        None
+    }
+
+    /// How long the database has not answered while statements waited, once that is at
+    /// least [`silence::SILENT_AFTER`]; None while it answers (or when the transport cannot
+    /// tell).
+    fn silent_for(&self) -> Option<std::time::Duration> {
         None
     }
 

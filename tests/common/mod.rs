@@ -481,6 +481,8 @@ pub enum Cut {
 pub struct CommitCutter {
     pub port: u16,
     armed: Arc<std::sync::Mutex<Cut>>,
+    /// While set, nothing is relayed either way: a frozen server, as SIGSTOP makes one.
+    frozen: Arc<std::sync::atomic::AtomicBool>,
     /// Connections cut so far.
     pub cut: Arc<AtomicU64>,
 }
@@ -492,16 +494,27 @@ impl CommitCutter {
         let port = listener.local_addr().unwrap().port();
         let armed = Arc::new(std::sync::Mutex::new(Cut::Never));
         let cut = Arc::new(AtomicU64::new(0));
-        let (a, c) = (armed.clone(), cut.clone());
+        let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (a, c, f) = (armed.clone(), cut.clone(), frozen.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
                     continue;
                 };
-                tokio::spawn(Self::relay(client, server, a.clone(), c.clone()));
+                tokio::spawn(Self::relay(client, server, a.clone(), c.clone(), f.clone()));
             }
         });
-        CommitCutter { port, armed, cut }
+        CommitCutter {
+            port,
+            armed,
+            cut,
+            frozen,
+        }
+    }
+
+    /// Stops (true) or resumes (false) relaying on every connection.
+    pub fn freeze(&self, frozen: bool) {
+        self.frozen.store(frozen, Ordering::SeqCst);
     }
 
     /// Cuts the next connection that sends a COMMIT, as `cut` says.
@@ -514,12 +527,29 @@ impl CommitCutter {
         server: tokio::net::TcpStream,
         armed: Arc<std::sync::Mutex<Cut>>,
         cut: Arc<AtomicU64>,
+        frozen: Arc<std::sync::atomic::AtomicBool>,
     ) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (mut client_read, mut client_write) = client.into_split();
         let (mut server_read, mut server_write) = server.into_split();
+        let thaw = |frozen: Arc<std::sync::atomic::AtomicBool>| async move {
+            while frozen.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let answers_frozen = frozen.clone();
         let answers = tokio::spawn(async move {
-            let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+            let mut buffer = vec![0u8; 64 * 1024];
+            loop {
+                let n = match server_read.read(&mut buffer).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                thaw(answers_frozen.clone()).await;
+                if client_write.write_all(&buffer[..n]).await.is_err() {
+                    break;
+                }
+            }
         });
         let mut buffer = vec![0u8; 64 * 1024];
         loop {
@@ -527,6 +557,7 @@ impl CommitCutter {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            thaw(frozen.clone()).await;
             let chunk = &buffer[..n];
             // PostgreSQL sends statements as UTF-8, TDS as UTF-16LE.
             const WIDE: &[u8] = b"C\0O\0M\0M\0I\0T\0";

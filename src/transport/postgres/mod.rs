@@ -59,6 +59,8 @@ struct Inner {
     /// How long the client waits for an answer before it gives the connection up (see
     /// [`Inner::answered`]).
     answer_deadline: Duration,
+    /// Statements waiting for an answer, to tell a database that stopped answering.
+    silence: Arc<super::silence::Silence>,
     statements: RwLock<HashMap<QueueName, Arc<QueueStatements>>>,
     /// Which pooled connections have which receive statements prepared under their SQL
     /// names (see `pipeline`).
@@ -129,6 +131,7 @@ impl PostgresTransport {
                 pool_size: config.pool_size,
                 wait_timeout: config.connect_timeout,
                 answer_deadline: config.command_timeout + ANSWER_GRACE,
+                silence: Arc::default(),
                 statements: RwLock::new(HashMap::new()),
                 prepared_receives: Mutex::new(HashMap::new()),
             }),
@@ -261,9 +264,14 @@ impl Inner {
         client: Object,
         work: impl AsyncFnOnce(&Object) -> T,
     ) -> Result<(Object, T), TransportError> {
+        let ticket = self.silence.ask();
         match tokio::time::timeout(self.answer_deadline, work(&client)).await {
-            Ok(answer) => Ok((client, answer)),
+            Ok(answer) => {
+                ticket.answered();
+                Ok((client, answer))
+            }
             Err(_) => {
+                ticket.unanswered();
                 discard(client);
                 Err(TransportError::Unanswered {
                     what,
@@ -271,6 +279,11 @@ impl Inner {
                 })
             }
         }
+    }
+
+    /// How long statements wait unanswered before the database counts as not answering.
+    fn silent_after(&self) -> Duration {
+        super::silence::SILENT_AFTER.min(self.answer_deadline)
     }
 
     fn statements(&self, queue: &QueueName) -> Result<Arc<QueueStatements>, TransportError> {
@@ -334,9 +347,17 @@ impl Inner {
 
     async fn client(&self) -> Result<Object, TransportError> {
         self.pool.get().await.map_err(|e| match e {
-            PoolError::Timeout(_) => TransportError::PoolTimeout {
-                waited: self.wait_timeout,
-                pool_size: self.pool_size,
+            // Every connection waits on a database that says nothing: that, not the pool's
+            // size, is the news.
+            PoolError::Timeout(_) => match self.silence.silent_for(self.silent_after()) {
+                Some(silent) => TransportError::connection(format!(
+                    "the database is not answering: statements have waited {:.0} s with no answer",
+                    silent.as_secs_f64()
+                )),
+                None => TransportError::PoolTimeout {
+                    waited: self.wait_timeout,
+                    pool_size: self.pool_size,
+                },
             },
             PoolError::Backend(e) => map_error(e, None),
             other => TransportError::connection(other.to_string()),
@@ -893,6 +914,10 @@ impl Transport for PostgresTransport {
             Some(sql) => self.inner.count(queue, "a count", sql).await.map(Some),
             None => Ok(None),
         }
+    }
+
+    fn silent_for(&self) -> Option<Duration> {
+        self.inner.silence.silent_for(self.inner.silent_after())
     }
 
     fn connections_in_use(&self) -> u64 {

@@ -364,14 +364,17 @@ fn plan_queues(
 
 /// The lock conflicts the transport handles itself, counted per receiving queue
 /// (`throttlehost_lock_conflicts_total`); conflicts on other tables are not this host's.
-struct ConflictCounters(HashMap<QueueName, crate::metrics::QueueMetrics>);
+struct ConflictCounters(HashMap<QueueName, (metrics::Counter, metrics::Counter)>);
 
 impl ConflictCounters {
     fn of(queues: &[Arc<QueueRuntime>]) -> Self {
         ConflictCounters(
             queues
                 .iter()
-                .map(|q| (q.name.clone(), q.metrics.clone()))
+                .map(|q| {
+                    let counters = (q.metrics.lock_timeouts.clone(), q.metrics.deadlocks.clone());
+                    (q.name.clone(), counters)
+                })
                 .collect(),
         )
     }
@@ -379,14 +382,14 @@ impl ConflictCounters {
 
 impl ConflictSink for ConflictCounters {
     fn lock_timeout(&self, queue: &QueueName) {
-        if let Some(m) = self.0.get(queue) {
-            m.lock_timeouts.increment(1);
+        if let Some((lock_timeouts, _)) = self.0.get(queue) {
+            lock_timeouts.increment(1);
         }
     }
 
     fn deadlock(&self, queue: &QueueName) {
-        if let Some(m) = self.0.get(queue) {
-            m.deadlocks.increment(1);
+        if let Some((_, deadlocks)) = self.0.get(queue) {
+            deadlocks.increment(1);
         }
     }
 }

@@ -149,6 +149,28 @@ pub(crate) fn payload_of(row: RawRow) -> ReceivedRow {
     }
 }
 
+/// A batch receive's rows handed out one [`Received`] each over one transaction on `conn`
+/// ([`batch::split`]; no rows end the transaction). Rows that could not be decoded fail the
+/// batch: closing the connection rolls all of it back.
+pub(crate) async fn split_batch<S: SqlStore>(
+    store: Arc<S>,
+    queue: &QueueName,
+    conn: S::Conn,
+    rows: Result<Vec<RawRow>, TransportError>,
+) -> Result<Vec<Box<dyn Received>>, TransportError> {
+    match rows {
+        Ok(rows) => {
+            let work = SqlBatchWork::new(store, queue, conn);
+            let decoded = rows.into_iter().map(payload_of).collect();
+            super::batch::split(Box::new(work), decoded).await
+        }
+        Err(e) => {
+            store.abandon(conn);
+            Err(e)
+        }
+    }
+}
+
 /// The row to dead-letter: a poison row's raw headers and body as received, or a message
 /// written back in wire form.
 pub(crate) fn dead_letter_row(

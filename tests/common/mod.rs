@@ -517,6 +517,31 @@ impl CommitCutter {
         self.frozen.store(frozen, Ordering::SeqCst);
     }
 
+    /// A proxy in front of the tests' PostgreSQL, and `schema`'s transport settings pointed
+    /// through it, without TLS (the proxy reads the statements).
+    pub async fn for_postgres(
+        schema: &PgSchema,
+        mode: TransactionMode,
+        pool_size: u32,
+    ) -> (Self, TransportConfig) {
+        let url = database_url();
+        let upstream = url
+            .split('@')
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .expect("DATABASE_URL names host:port after '@'")
+            .to_string();
+        let proxy = Self::start(upstream.clone()).await;
+        let mut config = schema.transport_config(mode, pool_size);
+        config.connection_string = ConnectionString::new(
+            schema
+                .connection_string()
+                .replace(&upstream, &format!("127.0.0.1:{}", proxy.port))
+                + "&sslmode=disable",
+        );
+        (proxy, config)
+    }
+
     /// Cuts the next connection that sends a COMMIT, as `cut` says.
     pub fn arm(&self, cut: Cut) {
         *self.armed.lock().unwrap() = cut;

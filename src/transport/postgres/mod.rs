@@ -29,7 +29,7 @@ use super::batch;
 use super::delayed::{DelayedDelivery, Moved, delay_millis, delayed_headers};
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
-use super::unit_of_work::{RawRow, Receipt, SqlBatchWork, SqlReceived, SqlStore, payload_of};
+use super::unit_of_work::{RawRow, Receipt, SqlReceived, SqlStore, split_batch};
 use super::{
     CommitAndReceive, HeldKey, QueueAdmin, QueueName, Received, Transport, TransportError,
 };
@@ -610,21 +610,8 @@ impl Inner {
                 return Err(map_error(e, Some(queue)));
             }
         };
-        let decoded: Result<Vec<_>, _> = rows
-            .iter()
-            .map(|row| decode_row(queue, row).map(payload_of))
-            .collect();
-        match decoded {
-            Ok(decoded) => {
-                let work = SqlBatchWork::new(self, queue, client);
-                batch::split(Box::new(work), decoded).await
-            }
-            Err(e) => {
-                // Closing the connection rolls the whole batch back.
-                discard(client);
-                Err(e)
-            }
-        }
+        let decoded = rows.iter().map(|row| decode_row(queue, row)).collect();
+        split_batch(self, queue, client, decoded).await
     }
 
     async fn reinsert_autocommitted(&self, queue: &QueueName, row: &tokio_postgres::Row) {

@@ -2,20 +2,21 @@
 //! is ignored.
 //!
 //! On Babelfish a receive that aims at the oldest row waits for whoever holds it, then finds
-//! it gone and returns nothing, so N receivers on a queue drain slower than one. A claim aims
-//! at the row `skip` places from the head instead, with `SET LOCK_TIMEOUT` at 1 ms: a row
-//! another transaction holds makes the attempt fail at once (error 1222), the attempt is
-//! rolled back, and the next one aims one row further. `skip` starts at the number of rows
-//! this host's receives already hold on the queue ([`HeldRows`]), since those are the oldest
-//! it took, so receivers of one host rarely collide; receivers of other hosts pay one failed
-//! attempt per row they find held. When the aimed-at row turns out gone (fewer rows than
-//! counted), the claim tries once more from the head. After [`CLAIM_ATTEMPTS`] held rows in
-//! a row the receive answers empty, as a receive on a queue whose every row is taken does.
+//! it gone and returns nothing, so N receivers on a queue drain slower than one. A claim passes
+//! over the rows this host holds by name and aims at the first row past them, with `SET
+//! LOCK_TIMEOUT` at 1 ms: a row another transaction (another host) holds makes the attempt
+//! fail at once (error 1222), the attempt is rolled back, and the next one aims one row
+//! further. A host takes its claims on a queue one at a time ([`HeldRows::start`]), so its
+//! receivers never aim at each other's rows: when they claimed at once, skipping by a count,
+//! positions shifted as rows committed and 0.55-1.0 claims per message failed at 8 receivers.
+//! When the aimed-at row turns out gone, the claim tries once more from the head. After
+//! [`CLAIM_ATTEMPTS`] held rows in a row the receive answers empty, as a receive on a queue
+//! whose every row is taken does.
 //!
 //! What it keeps: a claimed row is deleted inside the receive's transaction, so a rollback or
 //! a crash returns it to its place; nothing is taken twice. What it gives up: strict
-//! oldest-first across hosts (a row freed while `skip` counted it held is passed over until
-//! the next receive finds it) — "nearly oldest first", the order a competing-consumer queue
+//! oldest-first across hosts (a row another host frees while a claim passes over it waits for
+//! the next receive) — "nearly oldest first", the order a competing-consumer queue
 //! under concurrency gives anyway.
 
 use std::collections::{BTreeSet, HashMap};
@@ -28,135 +29,89 @@ pub const CLAIM_ATTEMPTS: u32 = 16;
 /// The most held rows a claim names to pass over; further ones it skips by count.
 pub const MAX_EXCLUDED: usize = 512;
 
-/// What this host's claiming receives hold on each queue.
+/// What this host's claiming receives hold on each queue, and whose turn it is to claim.
 #[derive(Debug, Default)]
 pub struct HeldRows {
-    queues: Mutex<HashMap<QueueName, Arc<Mutex<QueueHeld>>>>,
-    /// Per queue: whose turn it is to claim ([`HeldRows::turn`]).
-    turns: Mutex<HashMap<QueueName, Arc<tokio::sync::Mutex<()>>>>,
+    queues: Mutex<HashMap<QueueName, Arc<QueueHeld>>>,
 }
 
-/// One queue's held rows (by RowVersion) and claims under way.
+/// One queue's held rows (by RowVersion) and its claims' turn.
 #[derive(Debug, Default)]
 struct QueueHeld {
-    rows: BTreeSet<i64>,
-    claiming: u32,
+    rows: Mutex<BTreeSet<i64>>,
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl QueueHeld {
+    fn rows(&self) -> std::sync::MutexGuard<'_, BTreeSet<i64>> {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl HeldRows {
-    fn of(&self, queue: &QueueName) -> Arc<Mutex<QueueHeld>> {
-        self.queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(queue.clone())
-            .or_default()
-            .clone()
-    }
-
-    /// Waits for this host's turn to claim on `queue`; the turn lasts while the guard lives.
-    /// One claim at a time: claims made at once by receivers of one host aimed at rows
-    /// another of them was taking (positions shift as rows commit, so a count of claims under
-    /// way does not keep them apart): at 8 receivers on Babelfish 0.55-0.75 claims per
-    /// message failed on a row lock, and 8 drained slower than 1. A claim is one short
-    /// statement; the handlers and commits still run at once.
-    pub async fn turn(&self, queue: &QueueName) -> tokio::sync::OwnedMutexGuard<()> {
-        let turns = self
-            .turns
+    /// Starts a claim on `queue` once it is this host's turn (the turn lasts while the
+    /// [`Claiming`] lives): the rows this host holds there, which the claim passes over by
+    /// name (the oldest [`MAX_EXCLUDED`]), and how many more it skips by count. A claim is one
+    /// short statement; handlers and commits still run at once.
+    pub async fn start(&self, queue: &QueueName) -> Claiming {
+        let of = self
+            .queues
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(queue.clone())
             .or_default()
             .clone();
-        turns.lock_owned().await
-    }
-
-    /// Starts a claim on `queue`: the rows this host holds there, which the claim passes
-    /// over by name (the oldest [`MAX_EXCLUDED`]; it skips the rest by count), and how many
-    /// claims of this host are under way, which it skips by count so that claims made at
-    /// once aim at different rows.
-    pub fn start(&self, queue: &QueueName) -> Claiming {
-        let of = self.of(queue);
+        let turn = of.turn.clone().lock_owned().await;
         let (excluded, skip) = {
-            let mut held = of.lock().unwrap_or_else(|e| e.into_inner());
-            let excluded: Vec<i64> = held.rows.iter().take(MAX_EXCLUDED).copied().collect();
-            let beyond = (held.rows.len() - excluded.len()) as u32;
-            let skip = held.claiming + beyond;
-            held.claiming += 1;
+            let rows = of.rows();
+            let excluded: Vec<i64> = rows.iter().take(MAX_EXCLUDED).copied().collect();
+            let skip = (rows.len() - excluded.len()) as u32;
             (excluded, skip)
         };
         Claiming {
             of,
+            _turn: turn,
             excluded,
             skip,
-            ended: false,
         }
     }
 }
 
-/// A claim under way; dropped without [`Claiming::landed`], it counts no more.
+/// A claim under way, in its host's turn.
 #[derive(Debug)]
 pub struct Claiming {
-    of: Arc<Mutex<QueueHeld>>,
+    of: Arc<QueueHeld>,
+    _turn: tokio::sync::OwnedMutexGuard<()>,
     /// Rows this host holds, to pass over by name.
     pub excluded: Vec<i64>,
     /// Rows to skip past the head, besides the excluded ones.
     pub skip: u32,
-    ended: bool,
 }
 
 impl Claiming {
-    /// The claim took these rows: each held until its guard drops.
-    pub fn landed_many(self, row_versions: &[i64]) -> Vec<Held> {
-        let of = self.of.clone();
-        let mut held = Vec::with_capacity(row_versions.len());
-        if let Some((first, rest)) = row_versions.split_first() {
-            held.push(self.landed(*first));
-            of.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .rows
-                .extend(rest.iter().copied());
-            held.extend(rest.iter().map(|&row_version| Held {
-                of: of.clone(),
+    /// The claim took these rows: each held until its guard drops. The turn ends.
+    pub fn landed(self, row_versions: &[i64]) -> Vec<Held> {
+        self.of.rows().extend(row_versions.iter().copied());
+        row_versions
+            .iter()
+            .map(|&row_version| Held {
+                of: self.of.clone(),
                 row_version,
-            }));
-        }
-        held
-    }
-
-    /// The claim took row `row_version`: held until the returned guard drops.
-    pub fn landed(mut self, row_version: i64) -> Held {
-        let mut held = self.of.lock().unwrap_or_else(|e| e.into_inner());
-        held.claiming = held.claiming.saturating_sub(1);
-        held.rows.insert(row_version);
-        drop(held);
-        self.ended = true;
-        Held {
-            of: self.of.clone(),
-            row_version,
-        }
-    }
-}
-
-impl Drop for Claiming {
-    fn drop(&mut self) {
-        if !self.ended {
-            let mut held = self.of.lock().unwrap_or_else(|e| e.into_inner());
-            held.claiming = held.claiming.saturating_sub(1);
-        }
+            })
+            .collect()
     }
 }
 
 /// One held row; dropping it (the transaction ended, the connection closed) releases it.
 #[derive(Debug)]
 pub struct Held {
-    of: Arc<Mutex<QueueHeld>>,
+    of: Arc<QueueHeld>,
     row_version: i64,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut held = self.of.lock().unwrap_or_else(|e| e.into_inner());
-        held.rows.remove(&self.row_version);
+        self.of.rows().remove(&self.row_version);
     }
 }
 
@@ -215,33 +170,35 @@ impl Cursor {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_claim_passes_over_held_rows_by_name_and_claims_under_way_by_count() {
+    #[tokio::test]
+    async fn a_claim_passes_over_held_rows_by_name_in_its_turn() {
         let held = HeldRows::default();
         let q = QueueName::new("orders").unwrap();
         let other = QueueName::new("billing").unwrap();
-        let first = held.start(&q);
-        let second = held.start(&q);
+        let first = held.start(&q).await;
+        assert_eq!((first.excluded.clone(), first.skip), (vec![], 0));
+        // Another claim on the queue waits for the turn; on another queue it does not.
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), held.start(&q));
+        assert!(waiting.await.is_err(), "one claim at a time per queue");
+        assert!(held.start(&other).await.excluded.is_empty(), "per queue");
+        let mut a = first.landed(&[41, 40]);
+        let second = held.start(&q).await;
+        assert_eq!((second.excluded.clone(), second.skip), (vec![40, 41], 0));
+        drop(second);
+        drop(a.pop());
+        let third = held.start(&q).await;
         assert_eq!(
-            (first.skip, second.skip),
-            (0, 1),
-            "claims at once aim apart"
+            third.excluded,
+            vec![41],
+            "a released row is not passed over"
         );
-        let a = first.landed(41);
-        let b = second.landed(40);
-        let third = held.start(&q);
-        assert_eq!((third.excluded.clone(), third.skip), (vec![40, 41], 0));
-        assert!(held.start(&other).excluded.is_empty(), "per queue");
         drop(third);
         drop(a);
-        let fourth = held.start(&q);
-        assert_eq!((fourth.excluded.clone(), fourth.skip), (vec![40], 0));
-        drop(fourth);
-        drop(b);
-        let many: Vec<Held> = (0..MAX_EXCLUDED as i64 + 3)
-            .map(|rv| held.start(&q).landed(rv))
-            .collect();
-        let bounded = held.start(&q);
+        let many: Vec<Held> = held
+            .start(&q)
+            .await
+            .landed(&(0..MAX_EXCLUDED as i64 + 3).collect::<Vec<_>>());
+        let bounded = held.start(&q).await;
         assert_eq!((bounded.excluded.len(), bounded.skip), (MAX_EXCLUDED, 3));
         drop(many);
     }

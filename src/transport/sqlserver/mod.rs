@@ -31,7 +31,7 @@ use super::batch;
 use super::delayed::{DelayedDelivery, Moved, delay_millis, delayed_headers};
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
-use super::unit_of_work::{RawRow, Receipt, SqlBatchWork, SqlReceived, SqlStore, payload_of};
+use super::unit_of_work::{RawRow, Receipt, SqlReceived, SqlStore, split_batch};
 use super::{
     CommitAndReceive, ConflictSink, HeldKey, QueueAdmin, QueueName, Received, Transport,
     TransportError,
@@ -490,8 +490,7 @@ impl Inner {
         transactional: bool,
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
         let st = self.statements(queue);
-        let _turn = self.held.turn(queue).await;
-        let claiming = self.held.start(queue);
+        let claiming = self.held.start(queue).await;
         let mut cursor = claim::Cursor::starting_at(claiming.skip);
         for _ in 0..claim::CLAIM_ATTEMPTS {
             let sql = statements::babelfish_claim(
@@ -500,8 +499,7 @@ impl Inner {
                 (&claiming.excluded, cursor.skip),
                 transactional,
             );
-            let answer = conn.first_result(&sql).await;
-            let held = match answer {
+            let held = match conn.first_result(&sql).await {
                 Ok(rows) => match rows.first() {
                     Some(row) => {
                         let row_version = int_at(row, 5);
@@ -509,7 +507,8 @@ impl Inner {
                         if !transactional {
                             return Ok(Some(SqlReceived::boxed(self.clone(), queue, None, row)));
                         }
-                        conn.claim.extend(row_version.map(|rv| claiming.landed(rv)));
+                        let rows: Vec<i64> = row_version.into_iter().collect();
+                        conn.claim.extend(claiming.landed(&rows));
                         return Ok(Some(SqlReceived::boxed(
                             self.clone(),
                             queue,
@@ -519,20 +518,9 @@ impl Inner {
                     }
                     None => false,
                 },
-                Err(tiberius::error::Error::Server(t))
-                    if claim::classify(t.code(), t.message()) == claim::ClaimFailure::Held =>
-                {
-                    self.conflict(queue, false);
-                    let given_up = conn.run_batch(statements::CLAIM_GIVE_UP).await;
-                    given_up.map_err(|e| {
-                        conn.broken = true;
-                        map_error(e, Some(queue))
-                    })?;
-                    true
-                }
                 Err(e) => {
-                    conn.broken = true;
-                    return Err(map_error(e, Some(queue)));
+                    self.gave_up_on_held_row(&mut conn, queue, e).await?;
+                    true
                 }
             };
             if !cursor.advance(held) {
@@ -540,6 +528,31 @@ impl Inner {
             }
         }
         Ok(None)
+    }
+
+    /// After a statement that failed under the claims' 1 ms lock timeout: Ok when it gave
+    /// up on a row another transaction holds (counted, its transaction rolled back, the
+    /// connection fit for the next attempt); any other error closes the connection and is
+    /// returned.
+    async fn gave_up_on_held_row(
+        &self,
+        conn: &mut Pooled,
+        queue: &QueueName,
+        error: tiberius::error::Error,
+    ) -> Result<(), TransportError> {
+        let held = matches!(&error, tiberius::error::Error::Server(t)
+            if claim::classify(t.code(), t.message()) == claim::ClaimFailure::Held);
+        if !held {
+            conn.broken = true;
+            return Err(map_error(error, Some(queue)));
+        }
+        self.conflict(queue, false);
+        conn.run_batch(statements::CLAIM_GIVE_UP)
+            .await
+            .map_err(|e| {
+                conn.broken = true;
+                map_error(e, Some(queue))
+            })
     }
 
     /// Babelfish's commit-and-receive: the commit, then a claim on the same connection.
@@ -585,21 +598,8 @@ impl Inner {
             // The batch already ended the empty transaction.
             return Ok(Vec::new());
         }
-        let decoded: Result<Vec<_>, _> = rows
-            .iter()
-            .map(|row| decode_row(queue, row).map(payload_of))
-            .collect();
-        match decoded {
-            Ok(decoded) => {
-                let work = SqlBatchWork::new(self.clone(), queue, conn);
-                batch::split(Box::new(work), decoded).await
-            }
-            Err(e) => {
-                // Closing the connection rolls the whole batch back.
-                conn.broken = true;
-                Err(e)
-            }
-        }
+        let decoded = rows.iter().map(|row| decode_row(queue, row)).collect();
+        split_batch(self.clone(), queue, conn, decoded).await
     }
 
     /// Babelfish's batch receive: a claim of up to `max` rows in this host's turn, passing
@@ -613,46 +613,23 @@ impl Inner {
         max: u32,
     ) -> Result<Vec<Box<dyn Received>>, TransportError> {
         let st = self.statements(queue);
-        let _turn = self.held.turn(queue).await;
-        let claiming = self.held.start(queue);
+        let claiming = self.held.start(queue).await;
         let sql = statements::babelfish_claim_batch(&st.table, max, &claiming.excluded);
         let rows = match conn.first_result(&sql).await {
             Ok(rows) => rows,
-            Err(tiberius::error::Error::Server(t))
-                if claim::classify(t.code(), t.message()) == claim::ClaimFailure::Held =>
-            {
-                self.conflict(queue, false);
-                let given_up = conn.run_batch(statements::CLAIM_GIVE_UP).await;
-                given_up.map_err(|e| {
-                    conn.broken = true;
-                    map_error(e, Some(queue))
-                })?;
-                return Ok(Vec::new());
-            }
             Err(e) => {
-                conn.broken = true;
-                return Err(map_error(e, Some(queue)));
+                self.gave_up_on_held_row(&mut conn, queue, e).await?;
+                return Ok(Vec::new());
             }
         };
         if rows.is_empty() {
+            // The claim already ended the empty transaction.
             return Ok(Vec::new());
         }
         let row_versions: Vec<i64> = rows.iter().filter_map(|row| int_at(row, 5)).collect();
-        let decoded: Result<Vec<_>, _> = rows
-            .iter()
-            .map(|row| decode_row(queue, row).map(payload_of))
-            .collect();
-        match decoded {
-            Ok(decoded) => {
-                conn.claim.extend(claiming.landed_many(&row_versions));
-                let work = SqlBatchWork::new(self.clone(), queue, conn);
-                batch::split(Box::new(work), decoded).await
-            }
-            Err(e) => {
-                conn.broken = true;
-                Err(e)
-            }
-        }
+        conn.claim.extend(claiming.landed(&row_versions));
+        let decoded = rows.iter().map(|row| decode_row(queue, row)).collect();
+        split_batch(self.clone(), queue, conn, decoded).await
     }
 
     /// The held-keys statements of this transport's schema.
@@ -878,17 +855,12 @@ impl DelayedDelivery for SqlServerTransport {
         }
         .await;
         let row = match answer {
-            // Babelfish: another host's mover holds the due rows (see the statement).
-            Err(tiberius::error::Error::Server(t))
-                if self.inner.dialect == Dialect::Babelfish
-                    && claim::classify(t.code(), t.message()) == claim::ClaimFailure::Held =>
-            {
-                self.inner.conflict(queue, false);
-                let given_up = conn.run_batch(statements::CLAIM_GIVE_UP).await;
-                given_up.map_err(|e| {
-                    conn.broken = true;
-                    map_error(e, Some(queue))
-                })?;
+            Ok(row) => row,
+            // Babelfish: another host's mover holds the due rows (see the statement). Any
+            // other error: XACT_ABORT rolled the move back, the connection is closed.
+            Err(e) => {
+                let gave_up = self.inner.gave_up_on_held_row(&mut conn, queue, e).await;
+                gave_up.map_err(|e| delayed_table_named(e, queue))?;
                 drop(conn);
                 return Ok(Moved {
                     moved: 0,
@@ -897,11 +869,6 @@ impl DelayedDelivery for SqlServerTransport {
                     next_due_in: None,
                 });
             }
-            answer => answer.map_err(|e| {
-                // XACT_ABORT rolled the move back; the connection's state is in doubt.
-                conn.broken = true;
-                delayed_table_named(map_error(e, Some(queue)), queue)
-            })?,
         };
         let Some(row) = row else {
             return Err(TransportError::database(format!(

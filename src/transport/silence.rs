@@ -65,6 +65,13 @@ impl Silence {
     }
 }
 
+impl Silence {
+    /// Whether a statement's deadline passed unanswered and nothing has answered since.
+    pub fn deadline_passed(&self) -> bool {
+        self.state().unanswered_since.is_some()
+    }
+}
+
 /// One statement waiting for its answer.
 #[derive(Debug)]
 pub struct Ticket {
@@ -125,7 +132,9 @@ mod tests {
             Some(Duration::from_secs(6))
         );
         // Its deadline passes: still silent, though nothing waits now.
+        assert!(!silence.deadline_passed());
         waiting.unanswered();
+        assert!(silence.deadline_passed());
         assert_eq!(
             silence.silent_for(SILENT_AFTER),
             Some(Duration::from_secs(6))
@@ -134,6 +143,7 @@ mod tests {
         let later = silence.ask();
         later.answered();
         assert_eq!(silence.silent_for(Duration::ZERO), None);
+        assert!(!silence.deadline_passed());
         // A statement given up on is no silence.
         let given_up = silence.ask();
         drop(given_up);

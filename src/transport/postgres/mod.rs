@@ -1296,6 +1296,14 @@ impl SqlStore for Inner {
         queue: &QueueName,
         receipt: Receipt,
     ) -> Result<bool, TransportError> {
+        // A statement's deadline passed and nothing has answered since: asking now would wait
+        // another deadline on a connection others need (a frozen server then went unnoticed
+        // for 15 s while every receiver asked). The commit stays in doubt.
+        if self.silence.deadline_passed() {
+            return Err(TransportError::connection(
+                "the database has not answered since a statement's deadline passed",
+            ));
+        }
         let Some(transaction) = receipt.transaction else {
             return Err(TransportError::database(
                 "the receive did not return its transaction's id",

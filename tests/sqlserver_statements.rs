@@ -8,7 +8,7 @@ use throttlehost::transport::QueueName;
 use throttlehost::transport::sqlserver::QueueStatements;
 use throttlehost::transport::sqlserver::statements::{
     CLAIM_GIVE_UP, HEADERS_TYPE, IS_BABELFISH, LIST_QUEUES, ROWVERSION_INDEXES, SEND_MANY_ROWS,
-    babelfish_claim, babelfish_claim_batch, begin_and_receive_batch, send_many,
+    babelfish_candidates, babelfish_claim, begin_and_receive_batch, send_many,
 };
 
 fn statements(dialect: Dialect) -> QueueStatements {
@@ -93,38 +93,39 @@ fn multi_row_send() {
     assert!(widest.trim_end().ends_with("ORDER BY m.N;"));
 }
 
-/// Babelfish's claiming receive: the row `skip` places from the head, a lock timeout of
-/// 1 ms (never 0, which PostgreSQL reads as "wait for ever"), the wait restored before the
-/// rows come back, and no CTE, no OUTPUT to the client (what Babelfish rejects).
+/// Babelfish's claiming receive: a look-up of the rows to take (a read, past this host's
+/// rows), then a delete of exactly the rows handed out, with a lock timeout of 1 ms (never 0,
+/// which PostgreSQL reads as "wait for ever") restored before the statement ends, and no CTE,
+/// no table variable, no expression over `deleted` (what Babelfish rejects or makes slow).
 #[test]
 fn babelfish_claim_receive() {
     let s = statements(Dialect::Babelfish);
-    let claim = babelfish_claim(&s.table, &s.claim_from, (&[17, 18], 3), true);
+    let look_up = babelfish_candidates(&s.claim_from, (&[17, 18], 3), 32);
+    insta::assert_snapshot!("babelfish_candidates", look_up);
+    assert_eq!(
+        look_up,
+        "SELECT RowVersion FROM [dbo].[Sales.Node-1] WHERE RowVersion NOT IN (17, 18) ORDER BY RowVersion OFFSET 3 ROWS FETCH NEXT 32 ROWS ONLY;"
+    );
+    assert!(!babelfish_candidates(&s.claim_from, (&[], 0), 8).contains("NOT IN"));
+    let claim = babelfish_claim(&s.table, &[41], true);
     insta::assert_snapshot!("babelfish_claim_transactional", claim);
     insta::assert_snapshot!(
         "babelfish_claim_autocommit",
-        babelfish_claim(&s.table, &s.claim_from, (&[], 0), false)
+        babelfish_claim(&s.table, &[41], false)
     );
     insta::assert_snapshot!("babelfish_claim_give_up", CLAIM_GIVE_UP);
-    // The table variable is made before the 1 ms timeout, which is for the rows alone.
-    assert!(claim.starts_with("DECLARE @received TABLE"));
-    assert!(claim.contains("\nSET LOCK_TIMEOUT 1;\nBEGIN TRAN;\nDELETE"));
-    assert!(claim.contains(
-        "SELECT RowVersion FROM [dbo].[Sales.Node-1] WHERE RowVersion NOT IN (17, 18) ORDER BY RowVersion OFFSET 3 ROWS FETCH NEXT 1 ROWS ONLY"
-    ));
-    assert!(claim.contains("deleted.RowVersion INTO @received"));
-    let restored = claim.find("SET LOCK_TIMEOUT -1;").unwrap();
-    assert!(restored < claim.find("SELECT Id").unwrap());
+    assert!(claim.starts_with("SET LOCK_TIMEOUT 1;\nBEGIN TRAN;\nDELETE"));
+    assert!(claim.contains("\nWHERE RowVersion IN (41);\n"));
+    assert!(claim.trim_end().ends_with("SET LOCK_TIMEOUT -1;"));
+    assert!(claim.contains("OUTPUT deleted.Id, GETUTCDATE(), deleted.Headers"));
     assert!(!claim.contains("WITH message"));
-    assert!(claim.contains("INTO @received"));
-    assert!(!babelfish_claim(&s.table, &s.claim_from, (&[], 0), false).contains("BEGIN TRAN"));
-    // The batch receive claims too: up to its size, past this host's rows, within 1 ms.
-    let batch = babelfish_claim_batch(&s.table, 8, &[17, 18]);
+    assert!(!claim.contains("@received"), "no table variable");
+    assert!(!claim.contains("CASE"), "no expression over deleted");
+    assert!(!babelfish_claim(&s.table, &[41], false).contains("BEGIN TRAN"));
+    // A batch claims the rows handed out to it.
+    let batch = babelfish_claim(&s.table, &[17, 18, 20], true);
     insta::assert_snapshot!("babelfish_claim_batch", batch);
-    assert!(batch.contains(
-        "WHERE RowVersion IN (SELECT TOP(8) RowVersion FROM [dbo].[Sales.Node-1] WHERE RowVersion NOT IN (17, 18) ORDER BY RowVersion);"
-    ));
-    assert!(batch.contains("SET LOCK_TIMEOUT 1;") && !batch.contains("READPAST"));
+    assert!(batch.contains("WHERE RowVersion IN (17, 18, 20);"));
 }
 
 #[test]
@@ -324,15 +325,22 @@ fn babelfish_ordered_receive_claims_from_the_rows_that_may_run() {
     };
     let s = statements(Dialect::Babelfish).with_ordering(&all);
     assert!(s.ordered);
-    let claim = babelfish_claim(&s.table, &s.claim_from, (&[7], 2), true);
-    insta::assert_snapshot!("babelfish_ordered_claim", claim);
-    assert!(claim.contains("\nSET LOCK_TIMEOUT 1;\nBEGIN TRAN;\nDELETE"));
-    assert!(claim.contains("WHERE (h.k IS NULL OR h.nth = 1)"));
-    assert!(claim.contains("[dbo].[throttlehost_held] x"));
-    assert!(claim.contains("h.previous IS NULL OR NOT EXISTS"));
-    assert!(claim.contains("\n  AND h.RowVersion NOT IN (7)\nORDER BY h.RowVersion OFFSET 2 ROWS FETCH NEXT 1 ROWS ONLY"));
+    let look_up = babelfish_candidates(&s.claim_from, (&[7], 2), 32);
+    insta::assert_snapshot!("babelfish_ordered_candidates", look_up);
+    assert!(look_up.contains("WHERE (h.k IS NULL OR h.nth = 1)"));
+    assert!(look_up.contains("[dbo].[throttlehost_held] x"));
+    assert!(look_up.contains("h.previous IS NULL OR NOT EXISTS"));
+    assert!(look_up.contains(
+        "\n  AND h.RowVersion NOT IN (7)\nORDER BY h.RowVersion OFFSET 2 ROWS FETCH NEXT 32 ROWS ONLY;"
+    ));
+    // The claim takes the row the look-up found may run, by name, as on any queue.
+    let claim = babelfish_claim(&s.table, &[41], true);
+    assert_eq!(
+        claim,
+        babelfish_claim(&statements(Dialect::Babelfish).table, &[41], true)
+    );
     for text in [
-        &claim,
+        &look_up,
         s.waiting.as_ref().unwrap(),
         &s.delayed.move_due_with_recoverable,
         &s.delayed.move_due_without_recoverable,
@@ -340,11 +348,12 @@ fn babelfish_ordered_receive_claims_from_the_rows_that_may_run() {
         assert!(!text.contains("applock"), "{text}");
         assert!(!text.contains("APPLOCK"), "{text}");
     }
-    // Unordered, the claim aims at every row.
+    // Unordered, the look-up reads every row.
     let plain = statements(Dialect::Babelfish);
     assert!(
-        babelfish_claim(&plain.table, &plain.claim_from, (&[], 0), true)
-            .contains("WHERE RowVersion IN (SELECT RowVersion FROM [dbo].[Sales.Node-1] ORDER BY RowVersion OFFSET 0 ROWS")
+        babelfish_candidates(&plain.claim_from, (&[], 0), 32).starts_with(
+            "SELECT RowVersion FROM [dbo].[Sales.Node-1] ORDER BY RowVersion OFFSET 0 ROWS"
+        )
     );
 }
 
@@ -419,18 +428,8 @@ fn no_statement_converts_binary_to_text() {
         }
         let plain = statements(dialect);
         let ordered = statements(dialect).with_ordering(&keyed);
-        texts.push(babelfish_claim(
-            &plain.table,
-            &plain.claim_from,
-            (&[], 0),
-            true,
-        ));
-        texts.push(babelfish_claim(
-            &ordered.table,
-            &ordered.claim_from,
-            (&[3], 0),
-            true,
-        ));
+        texts.push(babelfish_claim(&plain.table, &[3], true));
+        texts.push(babelfish_candidates(&ordered.claim_from, (&[3], 0), 32));
         texts.push(begin_and_receive_batch(&plain.table, 8, dialect));
     }
     for text in &texts {

@@ -490,25 +490,21 @@ impl Inner {
         transactional: bool,
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
         let st = self.statements(queue);
-        let claiming = self.held.start(queue).await;
-        let mut cursor = claim::Cursor::starting_at(claiming.skip);
         for _ in 0..claim::CLAIM_ATTEMPTS {
-            let sql = statements::babelfish_claim(
-                &st.table,
-                &st.claim_from,
-                (&claiming.excluded, cursor.skip),
-                transactional,
-            );
-            let held = match conn.first_result(&sql).await {
+            let Some(target) = self.candidates(&mut conn, queue, 1).await?.pop() else {
+                return Ok(None);
+            };
+            let sql =
+                statements::babelfish_claim(&st.table, &[target.row_version()], transactional);
+            match conn.first_result(&sql).await {
                 Ok(rows) => match rows.first() {
                     Some(row) => {
-                        let row_version = int_at(row, 5);
-                        let row = decode_row(queue, row).inspect_err(|_| conn.broken = true)?;
+                        let (row, _) =
+                            decode_claimed(queue, row).inspect_err(|_| conn.broken = true)?;
                         if !transactional {
                             return Ok(Some(SqlReceived::boxed(self.clone(), queue, None, row)));
                         }
-                        let rows: Vec<i64> = row_version.into_iter().collect();
-                        conn.claim.extend(claiming.landed(&rows));
+                        conn.claim.push(target);
                         return Ok(Some(SqlReceived::boxed(
                             self.clone(),
                             queue,
@@ -516,18 +512,47 @@ impl Inner {
                             row,
                         )));
                     }
-                    None => false,
+                    // Gone since the look-up (another host took it): the next candidate.
+                    None if transactional => self.end_empty_claim(&mut conn, queue).await?,
+                    None => {}
                 },
                 Err(e) => {
                     self.gave_up_on_held_row(&mut conn, queue, e).await?;
-                    true
+                    target.held_elsewhere();
                 }
-            };
-            if !cursor.advance(held) {
-                return Ok(None);
             }
         }
         Ok(None)
+    }
+
+    /// Up to `n` rows for this host's receive to claim, each held by it alone until the
+    /// guard drops: the last look-up's candidates, or a new look-up's when those run short.
+    async fn candidates(
+        &self,
+        conn: &mut Pooled,
+        queue: &QueueName,
+        n: usize,
+    ) -> Result<Vec<claim::Held>, TransportError> {
+        let mut taken = self.held.take(queue, n);
+        if taken.len() == n {
+            return Ok(taken);
+        }
+        let looking = self.held.look_up(queue).await;
+        if !looking.found_meanwhile() {
+            let sql = statements::babelfish_candidates(
+                &self.statements(queue).claim_from,
+                (&looking.excluded, looking.skip),
+                n.saturating_mul(2).max(claim::CANDIDATES),
+            );
+            let rows = conn.first_result(&sql).await.map_err(|e| {
+                conn.broken |= !is_server_error(&e);
+                map_error(e, Some(queue))
+            })?;
+            let found: Vec<i64> = rows.iter().filter_map(|row| int_at(row, 0)).collect();
+            looking.found(&found);
+        }
+        taken.extend(self.held.take(queue, n - taken.len()));
+        Ok(taken)
     }
 
     /// After a statement that failed under the claims' 1 ms lock timeout: Ok when it gave
@@ -547,6 +572,16 @@ impl Inner {
             return Err(map_error(error, Some(queue)));
         }
         self.conflict(queue, false);
+        self.end_empty_claim(conn, queue).await
+    }
+
+    /// Ends the transaction of a claim that took nothing ([`statements::CLAIM_GIVE_UP`]),
+    /// leaving the connection fit for the next statement.
+    async fn end_empty_claim(
+        &self,
+        conn: &mut Pooled,
+        queue: &QueueName,
+    ) -> Result<(), TransportError> {
         conn.run_batch(statements::CLAIM_GIVE_UP)
             .await
             .map_err(|e| {
@@ -562,7 +597,7 @@ impl Inner {
         queue: &QueueName,
     ) -> CommitAndReceive {
         let committed = conn.run_batch("COMMIT TRAN;").await;
-        conn.claim.clear();
+        claim::release(&mut conn.claim, committed.is_err());
         if let Err(e) = committed {
             conn.broken = true;
             return CommitAndReceive {
@@ -602,10 +637,8 @@ impl Inner {
         split_batch(self.clone(), queue, conn, decoded).await
     }
 
-    /// Babelfish's batch receive: a claim of up to `max` rows in this host's turn, passing
-    /// over the rows it holds by name (concurrent batch receives there deadlocked on each
-    /// other's rows: 36-39 a run at 32 receivers of 8). A row another host holds makes it give
-    /// up within 1 ms and answer empty.
+    /// Babelfish's batch receive: a claim of up to `max` candidates at once (see
+    /// `claim.rs`). A row another host holds makes it give up within 1 ms and answer empty.
     async fn claim_batch(
         self: &Arc<Self>,
         mut conn: Pooled,
@@ -613,8 +646,12 @@ impl Inner {
         max: u32,
     ) -> Result<Vec<Box<dyn Received>>, TransportError> {
         let st = self.statements(queue);
-        let claiming = self.held.start(queue).await;
-        let sql = statements::babelfish_claim_batch(&st.table, max, &claiming.excluded);
+        let targets = self.candidates(&mut conn, queue, max as usize).await?;
+        if targets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let row_versions: Vec<i64> = targets.iter().map(claim::Held::row_version).collect();
+        let sql = statements::babelfish_claim(&st.table, &row_versions, true);
         let rows = match conn.first_result(&sql).await {
             Ok(rows) => rows,
             Err(e) => {
@@ -623,12 +660,22 @@ impl Inner {
             }
         };
         if rows.is_empty() {
-            // The claim already ended the empty transaction.
+            self.end_empty_claim(&mut conn, queue).await?;
             return Ok(Vec::new());
         }
-        let row_versions: Vec<i64> = rows.iter().filter_map(|row| int_at(row, 5)).collect();
-        conn.claim.extend(claiming.landed(&row_versions));
-        let decoded = rows.iter().map(|row| decode_row(queue, row)).collect();
+        let claimed: Result<Vec<(RawRow, i64)>, TransportError> =
+            rows.iter().map(|row| decode_claimed(queue, row)).collect();
+        let decoded = claimed.map(|mut claimed| {
+            // OUTPUT promises no order; a batch runs oldest first.
+            claimed.sort_by_key(|(_, row_version)| *row_version);
+            // Rows gone since the look-up are released; the claimed ones stay held.
+            conn.claim.extend(
+                targets
+                    .into_iter()
+                    .filter(|held| claimed.iter().any(|(_, v)| *v == held.row_version())),
+            );
+            claimed.into_iter().map(|(row, _)| row).collect()
+        });
         split_batch(self.clone(), queue, conn, decoded).await
     }
 
@@ -1218,6 +1265,36 @@ fn decode_row(queue: &QueueName, row: &tiberius::Row) -> Result<RawRow, Transpor
     }
 }
 
+/// A row as a Babelfish claim sends it back (`statements::CLAIM_OUTPUT`: Id, the server's
+/// UTC time, Headers, Body, Expires, RowVersion), with its RowVersion. Expired as the SQL
+/// Server receive decides it: Expires set and not after the server's time.
+fn decode_claimed(queue: &QueueName, row: &tiberius::Row) -> Result<(RawRow, i64), TransportError> {
+    let decoded: Result<_, tiberius::error::Error> = (|| {
+        let id: Option<Uuid> = row.try_get(0)?;
+        let now: Option<NaiveDateTime> = row.try_get(1)?;
+        let headers: Option<&str> = row.try_get(2)?;
+        let body: Option<&[u8]> = row.try_get(3)?;
+        let expires: Option<NaiveDateTime> = row.try_get(4)?;
+        Ok((id, now, headers, body, expires))
+    })();
+    match (decoded, int_at(row, 5)) {
+        (Ok((Some(id), Some(now), headers, body, expires)), Some(row_version)) => Ok((
+            RawRow {
+                id,
+                expired: expires.is_some_and(|expires| expires <= now),
+                headers: headers.unwrap_or("").to_string(),
+                body: body.unwrap_or(&[]).to_vec(),
+                expires,
+                transaction: None,
+            },
+            row_version,
+        )),
+        _ => Err(TransportError::database(format!(
+            "queue `{queue}` returned a row of unexpected shape; is it an NServiceBus queue table?"
+        ))),
+    }
+}
+
 /// An integer column in whatever width the server sends it: SQL Server and Babelfish differ
 /// (`sys.dm_exec_sessions.session_id` is smallint on one and int on the other).
 pub fn int_at(row: &tiberius::Row, index: usize) -> Option<i64> {
@@ -1318,7 +1395,7 @@ impl SqlStore for Inner {
             false => "IF @@TRANCOUNT > 0 ROLLBACK TRAN;",
         };
         let result = conn.run_batch(sql).await;
-        conn.claim.clear();
+        claim::release(&mut conn.claim, !commit || result.is_err());
         // After an error inside the transaction the client's idea of it may be stale: start
         // the next unit of work on a fresh connection.
         conn.broken |= after_failure || result.is_err();
@@ -1328,7 +1405,7 @@ impl SqlStore for Inner {
     fn abandon(&self, mut conn: Pooled) {
         // Closing the connection makes the server roll the transaction back.
         conn.broken = true;
-        conn.claim.clear();
+        claim::release(&mut conn.claim, true);
     }
 
     async fn took_effect(

@@ -257,32 +257,13 @@ ORDER BY RowVersion;"
     )
 }
 
-/// Babelfish's batch receive, taken in this host's turn: up to `max` of the oldest rows but
-/// the `excluded` ones this host holds, in a transaction it begins (committed at once when
-/// empty), giving up within 1 ms on a row another host holds. Returns the rows oldest first
-/// with their RowVersion last.
-pub fn babelfish_claim_batch(table: &str, max: u32, excluded: &[i64]) -> String {
-    let not_held = match excluded {
-        [] => String::new(),
-        rows => {
-            let rows: Vec<String> = rows.iter().map(i64::to_string).collect();
-            format!(" WHERE RowVersion NOT IN ({})", rows.join(", "))
-        }
-    };
-    format!(
-        "DECLARE @received TABLE (RowVersion bigint, Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max));
-SET LOCK_TIMEOUT {CLAIM_LOCK_TIMEOUT_MS};
-BEGIN TRAN;
-DELETE FROM {table}
-OUTPUT deleted.RowVersion, deleted.Id, deleted.Expires, deleted.Headers, deleted.Body INTO @received
-WHERE RowVersion IN (SELECT TOP({max}) RowVersion FROM {table}{not_held} ORDER BY RowVersion);
-IF @@ROWCOUNT = 0 AND @@TRANCOUNT > 0 COMMIT TRAN;
-SET LOCK_TIMEOUT -1;
-{READ_RECEIVED}, RowVersion
-FROM @received
-ORDER BY RowVersion;"
-    )
-}
+/// What a Babelfish claim sends back, straight to the client: Id, the server's UTC time,
+/// Headers, Body, Expires, RowVersion. Not through a table variable, which Babelfish makes as
+/// a temporary table on every statement: the claim with one took 2.0 ms a message and 1.0 ms
+/// without (1 000 claims and commits in one session). Babelfish rejects expressions over
+/// `deleted` in an OUTPUT, so whether the row has expired is decided by the host from Expires
+/// and the server's time (the same comparison the SQL Server receive makes, on the same clock).
+const CLAIM_OUTPUT: &str = "OUTPUT deleted.Id, GETUTCDATE(), deleted.Headers, deleted.Body, deleted.Expires, deleted.RowVersion";
 
 fn with_end_if_empty(receive: &str, end: &str) -> String {
     match receive.find("\nSELECT Id,") {
@@ -652,18 +633,10 @@ ORDER BY h.RowVersion",
 /// `lock_timeout = 0`, which there means "wait for ever".
 pub const CLAIM_LOCK_TIMEOUT_MS: u32 = 1;
 
-/// Babelfish's claiming receive (see `claim.rs`): deletes the row `skip` places from the
-/// head, giving up within [`CLAIM_LOCK_TIMEOUT_MS`] when another transaction holds it.
-/// `transactional`: inside a transaction it begins (committed at once when nothing was
-/// found); otherwise an autocommit delete (transaction mode `none`). The lock timeout is
-/// set back to "wait" before the rows are returned, so the rest of the unit of work (sends,
-/// commit) waits as usual. `skip` is a number the host computes, written into the text.
-pub fn babelfish_claim(
-    table: &str,
-    from: &str,
-    (excluded, skip): (&[i64], u32),
-    transactional: bool,
-) -> String {
+/// Babelfish's look-up of the rows a claim may take (see `claim.rs`): up to `n` RowVersions
+/// of `from` (every row, or on an ordered queue the rows that may run), oldest first, passing
+/// over the `excluded` rows this host holds and `skip` more. A read: it waits for no lock.
+pub fn babelfish_candidates(from: &str, (excluded, skip): (&[i64], u32), n: usize) -> String {
     let not_held = |lead: &str| match excluded {
         [] => String::new(),
         rows => {
@@ -674,22 +647,31 @@ pub fn babelfish_claim(
     let from = from
         .replace(WHERE_NOT_HELD, &not_held(" WHERE "))
         .replace(AND_NOT_HELD, &not_held("\n  AND h."));
-    let (begin, end_if_empty) = if transactional {
-        (
-            "BEGIN TRAN;\n",
-            "IF @@ROWCOUNT = 0 AND @@TRANCOUNT > 0 COMMIT TRAN;\n",
-        )
-    } else {
-        ("", "")
-    };
+    format!("{from} OFFSET {skip} ROWS FETCH NEXT {n} ROWS ONLY;")
+}
+
+/// Babelfish's claiming receive (see `claim.rs`): deletes exactly the `row_versions` a
+/// look-up found ([`babelfish_candidates`]), giving up within [`CLAIM_LOCK_TIMEOUT_MS`] when
+/// another transaction holds one, and sends them back as [`CLAIM_OUTPUT`] says. On an ordered
+/// queue the look-up has already decided that the rows may run, and nothing can change that
+/// before the claim: a key's next row is a candidate only once the one before it has gone,
+/// a key is held by the commit that removes its failed row, and a stage opens only when the
+/// previous one has no rows left. `transactional`: inside a transaction it begins, which an
+/// empty claim leaves for the host to end ([`CLAIM_GIVE_UP`]: on Babelfish `@@ROWCOUNT` is 0
+/// after a `DELETE ... OUTPUT` to the client, so the statement cannot tell); otherwise an
+/// autocommit delete (transaction mode `none`). The lock timeout is set back to "wait" before
+/// the statement ends, so the rest of the unit of work (sends, commit) waits as usual. The
+/// RowVersions are numbers the host read, written into the text.
+pub fn babelfish_claim(table: &str, row_versions: &[i64], transactional: bool) -> String {
+    let rows: Vec<String> = row_versions.iter().map(i64::to_string).collect();
+    let begin = if transactional { "BEGIN TRAN;\n" } else { "" };
     format!(
-        "DECLARE @received TABLE (Id uniqueidentifier, Expires datetime, Headers nvarchar(max), Body varbinary(max), RowVersion bigint);
-SET LOCK_TIMEOUT {CLAIM_LOCK_TIMEOUT_MS};
+        "SET LOCK_TIMEOUT {CLAIM_LOCK_TIMEOUT_MS};
 {begin}DELETE FROM {table}
-OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion INTO @received
-WHERE RowVersion IN ({from} OFFSET {skip} ROWS FETCH NEXT 1 ROWS ONLY);
-{end_if_empty}SET LOCK_TIMEOUT -1;
-{READ_RECEIVED}, RowVersion FROM @received;"
+{CLAIM_OUTPUT}
+WHERE RowVersion IN ({});
+SET LOCK_TIMEOUT -1;",
+        rows.join(", ")
     )
 }
 
@@ -698,8 +680,8 @@ WHERE RowVersion IN ({from} OFFSET {skip} ROWS FETCH NEXT 1 ROWS ONLY);
 const WHERE_NOT_HELD: &str = "/*where not held*/";
 const AND_NOT_HELD: &str = "/*and not held*/";
 
-/// Ends a claim attempt that failed on a held row: rolls back whatever the failed batch left
-/// open and sets the lock timeout back to "wait".
+/// Ends a claim attempt that failed on a held row or found nothing: rolls back whatever it
+/// left open (nothing was taken) and sets the lock timeout back to "wait".
 pub const CLAIM_GIVE_UP: &str = "IF @@TRANCOUNT > 0 ROLLBACK TRAN;\nSET LOCK_TIMEOUT -1;";
 
 /// The most messages one multi-row insert carries: four parameters each, well under SQL

@@ -8,7 +8,7 @@ fn main() {
     let (kind, schema, queue) = match args.as_slice() {
         [k, s, q] => (k.as_str(), s.as_str(), q.as_str()),
         _ => {
-            eprintln!("usage: print_ddl sqlserver|postgres SCHEMA QUEUE");
+            eprintln!("usage: print_ddl sqlserver|postgres|postgres-notify SCHEMA QUEUE");
             std::process::exit(2);
         }
     };
@@ -29,6 +29,11 @@ fn main() {
         "postgres" => println!(
             "{};",
             throttlehost::transport::postgres::QueueStatements::new(schema, &queue).create
+        ),
+        "postgres-notify" => println!(
+            "{};",
+            throttlehost::transport::postgres::QueueStatements::new(schema, &queue)
+                .notify_on_insert
         ),
         other => {
             eprintln!("unknown kind {other}");

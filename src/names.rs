@@ -120,6 +120,16 @@ impl AsRef<str> for QueueName {
     }
 }
 
+/// A short tag for `text` that every host computes the same way: FNV-1a (64 bits) in hex.
+/// Not a secure hash; it names things (lock names, notification channels) that must be
+/// short and free of the characters of the text.
+pub fn stable_tag(text: &str) -> String {
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -418,17 +418,17 @@ impl throttlehost::handlers::Handler for BlockingHandler {
 async fn status_answers_while_handlers_block_every_worker() {
     let mut config = common::memory_config("orders");
     config.queues[0].concurrency.max = 2;
-    let host = HostBuilder::new(config)
-        .handler("orders", BlockingHandler(Duration::from_secs(4)))
-        .start()
-        .await
-        .unwrap();
-    first_sample(&host).await;
-    let base = format!("http://{}", host.admin_address().unwrap());
+    use throttlehost::transport::{QueueAdmin, Transport};
+    // Both messages wait before the host starts, so its first peek starts both handlers. Sent
+    // one by one to a running host, the first message's wake-up started its handler alone,
+    // and the receiver's next step could wait behind that handler on its blocked worker.
+    let memory = std::sync::Arc::new(throttlehost::transport::memory::MemoryTransport::new(
+        config.transport.transaction_mode,
+    ));
     let queue = throttlehost::transport::QueueName::new("orders").unwrap();
+    memory.create_queue(&queue).await.unwrap();
     for _ in 0..2 {
-        host.inner()
-            .publisher()
+        memory
             .send(
                 &queue,
                 &throttlehost::message::OutgoingMessage::new("block"),
@@ -436,6 +436,13 @@ async fn status_answers_while_handlers_block_every_worker() {
             .await
             .unwrap();
     }
+    let host = HostBuilder::new(config)
+        .transport(memory)
+        .handler("orders", BlockingHandler(Duration::from_secs(4)))
+        .start()
+        .await
+        .unwrap();
+    let base = format!("http://{}", host.admin_address().unwrap());
     // From a plain thread: with every worker blocked, the test's runtime cannot run timers.
     let inner = host.inner().clone();
     let answers = std::thread::spawn(move || {

@@ -67,3 +67,14 @@ fn held_keys_sql_is_what_a_holding_queue_creates() {
     let code = throttlehost::transport::sqlserver::held_statements("[dbo]").create;
     assert_eq!(normalize(&file), normalize(&code));
 }
+
+#[test]
+fn postgres_notify_sql_is_what_create_queue_runs() {
+    let file = std::fs::read_to_string("sql/postgres/notify.sql").unwrap();
+    let code = throttlehost::transport::postgres::QueueStatements::new(
+        "public",
+        &QueueName::new("Sales").unwrap(),
+    )
+    .notify_on_insert;
+    assert_eq!(normalize(&file), normalize(&format!("{code};")));
+}

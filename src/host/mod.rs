@@ -43,7 +43,7 @@ use crate::receive::{self, QueueRuntime, QueueSettings, ReceiveContext};
 use crate::throttling::sensors::{ResourceSensor, SystemSensor};
 use crate::throttling::service::{self, ServiceParts, ThrottleControl};
 use crate::throttling::{Clock, Direction, Throttle, TokioClock};
-use crate::transport::{self, ConflictSink, QueueName, Transport, TransportError};
+use crate::transport::{self, ArrivalSink, ConflictSink, QueueName, Transport, TransportError};
 
 /// Why a host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -178,6 +178,8 @@ impl HostBuilder {
 
         prepare_transport(&config, transport.as_ref(), &to_create, &queues).await?;
         transport.report_conflicts_to(Arc::new(ConflictCounters::of(&queues)));
+        let names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
+        transport.wake_on_arrival(&names, Arc::new(ArrivalWakes::of(&queues)));
 
         let mut sensor = self.sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
         check_memory_threshold(&config, sensor.as_mut())?;
@@ -390,6 +392,28 @@ impl ConflictSink for ConflictCounters {
     fn deadlock(&self, queue: &QueueName) {
         if let Some((_, deadlocks)) = self.0.get(queue) {
             deadlocks.increment(1);
+        }
+    }
+}
+
+/// Wakes a receiving queue's idle receivers when the transport says messages arrived.
+struct ArrivalWakes(HashMap<QueueName, std::sync::Weak<QueueRuntime>>);
+
+impl ArrivalWakes {
+    fn of(queues: &[Arc<QueueRuntime>]) -> Self {
+        ArrivalWakes(
+            queues
+                .iter()
+                .map(|q| (q.name.clone(), Arc::downgrade(q)))
+                .collect(),
+        )
+    }
+}
+
+impl ArrivalSink for ArrivalWakes {
+    fn arrived(&self, queue: &QueueName) {
+        if let Some(q) = self.0.get(queue).and_then(std::sync::Weak::upgrade) {
+            q.arrived();
         }
     }
 }

@@ -187,6 +187,7 @@ pub struct QueueRuntime {
     /// database size: they will join the queue).
     pub delayed_waiting: Arc<AtomicU64>,
     reconfigured: Notify,
+    arrivals: Notify,
     receiver_alive: AtomicBool,
 }
 
@@ -230,6 +231,7 @@ impl QueueRuntime {
             failures: FailureMemory::default(),
             single_receives: SingleReceives::default(),
             reconfigured: Notify::new(),
+            arrivals: Notify::new(),
             receiver_alive: AtomicBool::new(false),
         }
     }
@@ -275,6 +277,19 @@ impl QueueRuntime {
     /// Resolves at the next [`QueueRuntime::reconfigure`] (create it before checking).
     pub fn reconfigured(&self) -> tokio::sync::futures::Notified<'_> {
         self.reconfigured.notified()
+    }
+
+    /// Messages may have arrived (the transport said so): an idle receiver looks now instead
+    /// of at its next peek. Kept until a receiver waits, so an arrival between two waits is
+    /// not lost.
+    pub fn arrived(&self) {
+        self.arrivals.notify_one();
+    }
+
+    /// Completes at the next arrival ([`QueueRuntime::arrived`]), or at once for one that came
+    /// while nobody waited.
+    pub fn arrival(&self) -> tokio::sync::futures::Notified<'_> {
+        self.arrivals.notified()
     }
 
     /// The flag the receiver keeps set while it runs.

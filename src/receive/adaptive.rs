@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{Backoff, IdlePolling, QueueRuntime, ReceiveContext, Turn, pause, turn};
+use super::{Backoff, IdlePolling, QueueRuntime, ReceiveContext, Turn, idle_pause, pause, turn};
 
 struct Adaptive {
     q: Arc<QueueRuntime>,
@@ -95,7 +95,7 @@ async fn receive_loop(a: Arc<Adaptive>) {
                     // The last loop: poll cheaply until messages show up.
                     a.idle.wait_for_work(q, ctx).await
                 } else {
-                    pause(ctx, backoff.next(q.settings().peek_interval)).await
+                    idle_pause(ctx, q, backoff.next(q.settings().peek_interval)).await
                 }
             }
             Turn::Failed(wait) => pause(ctx, wait).await,

@@ -260,6 +260,16 @@ pub(crate) async fn pause(ctx: &ReceiveContext, d: Duration) -> bool {
     }
 }
 
+/// Waits `d` on a queue found idle, or less when messages arrive ([`QueueRuntime::arrived`]):
+/// false when shutdown began.
+pub(crate) async fn idle_pause(ctx: &ReceiveContext, q: &QueueRuntime, d: Duration) -> bool {
+    tokio::select! {
+        _ = ctx.stop.cancelled() => false,
+        _ = q.arrival() => true,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
 /// Back-off between polls of an empty queue: doubles from 50 ms up to the peek interval.
 #[derive(Debug)]
 pub(crate) struct Backoff {
@@ -372,7 +382,7 @@ impl IdlePolling {
     async fn poll(&self, q: &QueueRuntime, ctx: &ReceiveContext) -> Option<u64> {
         loop {
             let wait = self.backoff.next(q.settings().peek_interval);
-            if !pause(ctx, wait).await {
+            if !idle_pause(ctx, q, wait).await {
                 return None;
             }
             let start = q.depth.read_started();

@@ -19,7 +19,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::batch::receive_some;
 use super::{
-    Backoff, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_then_acquire, pause, process,
+    Backoff, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_then_acquire, idle_pause, pause,
+    process,
 };
 
 /// Counts receive tasks of one batch until each has run its receive, or one found nothing.
@@ -115,7 +116,7 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
             }
         };
         if depth == 0 {
-            if !pause(&ctx, backoff.next(q.settings().peek_interval)).await {
+            if !idle_pause(&ctx, &q, backoff.next(q.settings().peek_interval)).await {
                 break;
             }
             continue;
@@ -171,7 +172,7 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
         }
         if batch.got_any() {
             backoff.reset();
-        } else if !pause(&ctx, backoff.next(q.settings().peek_interval)).await {
+        } else if !idle_pause(&ctx, &q, backoff.next(q.settings().peek_interval)).await {
             // The peek counted messages no receive could take: rows of an ordered queue
             // waiting for their key's message in a handler, or rows another host took first.
             // Peeking again at once spun a peek and a receive back to back for as long as a

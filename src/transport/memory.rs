@@ -25,7 +25,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use super::delayed::{DelayedDelivery, Moved, delayed_headers};
-use super::{HeldKey, Payload, QueueAdmin, QueueName, Received, Transport, TransportError};
+use super::{
+    ArrivalSink, HeldKey, Payload, QueueAdmin, QueueName, Received, Transport, TransportError,
+};
 use crate::config::{OrderingConfig, TransactionMode};
 use crate::message::{
     EXECUTION_STAGE_HEADER, Headers, Message, OutgoingMessage, PREVIOUS_STAGE_HEADER,
@@ -184,6 +186,8 @@ struct Shared {
     queues: Mutex<HashMap<QueueName, Arc<Mutex<QueueState>>>>,
     delayed: Mutex<HashMap<QueueName, DelayedTable>>,
     open_receives: AtomicU64,
+    /// Told of every message that becomes receivable ([`Transport::wake_on_arrival`]).
+    arrivals: Mutex<Option<Arc<dyn ArrivalSink>>>,
 }
 
 impl Shared {
@@ -220,11 +224,22 @@ impl Shared {
             return Ok(());
         }
         let queue = self.queue(name)?;
-        let mut state = lock(&queue);
-        let seq = state.next_seq;
-        state.next_seq += 1;
-        state.ready.insert(seq, message);
+        {
+            let mut state = lock(&queue);
+            let seq = state.next_seq;
+            state.next_seq += 1;
+            state.ready.insert(seq, message);
+        }
+        self.arrived(name);
         Ok(())
+    }
+
+    /// Wakes `name`'s idle receivers, when someone listens.
+    fn arrived(&self, name: &QueueName) {
+        let sink = lock(&self.arrivals).clone();
+        if let Some(sink) = sink {
+            sink.arrived(name);
+        }
     }
 }
 
@@ -321,6 +336,12 @@ fn stored_from(message: &OutgoingMessage) -> Result<StoredMessage, TransportErro
 impl Transport for MemoryTransport {
     fn describe(&self) -> String {
         "memory (in-process; messages are lost when the process exits)".into()
+    }
+
+    /// Every message stored ready in a queue (sent, committed with a receive, moved when
+    /// due) wakes its receivers: an in-process queue needs no peek to know.
+    fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn ArrivalSink>) {
+        *lock(&self.shared.arrivals) = Some(sink);
     }
 
     async fn send(
@@ -573,16 +594,23 @@ impl MemoryReceived {
         };
         self.shared.open_receives.fetch_sub(1, Ordering::Relaxed);
         self.session = None;
-        let mut queue = lock(&self.queue);
-        if restore && self.restore_on_drop {
-            if let Payload::Message(m) = &mut self.payload {
-                stored.body = std::mem::take(&mut m.body);
+        let restored = restore && self.restore_on_drop;
+        {
+            let mut queue = lock(&self.queue);
+            if restored {
+                if let Payload::Message(m) = &mut self.payload {
+                    stored.body = std::mem::take(&mut m.body);
+                }
+                queue.ready.insert(self.seq, stored);
             }
-            queue.ready.insert(self.seq, stored);
+            // Back in place (or gone) before the key and stage are free: the next receive
+            // sees the row it must take first, or wait for.
+            queue.release(&self.holds);
         }
-        // Back in place (or gone) before the key and stage are free: the next receive sees
-        // the row it must take first, or wait for.
-        queue.release(&self.holds);
+        // A message back in its queue, or a key or stage freed, is work for an idle receiver.
+        if restored || self.holds.key.is_some() || self.holds.stage.is_some() {
+            self.shared.arrived(&self.queue_name);
+        }
     }
 }
 

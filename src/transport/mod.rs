@@ -319,6 +319,14 @@ pub trait ConflictSink: Send + Sync {
     fn deadlock(&self, queue: &QueueName);
 }
 
+/// Where a transport says that messages may have arrived on a queue this host receives (the
+/// database notified it, or this process sent them), so idle receivers look at once instead
+/// of at their next peek. A hint, never the only way to find messages: receivers still peek.
+pub trait ArrivalSink: Send + Sync {
+    /// Messages may have arrived on `queue`.
+    fn arrived(&self, queue: &QueueName);
+}
+
 /// What [`Received::commit_and_receive`] did.
 pub struct CommitAndReceive {
     /// The commit of the current receive.
@@ -492,6 +500,11 @@ pub trait Transport: QueueAdmin {
     /// From now on, reports the lock conflicts this transport handles itself to `sink`
     /// (default: a transport that has none ignores it).
     fn report_conflicts_to(&self, _sink: Arc<dyn ConflictSink>) {}
+
+    /// From now on, tells `sink` when messages arrive on `queues` (default: a transport that
+    /// cannot tell says nothing, and its receivers find messages by peeking). Call it inside
+    /// the runtime: a transport may start a task that listens; it ends with the transport.
+    fn wake_on_arrival(&self, _queues: &[QueueName], _sink: Arc<dyn ArrivalSink>) {}
 }
 
 /// Opens the transport a configuration describes.

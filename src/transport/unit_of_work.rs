@@ -90,6 +90,11 @@ pub(crate) trait SqlStore: Send + Sync + Sized + 'static {
         receipt: Receipt,
     ) -> Result<bool, TransportError>;
 
+    /// Messages sent by this process became visible in `queue` (their transaction committed):
+    /// a store whose server does not notify wakes the queue's receivers here (default:
+    /// nothing, the server notifies).
+    fn arrived(&self, _queue: &QueueName) {}
+
     /// Records, on a connection of its own and committed at once, that message `id` of
     /// `queue` holds its `key` ([`Received::hold`]).
     async fn hold(
@@ -243,6 +248,8 @@ pub(crate) struct SqlReceived<S: SqlStore> {
     raw: Option<(String, Vec<u8>)>,
     /// The id of the receiving transaction, when the server told it.
     transaction: Option<i64>,
+    /// Queues sent to inside the transaction, told of when it commits ([`SqlStore::arrived`]).
+    sent_to: Vec<QueueName>,
 }
 
 impl<S: SqlStore> SqlReceived<S> {
@@ -264,6 +271,7 @@ impl<S: SqlStore> SqlReceived<S> {
             failed: false,
             payload,
             raw,
+            sent_to: Vec::new(),
         })
     }
 
@@ -279,6 +287,13 @@ impl<S: SqlStore> SqlReceived<S> {
         Receipt {
             id: self.payload.id(),
             transaction: self.transaction,
+        }
+    }
+
+    /// The transaction committed: its sends are visible.
+    fn sent_arrived(&self) {
+        for queue in &self.sent_to {
+            self.store.arrived(queue);
         }
     }
 
@@ -311,9 +326,16 @@ impl<S: SqlStore> Received for SqlReceived<S> {
         match self.conn.as_mut() {
             Some(conn) => {
                 let result = self.store.insert(conn, queue, message).await;
+                if result.is_ok() && !self.sent_to.contains(queue) {
+                    self.sent_to.push(queue.clone());
+                }
                 self.inside(result)
             }
-            None => self.store.insert_alone(queue, message).await,
+            None => {
+                self.store.insert_alone(queue, message).await?;
+                self.store.arrived(queue);
+                Ok(())
+            }
         }
     }
 
@@ -335,7 +357,11 @@ impl<S: SqlStore> Received for SqlReceived<S> {
             return Err(TransportError::aborted(&self.queue));
         }
         let committed = self.end(true).await;
-        settle_commit(&*self.store, &self.queue, self.receipt(), committed).await
+        let settled = settle_commit(&*self.store, &self.queue, self.receipt(), committed).await;
+        if settled.is_ok() {
+            self.sent_arrived();
+        }
+        settled
     }
 
     async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
@@ -371,6 +397,9 @@ impl<S: SqlStore> Received for SqlReceived<S> {
                 let receipt = self.receipt();
                 done.committed =
                     settle_commit(&*self.store, &self.queue, receipt, done.committed).await;
+                if done.committed.is_ok() {
+                    self.sent_arrived();
+                }
                 done
             }
             (_, conn) => {
@@ -390,6 +419,8 @@ pub(crate) struct SqlBatchWork<S: SqlStore> {
     conn: Option<S::Conn>,
     /// A write in the transaction failed.
     failed: bool,
+    /// Queues sent to inside the transaction, told of when it commits.
+    sent_to: Vec<QueueName>,
 }
 
 impl<S: SqlStore> SqlBatchWork<S> {
@@ -400,6 +431,7 @@ impl<S: SqlStore> SqlBatchWork<S> {
             queue: queue.clone(),
             conn: Some(conn),
             failed: false,
+            sent_to: Vec::new(),
         }
     }
 
@@ -437,6 +469,9 @@ impl<S: SqlStore> BatchWork for SqlBatchWork<S> {
         let store = self.store.clone();
         let result = store.insert_many(self.conn()?, queue, messages).await;
         self.failed |= result.is_err();
+        if result.is_ok() && !self.sent_to.contains(queue) {
+            self.sent_to.push(queue.clone());
+        }
         result
     }
 
@@ -460,7 +495,12 @@ impl<S: SqlStore> BatchWork for SqlBatchWork<S> {
     }
 
     async fn commit(self: Box<Self>) -> Result<(), TransportError> {
-        self.end(true).await
+        let (store, sent_to) = (self.store.clone(), self.sent_to.clone());
+        self.end(true).await?;
+        for queue in &sent_to {
+            store.arrived(queue);
+        }
+        Ok(())
     }
 
     async fn rollback(self: Box<Self>) -> Result<(), TransportError> {

@@ -6,6 +6,7 @@
 //! commits or rolls back. A receive dropped without either discards its connection, which makes the
 //! server roll the transaction back: the message returns to the queue.
 
+mod listen;
 mod pipeline;
 mod statements;
 mod tls;
@@ -65,6 +66,19 @@ struct Inner {
     /// Which pooled connections have which receive statements prepared under their SQL
     /// names (see `pipeline`).
     prepared_receives: Mutex<HashMap<ObjectId, Vec<String>>>,
+    /// How the listening connection connects (see `listen`): the pool's settings.
+    listen_with: (
+        tokio_postgres::Config,
+        Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    ),
+    /// Ends the listening connection with the transport.
+    stop_listening: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop_listening.cancel();
+    }
 }
 
 impl PostgresTransport {
@@ -104,16 +118,25 @@ impl PostgresTransport {
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
-        let manager = if pg.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
-            Manager::from_config(pg, tokio_postgres::NoTls, manager_config)
-        } else {
-            // libpq semantics (see `tls`): prefer/require encrypt without checking the
-            // certificate; verify-ca/verify-full check it.
-            let connector = tls
-                .connector()
-                .map_err(|e| TransportError::Config(format!("transport.connection_string: {e}")))?;
-            Manager::from_config(pg, connector, manager_config)
-        };
+        let (manager, listen_with) =
+            if pg.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
+                let listen_with = (pg.clone(), None);
+                (
+                    Manager::from_config(pg, tokio_postgres::NoTls, manager_config),
+                    listen_with,
+                )
+            } else {
+                // libpq semantics (see `tls`): prefer/require encrypt without checking the
+                // certificate; verify-ca/verify-full check it.
+                let connector = tls.connector().map_err(|e| {
+                    TransportError::Config(format!("transport.connection_string: {e}"))
+                })?;
+                let listen_with = (pg.clone(), Some(connector.clone()));
+                (
+                    Manager::from_config(pg, connector, manager_config),
+                    listen_with,
+                )
+            };
         let pool = Pool::builder(manager)
             .max_size(config.pool_size as usize)
             .wait_timeout(Some(config.connect_timeout))
@@ -134,6 +157,8 @@ impl PostgresTransport {
                 silence: Arc::default(),
                 statements: RwLock::new(HashMap::new()),
                 prepared_receives: Mutex::new(HashMap::new()),
+                listen_with,
+                stop_listening: tokio_util::sync::CancellationToken::new(),
             }),
         })
     }
@@ -907,6 +932,30 @@ impl Transport for PostgresTransport {
         self.inner.silence.silent_for(self.inner.silent_after())
     }
 
+    /// One listening connection for all of `queues` (outside the pool), woken by the
+    /// tables' insert trigger (see `listen`).
+    fn wake_on_arrival(&self, queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) {
+        let channels: HashMap<String, QueueName> = queues
+            .iter()
+            .filter_map(|queue| {
+                let st = self.inner.statements(queue).ok()?;
+                Some((st.notify_channel.clone(), queue.clone()))
+            })
+            .collect();
+        if channels.is_empty() {
+            return;
+        }
+        let (config, tls) = self.inner.listen_with.clone();
+        let listener = listen::Listener {
+            config,
+            tls,
+            channels,
+            sink,
+            stop: self.inner.stop_listening.clone(),
+        };
+        tokio::spawn(listener.run());
+    }
+
     fn connections_in_use(&self) -> u64 {
         let s = self.inner.pool.status();
         s.size.saturating_sub(s.available) as u64
@@ -1060,6 +1109,13 @@ impl QueueAdmin for PostgresTransport {
             tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
                 .await?;
             tx.batch_execute(&st.create).await?;
+            // The notify function is the schema's, shared by its tables: one creator at a time.
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('throttlehost_notify:' || $1))",
+                &[&self.inner.schema],
+            )
+            .await?;
+            tx.batch_execute(&st.notify_on_insert).await?;
             tx.commit().await
         }
         .await;

@@ -27,6 +27,15 @@ pub struct QueueStatements {
     pub table: String,
     /// Creates the table (idempotent; run under an advisory lock).
     pub create: String,
+    /// The channel the table's inserts notify (see [`QueueStatements::notify_on_insert`]):
+    /// `throttlehost_` and a tag of the table's name, within PostgreSQL's 63 bytes.
+    pub notify_channel: String,
+    /// Makes every insert statement into the table (this host's sends, other hosts',
+    /// NServiceBus's, the delayed mover's) notify [`QueueStatements::notify_channel`] once,
+    /// in its own transaction, so listeners hear of it when the rows are visible: the
+    /// schema's `throttlehost_notify()` function and the table's statement trigger, made when
+    /// missing (idempotent; run under the schema's advisory lock, see `create_queue`).
+    pub notify_on_insert: String,
     /// Inserts a row; `$1` id, `$2` time-to-be-received in ms (NULL = never expires),
     /// `$3` headers, `$4` body. Expiry is computed from the server's clock.
     pub send: String,
@@ -127,6 +136,26 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (Due)"
     }
 }
 
+/// The function and trigger of [`QueueStatements::notify_on_insert`]. Names are validated
+/// (no quotes), so they can sit inside the literals.
+fn notify_on_insert(schema: &str, table: &str, channel: &str) -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION {schema}.throttlehost_notify() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+  PERFORM pg_notify(TG_ARGV[0], '');
+  RETURN NULL;
+END
+$body$;
+DO $do$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{table}'::regclass AND tgname = 'throttlehost_notify') THEN
+    CREATE TRIGGER throttlehost_notify AFTER INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {schema}.throttlehost_notify('{channel}');
+  END IF;
+END
+$do$"
+    )
+}
+
 /// A name for a receive statement no other in this process has.
 fn next_receive_name() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -138,8 +167,11 @@ impl QueueStatements {
     /// Builds the statements for `schema`.`queue`.
     pub fn new(schema: &str, queue: &QueueName) -> Self {
         let table = format!("{}.{}", quote_ident(schema), quote_ident(queue.as_str()));
+        let notify_channel = format!("throttlehost_{}", crate::names::stable_tag(&table));
         QueueStatements {
             receive_name: next_receive_name(),
+            notify_on_insert: notify_on_insert(&quote_ident(schema), &table, &notify_channel),
+            notify_channel,
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {table} (
     Id uuid NOT NULL PRIMARY KEY,

@@ -71,6 +71,9 @@ struct Inner {
     held: claim::HeldRows,
     /// Where handled lock conflicts are counted ([`Transport::report_conflicts_to`]).
     conflicts: RwLock<Option<Arc<dyn ConflictSink>>>,
+    /// Told when this process's sends commit (SQL Server does not notify; see
+    /// [`Transport::wake_on_arrival`]).
+    arrivals: RwLock<Option<Arc<dyn super::ArrivalSink>>>,
 }
 
 /// Parses an ADO.NET connection string into a tiberius configuration. Errors never contain
@@ -160,6 +163,7 @@ impl SqlServerTransport {
                 recoverable_lookup: tokio::sync::Mutex::new(()),
                 held: claim::HeldRows::default(),
                 conflicts: RwLock::new(None),
+                arrivals: RwLock::new(None),
             }),
         })
     }
@@ -722,30 +726,11 @@ impl Inner {
     }
 }
 
-#[async_trait]
-impl Transport for SqlServerTransport {
-    fn describe(&self) -> String {
-        let dialect = match self.inner.dialect {
-            Dialect::Sqlserver => "sqlserver",
-            Dialect::Babelfish => "babelfish",
-        };
-        format!(
-            "{dialect} (schema [{}], pool {})",
-            self.inner.schema, self.inner.pool_size
-        )
-    }
-
-    async fn send(
-        &self,
-        queue: &QueueName,
-        message: &OutgoingMessage,
-    ) -> Result<(), TransportError> {
-        self.inner.insert_alone(queue, message).await
-    }
-
-    /// Multi-row inserts ([`statements::send_many`]); more than one statement's worth runs
-    /// in a transaction, so a batch is stored all or none.
-    async fn send_batch(
+impl SqlServerTransport {
+    /// Stores a batch ([`Transport::send_batch`]): multi-row inserts
+    /// ([`statements::send_many`]) or the TDS bulk load; more than one statement's worth
+    /// runs in a transaction, so a batch is stored all or none.
+    async fn store_batch(
         &self,
         queue: &QueueName,
         messages: &[OutgoingMessage],
@@ -776,6 +761,42 @@ impl Transport for SqlServerTransport {
             .end(conn, queue, sent.is_ok(), sent.is_err())
             .await?;
         sent
+    }
+}
+
+#[async_trait]
+impl Transport for SqlServerTransport {
+    fn describe(&self) -> String {
+        let dialect = match self.inner.dialect {
+            Dialect::Sqlserver => "sqlserver",
+            Dialect::Babelfish => "babelfish",
+        };
+        format!(
+            "{dialect} (schema [{}], pool {})",
+            self.inner.schema, self.inner.pool_size
+        )
+    }
+
+    async fn send(
+        &self,
+        queue: &QueueName,
+        message: &OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        self.inner.insert_alone(queue, message).await?;
+        self.inner.arrived(queue);
+        Ok(())
+    }
+
+    /// Multi-row inserts ([`statements::send_many`]); more than one statement's worth runs
+    /// in a transaction, so a batch is stored all or none.
+    async fn send_batch(
+        &self,
+        queue: &QueueName,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), TransportError> {
+        self.store_batch(queue, messages).await?;
+        self.inner.arrived(queue);
+        Ok(())
     }
 
     async fn receive(
@@ -837,6 +858,16 @@ impl Transport for SqlServerTransport {
 
     fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
         Some(self)
+    }
+
+    /// SQL Server does not notify: only this process's own sends wake (when they commit);
+    /// messages of other senders are found at the next peek.
+    fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) {
+        *self
+            .inner
+            .arrivals
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(sink);
     }
 
     fn report_conflicts_to(&self, sink: Arc<dyn ConflictSink>) {
@@ -1309,6 +1340,17 @@ pub fn int_at(row: &tiberius::Row, index: usize) -> Option<i64> {
 
 #[async_trait]
 impl SqlStore for Inner {
+    fn arrived(&self, queue: &QueueName) {
+        let sink = self
+            .arrivals
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(sink) = sink {
+            sink.arrived(queue);
+        }
+    }
+
     type Conn = Pooled;
 
     async fn hold(

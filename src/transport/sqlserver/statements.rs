@@ -462,10 +462,7 @@ fn lock_name(table: &str, kind: &str, value: &str) -> String {
 /// A table's tag in lock names: FNV-1a (64 bits) of its quoted name in hex, computed here so
 /// that every host writes the same name and the statement converts nothing.
 fn table_tag(table: &str) -> String {
-    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{hash:016x}")
+    crate::names::stable_tag(table)
 }
 
 /// Per-key order ([`ordered_receive`] step 2): the candidates (each key's oldest in the

@@ -1,0 +1,128 @@
+//! The listening connection: one per host, outside the pool, that hears the queue tables'
+//! insert notifications (`statements::notify_on_insert`) and wakes the queues' idle receivers.
+//!
+//! A hint, never the only way in: a notification lost (the connection dropped, a table made by
+//! an older host without the trigger) costs at most a peek interval, as before. After every
+//! (re)connection the queues are woken once, for what arrived while nobody listened. A
+//! connection that stops answering is found by a `SELECT 1` every [`KEEPALIVE`] and replaced.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_postgres::{AsyncMessage, Client, Connection};
+use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_util::sync::CancellationToken;
+
+use crate::transport::{ArrivalSink, QueueName};
+
+/// How often a quiet listening connection is asked whether it still answers.
+const KEEPALIVE: Duration = Duration::from_secs(30);
+/// The wait before connecting again after the listening connection failed.
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+
+/// What the listener needs: where to connect, which channel is which queue, whom to tell.
+pub(super) struct Listener {
+    pub config: tokio_postgres::Config,
+    pub tls: Option<MakeRustlsConnect>,
+    pub channels: HashMap<String, QueueName>,
+    pub sink: Arc<dyn ArrivalSink>,
+    pub stop: CancellationToken,
+}
+
+impl Listener {
+    /// Listens until `stop`, connecting again after every failure.
+    pub async fn run(self) {
+        let mut failed_before = false;
+        while !self.stop.is_cancelled() {
+            let ended = match &self.tls {
+                None => match self.config.connect(tokio_postgres::NoTls).await {
+                    Ok((client, connection)) => self.listen_on(client, connection).await,
+                    Err(e) => Err(e.to_string()),
+                },
+                Some(tls) => match self.config.connect(tls.clone()).await {
+                    Ok((client, connection)) => self.listen_on(client, connection).await,
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            match ended {
+                Ok(()) => return,
+                Err(e) => {
+                    if !failed_before {
+                        tracing::warn!(error = %e, "the listening connection failed; receivers find new messages by peeking until it is back");
+                    }
+                    failed_before = true;
+                }
+            }
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep(RECONNECT_AFTER) => {}
+            }
+        }
+    }
+
+    /// Listens on one connection: Ok when stopped, Err when the connection failed.
+    async fn listen_on<S, T>(
+        &self,
+        client: Client,
+        mut connection: Connection<S, T>,
+    ) -> Result<(), String>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let channels = self.channels.clone();
+        let sink = self.sink.clone();
+        let mut driver = tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                if let AsyncMessage::Notification(n) = message?
+                    && let Some(queue) = channels.get(n.channel())
+                {
+                    sink.arrived(queue);
+                }
+            }
+            Ok::<(), tokio_postgres::Error>(())
+        });
+        let listen: String = self
+            .channels
+            .keys()
+            .map(|channel| format!("LISTEN \"{channel}\";"))
+            .collect();
+        client
+            .batch_execute(&listen)
+            .await
+            .map_err(|e| e.to_string())?;
+        // What arrived while nobody listened.
+        for queue in self.channels.values() {
+            self.sink.arrived(queue);
+        }
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => {
+                    driver.abort();
+                    return Ok(());
+                }
+                ended = &mut driver => {
+                    return Err(match ended {
+                        Ok(Err(e)) => e.to_string(),
+                        Ok(Ok(())) => "the server closed the connection".to_owned(),
+                        Err(e) => format!("the listening task ended: {e}"),
+                    });
+                }
+                _ = tokio::time::sleep(KEEPALIVE) => {
+                    let answered = tokio::time::timeout(KEEPALIVE, client.simple_query("SELECT 1")).await;
+                    let failed = match answered {
+                        Ok(Ok(_)) => continue,
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => format!("no answer to a keepalive within {KEEPALIVE:?}"),
+                    };
+                    driver.abort();
+                    return Err(failed);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Pickup on an idle PostgreSQL queue: every insert notifies (the table's statement trigger),
+//! the host's listening connection hears it, and idle receivers look at once instead of at
+//! their next peek. The peek interval here is 30 s, so a message handled within a few
+//! seconds was found by its notification.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use throttlehost::HostBuilder;
+use throttlehost::config::{ConcurrencyModel, TransactionMode};
+use throttlehost::message::OutgoingMessage;
+use throttlehost::transport::{QueueAdmin, Transport};
+
+use common::{PgSchema, Probe, ProbeHandler, pg_config, q, wait_until};
+
+const PEEK_INTERVAL: Duration = Duration::from_secs(30);
+/// The bound on pickup after a notification: milliseconds are expected; a second leaves room
+/// for a loaded machine and is still far below any wait the receivers would make without it.
+const PICKUP_BOUND: Duration = Duration::from_secs(1);
+
+/// Starts a host on an idle queue, lets its receivers settle for `settle`, then sends one
+/// message from another connection (as another host or NServiceBus would) and checks it is
+/// handled within [`PICKUP_BOUND`]; then a batch, handled too.
+async fn an_idle_queue_is_woken_by_an_insert(model: ConcurrencyModel, settle: Duration) {
+    let schema = PgSchema::new();
+    let mut config = pg_config(&schema, "work", model, 4);
+    config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    let sender = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    sender.create_queue(&q("work")).await.unwrap();
+    tokio::time::sleep(settle).await;
+    let sent = Instant::now();
+    sender
+        .send(&q("work"), &OutgoingMessage::new(vec![1]))
+        .await
+        .unwrap();
+    wait_until(PEEK_INTERVAL, "the message handled", || {
+        probe.handled() >= 1
+    })
+    .await;
+    let took = sent.elapsed();
+    assert!(
+        took < PICKUP_BOUND,
+        "{model:?}: handled {took:?} after it was sent, after {settle:?} idle"
+    );
+    // A batch send notifies too (one statement, one notification).
+    let batch: Vec<OutgoingMessage> = (0..10u8).map(|i| OutgoingMessage::new(vec![i])).collect();
+    sender.send_batch(&q("work"), &batch).await.unwrap();
+    wait_until(Duration::from_secs(5), "the batch handled", || {
+        probe.handled() >= 11
+    })
+    .await;
+    host.shutdown().await;
+}
+
+/// The monitor's first idle wait is the whole peek interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_is_woken_by_an_insert() {
+    an_idle_queue_is_woken_by_an_insert(ConcurrencyModel::Monitor, Duration::from_millis(500))
+        .await;
+}
+
+/// Loops back off from 50 ms, doubling: after 13 s idle the poller is in a wait of 12.8 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_and_adaptive_loops_are_woken_by_an_insert() {
+    let settle = Duration::from_secs(13);
+    tokio::join!(
+        an_idle_queue_is_woken_by_an_insert(ConcurrencyModel::Fixed, settle),
+        an_idle_queue_is_woken_by_an_insert(ConcurrencyModel::Adaptive, settle)
+    );
+}
+
+/// A table made before the trigger existed (or by NServiceBus) gets it when a host starts on
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_without_the_trigger_gets_it_when_a_host_starts() {
+    let schema = PgSchema::new();
+    let setup = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    setup.create_queue(&q("old")).await.unwrap();
+    let client = schema.client().await;
+    client
+        .batch_execute(&format!(
+            "DROP TRIGGER throttlehost_notify ON \"{}\".\"old\"",
+            schema.name
+        ))
+        .await
+        .unwrap();
+    let mut config = pg_config(&schema, "old", ConcurrencyModel::Monitor, 2);
+    config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .handler("old", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = Instant::now();
+    setup
+        .send(&q("old"), &OutgoingMessage::new(vec![1]))
+        .await
+        .unwrap();
+    wait_until(PEEK_INTERVAL, "woken on the old table", || {
+        probe.handled() >= 1
+    })
+    .await;
+    assert!(sent.elapsed() < PICKUP_BOUND, "{:?}", sent.elapsed());
+    host.shutdown().await;
+}
+
+/// In process no notification is needed: the memory transport wakes a queue's receivers on
+/// every message stored ready, sent or rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_transport_wakes_its_receivers_itself() {
+    use std::sync::Arc;
+    use throttlehost::transport::memory::MemoryTransport;
+    let memory = Arc::new(MemoryTransport::new(TransactionMode::ReceiveOnly));
+    let mut config = common::memory_config("work");
+    config.host.admin_address = "off".into();
+    config.queues[0].concurrency.model = ConcurrencyModel::Monitor;
+    config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .transport(memory.clone())
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = Instant::now();
+    memory
+        .send(&q("work"), &OutgoingMessage::new(vec![1]))
+        .await
+        .unwrap();
+    wait_until(PEEK_INTERVAL, "the message handled", || {
+        probe.handled() >= 1
+    })
+    .await;
+    assert!(sent.elapsed() < PICKUP_BOUND, "{:?}", sent.elapsed());
+    host.shutdown().await;
+}
+
+/// SQL Server does not notify, but a send of this process wakes the queue's receivers when it
+/// commits: a message sent through the host's own transport (as its handlers' sends, ingest
+/// and the forward handler are) does not wait for the next peek.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_a_send_of_this_process_wakes_its_receivers() {
+    use std::sync::Arc;
+    use throttlehost::transport::sqlserver::SqlServerTransport;
+    let schema = common::mssql::Schema::new();
+    let transport_config = schema.transport_config(TransactionMode::ReceiveOnly, 8);
+    let transport = Arc::new(
+        SqlServerTransport::connect(&transport_config)
+            .await
+            .unwrap(),
+    );
+    let mut config = common::host_config(transport_config, "work", ConcurrencyModel::Monitor, 2);
+    config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .transport(transport.clone())
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let sent = Instant::now();
+    transport
+        .send(&q("work"), &OutgoingMessage::new(vec![1]))
+        .await
+        .unwrap();
+    wait_until(PEEK_INTERVAL, "the message handled", || {
+        probe.handled() >= 1
+    })
+    .await;
+    assert!(sent.elapsed() < PICKUP_BOUND, "{:?}", sent.elapsed());
+    // After work the idle back-off starts again at 50 ms, doubling: 13 s later the peeker is
+    // in a wait of 12.8 s.
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    let batch: Vec<OutgoingMessage> = (0..3u8).map(|i| OutgoingMessage::new(vec![i])).collect();
+    let sent = Instant::now();
+    transport.send_batch(&q("work"), &batch).await.unwrap();
+    wait_until(PEEK_INTERVAL, "the batch handled", || probe.handled() >= 4).await;
+    assert!(sent.elapsed() < PICKUP_BOUND, "{:?}", sent.elapsed());
+    host.shutdown().await;
+}
+
+/// Without its notification (a table without the trigger, and a host told not to create
+/// anything) a message is still received: at the next peek.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_notification_a_message_is_found_by_peeking() {
+    let schema = PgSchema::new();
+    let setup = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    setup.create_queue(&q("quiet")).await.unwrap();
+    setup.create_queue(&q("error")).await.unwrap();
+    let client = schema.client().await;
+    let table = format!("\"{}\".\"quiet\"", schema.name);
+    client
+        .batch_execute(&format!("DROP TRIGGER throttlehost_notify ON {table}"))
+        .await
+        .unwrap();
+    let mut config = pg_config(&schema, "quiet", ConcurrencyModel::Monitor, 2);
+    config.host.create_queues = false;
+    config.queues[0].concurrency.peek_interval = Duration::from_millis(300);
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .handler("quiet", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    setup
+        .send(&q("quiet"), &OutgoingMessage::new(vec![1]))
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(10), "found by a peek", || {
+        probe.handled() >= 1
+    })
+    .await;
+    let triggers: i64 = client
+        .query_one(
+            &format!("SELECT count(*) FROM pg_trigger WHERE tgrelid = '{table}'::regclass AND tgname = 'throttlehost_notify'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(triggers, 0, "no notification could have woken it");
+    host.shutdown().await;
+}
+
+/// The listening connection killed on the server comes back, and wakes receivers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_reconnects_after_its_connection_is_killed() {
+    use throttlehost::transport::postgres::QueueStatements;
+    let schema = PgSchema::new();
+    let mut config = pg_config(&schema, "work", ConcurrencyModel::Monitor, 2);
+    config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    let sender = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    let client = schema.client().await;
+    let channel = QueueStatements::new(&schema.name, &q("work")).notify_channel;
+    let listener = || async {
+        client
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE $1",
+                &[&format!("LISTEN \"{channel}\"%")],
+            )
+            .await
+            .unwrap()
+            .map(|row| row.get::<_, i32>(0))
+    };
+    let mut first = None;
+    for _ in 0..100 {
+        first = listener().await;
+        if first.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = first.expect("a listening connection");
+    client
+        .execute("SELECT pg_terminate_backend($1)", &[&first])
+        .await
+        .unwrap();
+    let mut second = None;
+    for _ in 0..200 {
+        second = listener().await.filter(|pid| *pid != first);
+        if second.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(second.is_some(), "listening again within 10 s");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = Instant::now();
+    sender
+        .send(&q("work"), &OutgoingMessage::new(vec![1]))
+        .await
+        .unwrap();
+    wait_until(PEEK_INTERVAL, "the message handled", || {
+        probe.handled() >= 1
+    })
+    .await;
+    assert!(sent.elapsed() < PICKUP_BOUND, "{:?}", sent.elapsed());
+    host.shutdown().await;
+}

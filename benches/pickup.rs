@@ -9,7 +9,8 @@
 //!   idle monitor: n=200 p50=1.1ms p99=2.4ms max=3.0ms
 //!
 //! Runs: (a) idle: one message every 100 ms to an idle queue; (b) steady: 1 000 msg/s from
-//! one sender for STEADY_SECONDS; then the senders' cost: 2 000 single sends and a batch of
+//! one sender for STEADY_SECONDS; (c) bursts: a batch of 1 000 every 100 ms for as long;
+//! then the senders' cost: 2 000 single sends and a batch of
 //! 20 000, each with the trigger and without, alternating.
 
 use std::collections::HashMap;
@@ -160,6 +161,31 @@ async fn pickup(model: ConcurrencyModel, schema: &str) {
         &format!("steady {model:?} ({rate:.0} msg/s sent)"),
         &clock,
         steady,
+    );
+
+    // Bursts: a batch of 1 000 every 100 ms (10 000 msg/s), each message stamped when its
+    // batch's send starts.
+    clock.latencies.lock().unwrap().clear();
+    let bursts = env_number("STEADY_SECONDS", 5) as usize * 10;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    for _ in 0..bursts {
+        tick.tick().await;
+        let batch: Vec<OutgoingMessage> = (0..1000)
+            .map(|_| OutgoingMessage::new(Vec::new()))
+            .collect();
+        let now = Instant::now();
+        clock
+            .sent
+            .lock()
+            .unwrap()
+            .extend(batch.iter().map(|m| (m.id, now)));
+        sender.send_batch(&queue, &batch).await.expect("batch");
+    }
+    wait_for(&clock, bursts * 1000).await;
+    report(
+        &format!("bursts {model:?} (1 000 every 100 ms)"),
+        &clock,
+        bursts * 1000,
     );
     host.shutdown().await;
 }

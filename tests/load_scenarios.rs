@@ -613,10 +613,13 @@ fn the_latency_aware_limit_settles_near_the_best_concurrency_of_a_sweep() {
         })
         .collect();
     let top = sweep.iter().map(|(_, rate)| *rate).fold(0.0, f64::max);
-    // The best concurrency: the lowest that reaches (nearly) the best throughput.
+    // The best concurrency: the lowest that reaches (nearly) the best throughput. The points
+    // on the plateau differ by noise: a clean-clone run measured 354 msg/s at 8 and 376 at
+    // 16 (94 %), and a 95 % line picked 16 there. 90 % still tells the plateau from the
+    // slope (4 reaches about half of it).
     let best = sweep
         .iter()
-        .find(|(_, rate)| *rate >= 0.95 * top)
+        .find(|(_, rate)| *rate >= 0.9 * top)
         .map(|(limit, _)| *limit)
         .unwrap();
     // The unloaded latency: the median at concurrency 1 (a p99 there would carry any hiccup

@@ -333,12 +333,8 @@ fn babelfish_ordered_receive_claims_from_the_rows_that_may_run() {
     assert!(look_up.contains(
         "\n  AND h.RowVersion NOT IN (7)\nORDER BY h.RowVersion OFFSET 2 ROWS FETCH NEXT 32 ROWS ONLY;"
     ));
-    // The claim takes the row the look-up found may run, by name, as on any queue.
-    let claim = babelfish_claim(&s.table, &[41], true);
-    assert_eq!(
-        claim,
-        babelfish_claim(&statements(Dialect::Babelfish).table, &[41], true)
-    );
+    // The claim takes the row the look-up found may run by name, as on any queue (its text
+    // is pinned in `babelfish_claim_receive`).
     for text in [
         &look_up,
         s.waiting.as_ref().unwrap(),

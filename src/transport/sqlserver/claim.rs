@@ -71,6 +71,14 @@ struct QueueState {
     elsewhere: VecDeque<(i64, Instant)>,
 }
 
+impl QueueState {
+    /// Whether the last look-up's candidates may still be handed out.
+    fn fresh(&self) -> bool {
+        self.looked_up
+            .is_some_and(|at| at.elapsed() <= CANDIDATE_LIFETIME)
+    }
+}
+
 impl QueueHeld {
     fn state(&self) -> std::sync::MutexGuard<'_, QueueState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -94,10 +102,7 @@ impl HeldRows {
         let of = self.queue(queue);
         let taken: Vec<i64> = {
             let mut state = of.state();
-            if state
-                .looked_up
-                .is_none_or(|at| at.elapsed() > CANDIDATE_LIFETIME)
-            {
+            if !state.fresh() {
                 state.candidates.clear();
             }
             let n = n.min(state.candidates.len());
@@ -160,10 +165,7 @@ impl LookingUp {
     /// waited for its turn.
     pub fn found_meanwhile(&self) -> bool {
         let state = self.of.state();
-        !state.candidates.is_empty()
-            && state
-                .looked_up
-                .is_some_and(|at| at.elapsed() <= CANDIDATE_LIFETIME)
+        !state.candidates.is_empty() && state.fresh()
     }
 
     /// The look-up found these rows free, oldest first: they become the candidates (but any

@@ -289,3 +289,48 @@ async fn the_listener_reconnects_after_its_connection_is_killed() {
     .await;
     host.shutdown().await;
 }
+
+/// Listening costs an idle queue nothing: everything a host sends its database while its one
+/// queue is idle (peeks, the controller's readings, the listening connection) is counted on
+/// the wire by a proxy, and stays within one statement per second (peek interval 1 s). The
+/// queue has no delayed table here: a mover adds one statement per minute once idle, after a
+/// back-off from 0.5 s that takes half a minute (`delayed::next_wait`'s tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_queue_costs_at_most_one_statement_per_second_with_listening() {
+    use common::CommitCutter;
+    const WINDOW: Duration = Duration::from_secs(8);
+    let schema = PgSchema::new();
+    let (proxy, transport) =
+        CommitCutter::for_postgres(&schema, TransactionMode::ReceiveOnly, 2).await;
+    let mut config = common::host_config(transport, "idle", ConcurrencyModel::Monitor, 2);
+    config.queues[0].concurrency.peek_interval = Duration::from_secs(1);
+    config.queues[0].delayed_delivery.enabled = false;
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .handler("idle", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    // Start-up (creating tables, the trigger, LISTEN) is over well within 3 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = proxy.statements.load(std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(WINDOW).await;
+    let idle = proxy.statements.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert!(
+        idle <= WINDOW.as_secs() + 1,
+        "{idle} statements in {WINDOW:?} on an idle queue"
+    );
+    // The count is of this host's statements: a message through the same proxy is seen.
+    let sender = schema.transport(TransactionMode::ReceiveOnly, 1).await;
+    picked_up(
+        &probe,
+        1,
+        sender.send(&q("idle"), &OutgoingMessage::new(vec![1])),
+    )
+    .await;
+    assert!(
+        proxy.statements.load(std::sync::atomic::Ordering::SeqCst) > before + idle,
+        "the receive went through the proxy"
+    );
+    host.shutdown().await;
+}

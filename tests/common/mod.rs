@@ -485,6 +485,51 @@ pub struct CommitCutter {
     frozen: Arc<std::sync::atomic::AtomicBool>,
     /// Connections cut so far.
     pub cut: Arc<AtomicU64>,
+    /// PostgreSQL statements the clients sent through so far (simple queries and executes of
+    /// the extended protocol, read from the message frames; meaningless for TDS).
+    pub statements: Arc<AtomicU64>,
+}
+
+/// Counts the statements in a PostgreSQL client's byte stream: each simple `Query` ('Q') and
+/// each `Execute` ('E') is one. The stream opens with untyped frames (an SSL or GSS request,
+/// answered with one byte, then the startup message); every later frame is a type byte and a
+/// length that counts itself.
+#[derive(Default)]
+struct StatementFrames {
+    started: bool,
+    pending: Vec<u8>,
+}
+
+impl StatementFrames {
+    const SSL_REQUEST: u32 = 80_877_103;
+    const GSS_REQUEST: u32 = 80_877_104;
+
+    /// Takes the next chunk; returns the statements it completed.
+    fn read(&mut self, chunk: &[u8]) -> u64 {
+        self.pending.extend_from_slice(chunk);
+        let mut statements = 0;
+        loop {
+            let at = usize::from(self.started);
+            let Some(length) = self.pending.get(at..at + 4) else {
+                return statements;
+            };
+            let length = u32::from_be_bytes(length.try_into().unwrap()) as usize;
+            let frame = at + length;
+            if self.pending.len() < frame {
+                return statements;
+            }
+            if self.started {
+                statements += u64::from(matches!(self.pending[0], b'Q' | b'E'));
+            } else {
+                let code = self
+                    .pending
+                    .get(4..8)
+                    .map(|c| u32::from_be_bytes(c.try_into().unwrap()));
+                self.started = !matches!(code, Some(Self::SSL_REQUEST | Self::GSS_REQUEST));
+            }
+            self.pending.drain(..frame);
+        }
+    }
 }
 
 impl CommitCutter {
@@ -495,13 +540,26 @@ impl CommitCutter {
         let armed = Arc::new(std::sync::Mutex::new(Cut::Never));
         let cut = Arc::new(AtomicU64::new(0));
         let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (a, c, f) = (armed.clone(), cut.clone(), frozen.clone());
+        let statements = Arc::new(AtomicU64::new(0));
+        let (a, c, f, s) = (
+            armed.clone(),
+            cut.clone(),
+            frozen.clone(),
+            statements.clone(),
+        );
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
                     continue;
                 };
-                tokio::spawn(Self::relay(client, server, a.clone(), c.clone(), f.clone()));
+                let ends = (client, server);
+                tokio::spawn(Self::relay(
+                    ends,
+                    a.clone(),
+                    c.clone(),
+                    f.clone(),
+                    s.clone(),
+                ));
             }
         });
         CommitCutter {
@@ -509,6 +567,7 @@ impl CommitCutter {
             armed,
             cut,
             frozen,
+            statements,
         }
     }
 
@@ -548,13 +607,14 @@ impl CommitCutter {
     }
 
     async fn relay(
-        client: tokio::net::TcpStream,
-        server: tokio::net::TcpStream,
+        (client, server): (tokio::net::TcpStream, tokio::net::TcpStream),
         armed: Arc<std::sync::Mutex<Cut>>,
         cut: Arc<AtomicU64>,
         frozen: Arc<std::sync::atomic::AtomicBool>,
+        statements: Arc<AtomicU64>,
     ) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut frames = StatementFrames::default();
         let (mut client_read, mut client_write) = client.into_split();
         let (mut server_read, mut server_write) = server.into_split();
         let thaw = |frozen: Arc<std::sync::atomic::AtomicBool>| async move {
@@ -584,6 +644,7 @@ impl CommitCutter {
             };
             thaw(frozen.clone()).await;
             let chunk = &buffer[..n];
+            statements.fetch_add(frames.read(chunk), Ordering::SeqCst);
             // PostgreSQL sends statements as UTF-8, TDS as UTF-16LE.
             const WIDE: &[u8] = b"C\0O\0M\0M\0I\0T\0";
             let commits = chunk.windows(6).any(|w| w.eq_ignore_ascii_case(b"COMMIT"))

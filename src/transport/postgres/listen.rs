@@ -3,8 +3,13 @@
 //!
 //! A hint, never the only way in: a notification lost (the connection dropped, a table made by
 //! an older host without the trigger) costs at most a peek interval, as before. After every
-//! (re)connection the queues are woken once, for what arrived while nobody listened. A
-//! connection that stops answering is found by a `SELECT 1` every [`KEEPALIVE`] and replaced.
+//! (re)connection the queues are woken once, for what arrived while nobody listened.
+//!
+//! A quiet listening connection sends no statements: a server that goes away is found by TCP
+//! keepalive probes (after [`KEEPALIVE_IDLE`], then every [`KEEPALIVE_INTERVAL`], given up after
+//! [`KEEPALIVE_RETRIES`] unanswered), which the kernels answer without the database doing any
+//! work, so listening adds nothing to an idle queue's statement count. A server that still
+//! answers probes but no longer sends notifications costs at most a peek interval, as above.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,8 +23,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::transport::{ArrivalSink, QueueName};
 
-/// How often a quiet listening connection is asked whether it still answers.
-const KEEPALIVE: Duration = Duration::from_secs(30);
+/// The quiet time after which TCP starts probing the listening connection.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// The time between unanswered probes.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes after which the connection counts as dead (found within about a minute).
+const KEEPALIVE_RETRIES: u32 = 3;
 /// The wait before connecting again after the listening connection failed.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
@@ -34,7 +43,12 @@ pub(super) struct Listener {
 
 impl Listener {
     /// Listens until `stop`, connecting again after every failure.
-    pub async fn run(self) {
+    pub async fn run(mut self) {
+        self.config
+            .keepalives(true)
+            .keepalives_idle(KEEPALIVE_IDLE)
+            .keepalives_interval(KEEPALIVE_INTERVAL)
+            .keepalives_retries(KEEPALIVE_RETRIES);
         let mut failed_before = false;
         while !self.stop.is_cancelled() {
             let ended = match &self.tls {
@@ -99,30 +113,16 @@ impl Listener {
         for queue in self.channels.values() {
             self.sink.arrived(queue);
         }
-        loop {
-            tokio::select! {
-                _ = self.stop.cancelled() => {
-                    driver.abort();
-                    return Ok(());
-                }
-                ended = &mut driver => {
-                    return Err(match ended {
-                        Ok(Err(e)) => e.to_string(),
-                        Ok(Ok(())) => "the server closed the connection".to_owned(),
-                        Err(e) => format!("the listening task ended: {e}"),
-                    });
-                }
-                _ = tokio::time::sleep(KEEPALIVE) => {
-                    let answered = tokio::time::timeout(KEEPALIVE, client.simple_query("SELECT 1")).await;
-                    let failed = match answered {
-                        Ok(Ok(_)) => continue,
-                        Ok(Err(e)) => e.to_string(),
-                        Err(_) => format!("no answer to a keepalive within {KEEPALIVE:?}"),
-                    };
-                    driver.abort();
-                    return Err(failed);
-                }
+        tokio::select! {
+            _ = self.stop.cancelled() => {
+                driver.abort();
+                Ok(())
             }
+            ended = &mut driver => Err(match ended {
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(())) => "the server closed the connection".to_owned(),
+                Err(e) => format!("the listening task ended: {e}"),
+            }),
         }
     }
 }

@@ -123,7 +123,7 @@ async fn a_table_without_the_trigger_gets_it_when_a_host_starts() {
 }
 
 /// In process no notification is needed: the memory transport wakes a queue's receivers on
-/// every message stored ready, sent or rolled back.
+/// every message stored ready, sent, rolled back or moved from the delayed table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_transport_wakes_its_receivers_itself() {
     use std::sync::Arc;
@@ -147,6 +147,55 @@ async fn the_memory_transport_wakes_its_receivers_itself() {
         memory.send(&q("work"), &OutgoingMessage::new(vec![1])),
     )
     .await;
+    // After 13 s idle the peeker is in a wait of 12.8 s and the mover, on its back-off from
+    // start-up, moves next at 15.5 s: only the move's wake gets the message handled soon.
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    moved_when_due(&probe, 2, memory.send(&q("work"), &delayed())).await;
+    host.shutdown().await;
+}
+
+/// A message due in a second, stored in the delayed table by its send.
+fn delayed() -> OutgoingMessage {
+    OutgoingMessage::new(vec![2]).with_delay(Duration::from_secs(1))
+}
+
+/// Runs `send` (of a message due in a second, which the host's mover moves once due, on its
+/// back-off of 0.5 s doubling from start-up) and checks the probe has handled `handled`
+/// messages within 8 s: the move woke the receivers, whose next peek is 30 s away.
+async fn moved_when_due<E: std::fmt::Debug>(
+    probe: &Probe,
+    handled: usize,
+    send: impl std::future::Future<Output = Result<(), E>>,
+) {
+    let sent = Instant::now();
+    send.await.unwrap();
+    wait_until(PEEK_INTERVAL, "the delayed message handled", || {
+        probe.handled() >= handled
+    })
+    .await;
+    assert!(
+        sent.elapsed() < Duration::from_secs(8),
+        "handled {:?} after it was sent, due after 1 s",
+        sent.elapsed()
+    );
+}
+
+/// A delayed message sent by another process is moved into the queue by this host's mover,
+/// whose insert notifies like any other: it is handled when due, not at the next peek.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_delayed_message_wakes_the_receivers() {
+    let schema = PgSchema::new();
+    let mut config = pg_config(&schema, "work", ConcurrencyModel::Monitor, 2);
+    config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    let sender = schema.transport(TransactionMode::ReceiveOnly, 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    moved_when_due(&probe, 1, sender.send(&q("work"), &delayed())).await;
     host.shutdown().await;
 }
 
@@ -186,6 +235,11 @@ async fn sqlserver_a_send_of_this_process_wakes_its_receivers() {
     tokio::time::sleep(Duration::from_secs(13)).await;
     let batch: Vec<OutgoingMessage> = (0..3u8).map(|i| OutgoingMessage::new(vec![i])).collect();
     picked_up(&probe, 4, transport.send_batch(&q("work"), &batch)).await;
+    // The same wait again, then a delayed message: the mover's back-off (0.5 s doubling from
+    // start-up) moves it about 31.5 s after start, 4.5 s after this send, and the move wakes
+    // the receivers; their next peek would be 12 s later.
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    moved_when_due(&probe, 5, transport.send(&q("work"), &delayed())).await;
     host.shutdown().await;
 }
 

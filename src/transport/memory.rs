@@ -478,6 +478,9 @@ impl DelayedDelivery for MemoryTransport {
                 state.ready.insert(seq, message);
             }
         }
+        if moved > 0 {
+            self.shared.arrived(queue);
+        }
         let tables = lock(&self.shared.delayed);
         let table = tables.get(queue);
         Ok(Moved {

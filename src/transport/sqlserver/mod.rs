@@ -956,6 +956,10 @@ impl DelayedDelivery for SqlServerTransport {
         let count = |i: usize| int_at(&row, i).unwrap_or(0).max(0) as u64;
         let now: Option<NaiveDateTime> = row.try_get(3).ok().flatten();
         let next: Option<NaiveDateTime> = row.try_get(4).ok().flatten();
+        if count(0) > 0 {
+            // The move committed: due messages are in the queue now, not at the next peek.
+            self.inner.arrived(queue);
+        }
         Ok(Moved {
             moved: count(0),
             busy: count(1) == 0,

@@ -32,6 +32,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+/// The version of this build (`--version`, the `build_info` and `host_info` metrics).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The commit this build was made from: `git rev-parse --short=12 HEAD` at build time, the
+/// `THROTTLEHOST_COMMIT` environment variable when a packager sets it, or "unknown".
+pub const COMMIT: &str = env!("THROTTLEHOST_COMMIT");
+
 pub mod admin;
 pub mod config;
 pub mod console;

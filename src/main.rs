@@ -8,10 +8,19 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// `--version`: the version and the commit it was built from, so hosts of a fleet can be told
+/// apart (the same pair is the `throttlehost_build_info` metric).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("THROTTLEHOST_COMMIT"),
+    ")"
+);
+
 /// A message-processing host for SQL Server queue tables (NServiceBus SQL transport layout)
 /// with BizTalk-style host throttling.
 #[derive(Debug, Parser)]
-#[command(name = "throttlehost", version, propagate_version = true)]
+#[command(name = "throttlehost", version = VERSION, propagate_version = true)]
 struct Cli {
     /// Log line format (filter with RUST_LOG, e.g. RUST_LOG=throttlehost=debug).
     #[arg(long, value_enum, default_value = "text", global = true)]

@@ -383,6 +383,20 @@ pub const METRICS: &[MetricDef] = &[
         &["host", "instance", "transport", "version"],
         "Always 1; identifies the host instance",
     ),
+    def(
+        "build_info",
+        G,
+        None,
+        &["version", "commit"],
+        "Always 1; the version and commit this binary was built from",
+    ),
+    def(
+        "throttling_samples_total",
+        C,
+        None,
+        &[],
+        "Samples the throttling controller has taken (one per throttling.sample_interval; stops growing when the controller stalls)",
+    ),
 ];
 
 const HANDLER_BUCKETS: &[f64] = &[
@@ -609,18 +623,24 @@ impl Metrics {
             database_size_threshold: self.gauge("database_size_threshold", &[]),
             database_sessions: self.gauge("database_sessions", &[]),
             database_sessions_threshold: self.gauge("database_sessions_threshold", &[]),
+            samples: self.counter("throttling_samples_total", &[]),
         }
     }
 
-    /// Sets the `host_info` gauge to 1 for these labels.
+    /// Sets the `host_info` gauge to 1 for these labels, and `build_info` for this build.
     pub fn host_info(&self, host: &str, instance: &str, transport: &str) {
+        self.gauge(
+            "build_info",
+            &[("version", crate::VERSION), ("commit", crate::COMMIT)],
+        )
+        .set(1.0);
         self.gauge(
             "host_info",
             &[
                 ("host", host),
                 ("instance", instance),
                 ("transport", transport),
-                ("version", env!("CARGO_PKG_VERSION")),
+                ("version", crate::VERSION),
             ],
         )
         .set(1.0);
@@ -763,6 +783,8 @@ pub struct HostMetrics {
     pub database_sessions: Gauge,
     /// Its threshold.
     pub database_sessions_threshold: Gauge,
+    /// Controller samples taken.
+    pub samples: Counter,
 }
 
 impl HostMetrics {

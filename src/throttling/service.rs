@@ -372,6 +372,7 @@ fn sense(
 }
 
 fn export(metrics: &HostMetrics, snapshot: &Snapshot) {
+    metrics.samples.increment(1);
     let (decision, readings, thresholds) =
         (&snapshot.decision, &snapshot.readings, &snapshot.thresholds);
     for direction in Direction::ALL {

@@ -6,6 +6,7 @@ pub mod load;
 pub mod queues;
 pub mod run;
 pub mod send;
+pub mod service;
 pub mod status;
 pub mod waiting;
 

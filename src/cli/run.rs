@@ -7,6 +7,7 @@ use std::time::Duration;
 use throttlehost::HostBuilder;
 use throttlehost::config::reload;
 
+use super::service::{self, ServiceManager};
 use super::waiting::Waiting;
 
 /// Starts the host, waiting for a database that does not answer yet (supervisors start hosts
@@ -18,6 +19,7 @@ async fn start_host(
     mut config: throttlehost::Config,
     mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
     triggers: &mut tokio::sync::mpsc::Receiver<reload::Trigger>,
+    manager: &ServiceManager,
 ) -> Result<throttlehost::Host, ExitCode> {
     let mut waiting: Option<Waiting> = None;
     let mut retry_in = Duration::from_secs(1);
@@ -61,6 +63,7 @@ async fn start_host(
             "database not reachable; starting once it answers"
         );
         let reason = format!("waiting for the database: {e}");
+        manager.waiting(&reason);
         match &waiting {
             Some(w) => w.set_reason(reason),
             None => waiting = Waiting::serve(&config.host.admin_address, reason).await,
@@ -89,24 +92,32 @@ async fn start_host(
 /// within about this of the database answering (a try is one connection attempt).
 const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Runs until SIGTERM or Ctrl-C.
+/// Runs until SIGTERM or Ctrl-C, telling a service manager how it goes (see `service`).
 pub async fn run(path: &Path) -> ExitCode {
     let config = match super::read_config(path) {
         Ok(c) => c,
         Err(code) => return code,
     };
+    let manager = ServiceManager::from_environment();
     let shutdown = super::shutdown_signal();
     tokio::pin!(shutdown);
     // SIGHUP reloads from the first moment (even while waiting for the database), and a file
     // that cannot be watched is said once (watch logs why).
     let (mut triggers, _guard) = reload::watch(path);
-    let host = match start_host(path, config, shutdown.as_mut(), &mut triggers).await {
+    let started = start_host(path, config, shutdown.as_mut(), &mut triggers, &manager).await;
+    let host = match started {
         Ok(host) => host,
-        Err(code) => return code,
+        Err(code) => {
+            manager.stopping();
+            return code;
+        }
     };
     if let Some(address) = host.admin_address() {
         println!("throttlehost running; console: http://{address}/ (also /status and /metrics)");
     }
+    manager.ready(service::STARTED);
+    let samples = host.inner().control().subscribe();
+    tokio::spawn(manager.clone().follow(samples));
     let mut failed = false;
     loop {
         tokio::select! {
@@ -119,10 +130,16 @@ pub async fn run(path: &Path) -> ExitCode {
             }
             Some(trigger) = triggers.recv() => {
                 tracing::info!(?trigger, "reloading configuration");
-                let _ = host.inner().reload();
+                manager.reloading();
+                let status = match host.inner().reload() {
+                    Ok(_) => "configuration reloaded".to_owned(),
+                    Err(e) => format!("reload refused, running on the previous configuration: {e}"),
+                };
+                manager.ready(&status);
             }
         }
     }
+    manager.stopping();
     let report = host.shutdown().await;
     if !report.drained {
         eprintln!(

@@ -176,7 +176,7 @@ fn a_host_waiting_for_its_database_is_not_ready_and_says_why() {
         .port();
     let host = manager.start(&format!(
         "[host]\nadmin_address = \"off\"\n[transport]\nkind = \"postgres\"\n\
-         connection_string = \"host=127.0.0.1 port={port} user=postgres dbname=test connect_timeout=1\"\n\
+         connection_string = \"host=127.0.0.1 port={port} user=postgres dbname=test connect_timeout=1\"\nconnect_timeout = \"1s\"\n\
          [[queues]]\nname = \"orders\"\n[queues.handler]\nkind = \"noop\"\n"
     ));
     let said = manager.received(Duration::from_secs(4));
@@ -188,10 +188,12 @@ fn a_host_waiting_for_its_database_is_not_ready_and_says_why() {
         .filter(|d| d.contains("STATUS=waiting for the database"))
         .count();
     assert!(waiting >= 2, "says why at every try: {said:?}");
+    // Each try extends the start past the next: within 1 s, plus twice the connect timeout
+    // (`transport.connect_timeout`, 1 s here), plus 10 s for the start itself.
     assert!(
         said.iter()
             .filter(|d| d.contains("STATUS=waiting"))
-            .all(|d| d.contains("EXTEND_TIMEOUT_USEC=10000000")),
+            .all(|d| d.contains("EXTEND_TIMEOUT_USEC=13000000")),
         "each extends the start: {said:?}"
     );
 }

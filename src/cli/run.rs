@@ -63,7 +63,10 @@ async fn start_host(
             "database not reachable; starting once it answers"
         );
         let reason = format!("waiting for the database: {e}");
-        manager.waiting(&reason);
+        // The next try starts within `retry_in` and gives up on a connection after the
+        // connect timeout; the margin covers a slow start-up of the host itself.
+        let next_within = retry_in + 2 * config.transport.connect_timeout + START_MARGIN;
+        manager.waiting(&reason, next_within);
         match &waiting {
             Some(w) => w.set_reason(reason),
             None => waiting = Waiting::serve(&config.host.admin_address, reason).await,
@@ -91,6 +94,10 @@ async fn start_host(
 /// The longest wait between tries to reach a database that is down at start: a host starts
 /// within about this of the database answering (a try is one connection attempt).
 const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What a start may take beyond the connection attempts (creating tables, starting
+/// receivers), for the service manager's start timeout while waiting.
+const START_MARGIN: Duration = Duration::from_secs(10);
 
 /// Runs until SIGTERM or Ctrl-C, telling a service manager how it goes (see `service`).
 pub async fn run(path: &Path) -> ExitCode {

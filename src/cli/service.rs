@@ -17,10 +17,6 @@ use throttlehost::throttling::controller::{Decision, DirectionDecision};
 use throttlehost::throttling::service::Snapshot;
 use tokio::sync::broadcast;
 
-/// How much longer a start may take each time the host says it still waits for the database
-/// (it tries every second; systemd's `TimeoutStartSec=` would otherwise end the wait).
-const EXTEND_START_BY: Duration = Duration::from_secs(10);
-
 /// Sends notifications when a service manager listens.
 #[derive(Clone, Debug)]
 pub struct ServiceManager {
@@ -44,9 +40,11 @@ impl ServiceManager {
         }
     }
 
-    /// Still starting: waiting for the database, for `reason`.
-    pub fn waiting(&self, reason: &str) {
-        let extend = u32::try_from(EXTEND_START_BY.as_micros()).unwrap_or(u32::MAX);
+    /// Still starting: waiting for the database, for `reason`; the next word comes within
+    /// `next_within` (the next try and its connection timeout), so the start is extended by
+    /// that, or systemd's `TimeoutStartSec=` would end a wait that is only waiting.
+    pub fn waiting(&self, reason: &str, next_within: Duration) {
+        let extend = u32::try_from(next_within.as_micros()).unwrap_or(u32::MAX);
         self.send(&[
             NotifyState::Status(reason),
             NotifyState::ExtendTimeoutUsec(extend),

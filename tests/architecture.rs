@@ -1,6 +1,7 @@
 //! The code stays walkable. The data flow goes one way: no two top-level modules of `src/`
 //! import each other, directly or around a circle (read from the code itself: every
-//! `crate::<module>` path outside comments and unit-test modules is an edge). And no function
+//! `crate::<module>` path outside comments and unit-test modules is an edge), and neither do
+//! two files of one module directory (`super::x`, `crate::<module>::x`). And no function
 //! outside unit tests is longer than 100 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,35 +19,44 @@ fn rust_files(path: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// The modules a file's code (not its comments, not its unit tests) names as `crate::x`.
-fn imports(text: &str) -> BTreeSet<String> {
+/// A file's code without its comments and its unit tests.
+fn code_of(text: &str) -> String {
     let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    code.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The names that follow `prefix` in `code`: `prefix x` gives x, `prefix {a, b::c}` gives a
+/// and b.
+fn names_after(code: &str, prefix: &str) -> BTreeSet<String> {
+    let first = |text: &str| -> String {
+        text.trim()
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect()
+    };
     let mut found = BTreeSet::new();
-    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+    for line in code.lines() {
         let mut rest = line;
-        while let Some(at) = rest.find("crate::") {
-            rest = &rest[at + "crate::".len()..];
-            if rest.starts_with('{') {
-                // `use crate::{a, b::c}`: every first segment inside the braces.
-                let inner = &rest[1..rest.find('}').unwrap_or(rest.len())];
-                for part in inner.split(',') {
-                    let name: String = part
-                        .trim()
-                        .chars()
-                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                        .collect();
-                    found.insert(name);
-                }
+        while let Some(at) = rest.find(prefix) {
+            rest = &rest[at + prefix.len()..];
+            if let Some(inner) = rest.strip_prefix('{') {
+                let inner = &inner[..inner.find('}').unwrap_or(inner.len())];
+                found.extend(inner.split(',').map(first));
             } else {
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                    .collect();
-                found.insert(name);
+                found.insert(first(rest));
             }
         }
     }
+    found.remove("");
     found
+}
+
+/// The modules a file's code (not its comments, not its unit tests) names as `crate::x`.
+fn imports(text: &str) -> BTreeSet<String> {
+    names_after(&code_of(text), "crate::")
 }
 
 fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
@@ -108,11 +118,104 @@ fn no_top_level_module_imports_back_up_the_flow() {
     );
 }
 
+/// The files of each module directory below `src/` (subdirectories count as one node) and
+/// the siblings each names: `super::x` from a file directly in the directory (`super::super::x`
+/// from one a level deeper), `crate::<the directory's path>::x` from any of them. A file's
+/// `mod.rs` is the module's face, which its children may use, so it is no node.
+fn file_graphs() -> Vec<(String, BTreeMap<String, BTreeSet<String>>)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut dirs = Vec::new();
+    let mut pending: Vec<PathBuf> = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            }
+        }
+        dirs.push(dir);
+    }
+    let mut graphs = Vec::new();
+    for dir in dirs {
+        let module = dir
+            .strip_prefix(&src)
+            .unwrap()
+            .display()
+            .to_string()
+            .replace('/', "::");
+        let absolute = format!("crate::{module}::");
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            if name == "mod" || !(path.is_dir() || path.extension().is_some_and(|e| e == "rs")) {
+                continue;
+            }
+            let mut named = BTreeSet::new();
+            for file in rust_files(&path) {
+                let code = code_of(&std::fs::read_to_string(&file).unwrap());
+                let relative = match file.parent() == Some(dir.as_path()) {
+                    true => "super::",
+                    // A file of a subdirectory: its own `mod.rs` is one level up, other
+                    // files two.
+                    false => "super::super::",
+                };
+                named.extend(names_after(&code, relative));
+                named.extend(names_after(&code, &absolute));
+            }
+            graph.insert(name, named);
+        }
+        let nodes: BTreeSet<String> = graph.keys().cloned().collect();
+        for (name, named) in graph.iter_mut() {
+            named.retain(|n| nodes.contains(n) && n != name);
+        }
+        graphs.push((module, graph));
+    }
+    graphs
+}
+
+#[test]
+fn no_two_files_of_a_module_import_each_other() {
+    let graphs = file_graphs();
+    assert!(
+        graphs.iter().any(|(m, g)| m == "transport" && g.len() > 5),
+        "read the module directories: {graphs:?}"
+    );
+    let circles: Vec<String> = graphs
+        .iter()
+        .flat_map(|(module, graph)| {
+            graph
+                .keys()
+                .filter_map(|f| circle_through(graph, f))
+                .map(move |c| format!("{module}: {}", c.join(" -> ")))
+        })
+        .collect();
+    assert!(
+        circles.is_empty(),
+        "import circles between files:\n{}",
+        circles.join("\n")
+    );
+}
+
 #[test]
 fn the_scan_sees_an_import_and_ignores_comments_and_tests() {
     let text = "use crate::{config::X, states};\n// crate::admin in a comment\nfn f() { crate::publish::send(); }\n#[cfg(test)]\nmod tests {\n    use crate::host;\n}\n";
     let found: Vec<String> = imports(text).into_iter().collect();
     assert_eq!(found, vec!["config", "publish", "states"]);
+    let siblings = names_after(
+        &code_of(
+            "use super::{row::Raw, batch};\nfn f() { super::claim::take(); }\n// super::gone\n",
+        ),
+        "super::",
+    );
+    assert_eq!(
+        siblings.into_iter().collect::<Vec<_>>(),
+        vec!["batch", "claim", "row"]
+    );
 }
 
 /// Functions longer than this (outside unit tests) are split into named steps.

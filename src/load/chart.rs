@@ -205,9 +205,7 @@ fn draw_waits(run: &RunResult, area: &Area, end: f64) -> Result<(), Box<dyn std:
     chart
         .configure_mesh()
         .x_desc("seconds")
-        .y_label_formatter(&|y| {
-            crate::load::report::format_wait(std::time::Duration::from_secs_f64(*y))
-        })
+        .y_label_formatter(&|y| super::units::format_wait(std::time::Duration::from_secs_f64(*y)))
         .draw()?;
     for (direction, color) in [
         (Direction::Delivery, RGBColor(31, 119, 180)),

@@ -3,14 +3,17 @@
 //! scenario `load/demo.toml` the same way, with a live table instead of files.
 
 pub mod chart;
+pub mod options;
 pub mod peer;
 pub mod quality;
 pub mod record;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod units;
 
+pub use options::{Display, LoadError, LoadOptions};
 pub use record::RunResult;
 pub use report::{Summary, summarize, text_summary, write_outputs};
-pub use runner::{Display, LoadError, LoadOptions, run};
+pub use runner::run;
 pub use scenario::Scenario;

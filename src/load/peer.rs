@@ -21,7 +21,7 @@ use crate::host::HostBuilder;
 use crate::throttling::sensors::SystemSensor;
 use crate::transport::QueueName;
 
-use super::runner::{LoadError, LoadOptions, host_config};
+use super::options::{LoadError, LoadOptions, host_config};
 use super::scenario::Scenario;
 
 /// The environment variable that carries the scenario's text to a peer.

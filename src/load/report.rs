@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
-use std::time::Duration;
 
 use serde::Serialize;
 
 use super::quality::{self, Episode};
 use super::record::{RunResult, Sample};
 use super::scenario::Expect;
+use super::units::format_wait;
 use crate::config::units::format_byte_size;
 use crate::host::HostInner;
 use crate::throttling::controller::{ConditionStatus, DirectionDecision};
@@ -444,18 +444,6 @@ pub fn write_outputs(run: &RunResult, summary: &Summary, dir: &Path) -> std::io:
     std::fs::write(dir.join("summary.json"), json + "\n")
 }
 
-/// A wait as a person reads it.
-pub fn format_wait(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s == 0.0 {
-        "0".into()
-    } else if s < 1.0 {
-        format!("{:.0}ms", s * 1000.0)
-    } else {
-        format!("{s:.1}s")
-    }
-}
-
 /// The one-screen text summary.
 pub fn text_summary(s: &Summary) -> String {
     let mut out = String::new();
@@ -718,6 +706,7 @@ mod tests {
         Controller, MachineFacts, QueueLoad, Readings, Thresholds,
     };
     use crate::throttling::service::Snapshot;
+    use std::time::Duration;
 
     const MACHINE: MachineFacts = MachineFacts {
         total_memory: 1 << 30,

@@ -14,93 +14,21 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use super::options::{Display, LoadError, LoadOptions, host_config};
 use super::peer::{PeerEvent, Peers, now_ns};
 use super::record::{Accounting, PhaseSpan, RunResult, Sample};
 use super::scenario::{Phase, Scenario};
-use crate::config::{Config, HostConfig, OverrideMode, TransportKind};
+use crate::config::{Config, OverrideMode, TransportKind};
 use crate::dispatch::{DispatchObserver, Outcome};
-use crate::host::{HostBuilder, HostError, HostInner};
+use crate::host::{HostBuilder, HostInner};
 use crate::message::{EXECUTION_STAGE_HEADER, OutgoingMessage, PREVIOUS_STAGE_HEADER};
 use crate::throttling::Direction;
-use crate::throttling::sensors::{ResourceSensor, SystemSensor};
+use crate::throttling::sensors::SystemSensor;
 use crate::transport::{self, QueueAdmin, QueueName, Transport, TransportError};
 
 /// Most sends of a phase waiting at once; beyond this the generator stops offering more (it
 /// would otherwise turn a throttled publish path into unbounded memory).
 const MAX_OUTSTANDING_SENDS: usize = 100_000;
-
-/// How progress is shown while a scenario runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Display {
-    /// Nothing.
-    Quiet,
-    /// One progress line (on stderr).
-    Progress,
-    /// The demo's live table (on stdout), once a second.
-    Table,
-}
-
-/// How to run a scenario.
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    /// Multiplies every phase duration.
-    pub duration_scale: f64,
-    /// Replaces the transport schema (isolates parallel runs on one database).
-    pub schema: Option<String>,
-    /// Replaces the transport connection string.
-    pub connection_string: Option<String>,
-    /// Replaces the admin address (`"off"` for none).
-    pub admin_address: Option<String>,
-    /// Progress display.
-    pub display: Display,
-    /// Repeat the phases until this much time has passed (the demo); None: once.
-    pub repeat_for: Option<Duration>,
-    /// Repeat until cancelled (the demo without `--duration`).
-    pub repeat_forever: bool,
-    /// Cancelled on Ctrl-C: the run stops its phases early and drains.
-    pub stop: CancellationToken,
-    /// Account for every message by id (off for endless demo runs).
-    pub track_ids: bool,
-    /// Wait for the queues to drain and the states to clear at the end (off for the demo).
-    pub drain: bool,
-    /// The program a scenario's peer processes run (`load-peer`); None: this program.
-    pub peer_program: Option<std::path::PathBuf>,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions {
-            duration_scale: 1.0,
-            schema: None,
-            connection_string: None,
-            admin_address: None,
-            display: Display::Quiet,
-            repeat_for: None,
-            repeat_forever: false,
-            stop: CancellationToken::new(),
-            track_ids: true,
-            drain: true,
-            peer_program: None,
-        }
-    }
-}
-
-/// Why a run could not happen.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    /// The scenario's host could not start.
-    #[error(transparent)]
-    Host(#[from] HostError),
-    /// The transport failed outside the host.
-    #[error(transparent)]
-    Transport(#[from] TransportError),
-    /// A scenario queue name is not a valid name.
-    #[error(transparent)]
-    QueueName(#[from] crate::names::InvalidName),
-    /// A peer process (`processes` above 1) could not be started.
-    #[error("cannot start a peer process (scenario setting `processes`): {0}")]
-    Peer(#[source] std::io::Error),
-}
 
 /// Records every controller tick (subscribed to its decisions, not sampled on a timer of
 /// its own), labelled with the phase that was running.
@@ -539,61 +467,6 @@ impl DispatchObserver for Ledger {
 
     fn started(&self, _queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
         self.began(id, logical_id, now_ns());
-    }
-}
-
-/// The host configuration a scenario runs with, thresholds resolved against `sensor`.
-pub fn host_config(
-    scenario: &Scenario,
-    options: &LoadOptions,
-    sensor: &mut dyn ResourceSensor,
-) -> Config {
-    let mut transport = scenario.transport.clone();
-    if let Some(schema) = &options.schema {
-        transport.schema = schema.clone();
-    }
-    if let Some(cs) = &options.connection_string {
-        transport.connection_string = crate::config::ConnectionString::new(cs.clone());
-    }
-    let mut throttling = scenario.throttling.clone();
-    let baseline = sensor.read();
-    let cpus = sensor.machine().cpus.max(1);
-    let per_cpu = |total: u64| total.div_ceil(cpus).max(1);
-    let r = &scenario.relative;
-    if let Some(above) = r.process_memory_above_baseline {
-        throttling.process_memory =
-            crate::config::MemoryThreshold::Bytes(baseline.process_memory + above.bytes());
-    }
-    if let Some(above) = r.system_memory_above_baseline {
-        throttling.system_memory =
-            crate::config::MemoryThreshold::Bytes(baseline.system_memory_used + above.bytes());
-    }
-    if let Some(above) = r.threads_above_baseline {
-        throttling.threads_per_cpu = per_cpu(baseline.threads + above);
-    }
-    if let Some(total) = r.in_process {
-        throttling.in_process_per_cpu = per_cpu(total);
-    }
-    if let Some(total) = r.database_sessions {
-        throttling.database_sessions_per_cpu = per_cpu(total);
-    }
-    Config {
-        host: HostConfig {
-            name: format!("load-{}", scenario.name),
-            instance_id: "load".into(),
-            admin_address: options
-                .admin_address
-                .clone()
-                .unwrap_or_else(|| scenario.admin_address.clone()),
-            shutdown_timeout: Duration::from_secs(10),
-            create_queues: true,
-            worker_threads: 0,
-            wait_for_database: false,
-        },
-        transport,
-        queues: scenario.queues.clone(),
-        throttling,
-        ..Config::default()
     }
 }
 
@@ -1270,9 +1143,9 @@ fn show(
                 phase,
                 last.t,
                 d.delivery.state,
-                super::report::format_wait(d.delivery.effective_wait()),
+                super::units::format_wait(d.delivery.effective_wait()),
                 d.publishing.state,
-                super::report::format_wait(d.publishing.effective_wait()),
+                super::units::format_wait(d.publishing.effective_wait()),
                 ledger.sent.load(Ordering::Relaxed),
                 ledger.done.load(Ordering::Relaxed),
                 last.queues.iter().map(|q| q.3).sum::<u64>(),

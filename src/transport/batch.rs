@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use super::unit_of_work::{ReceivedRow, kept_row};
+use super::row::{ReceivedRow, kept_row};
 use super::{Payload, QueueName, Received, Transport, TransportError};
 use crate::message::OutgoingMessage;
 

@@ -19,6 +19,7 @@ pub mod headers;
 pub mod memory;
 pub use crate::names;
 pub mod postgres;
+mod row;
 pub mod silence;
 pub mod sqlserver;
 mod unit_of_work;

@@ -11,8 +11,9 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::batch::BatchWork;
-use super::{CommitAndReceive, Payload, QueueName, Received, Transport, TransportError, headers};
-use crate::message::{Message, OutgoingMessage};
+use super::row::{RawRow, kept_row, payload_of};
+use super::{CommitAndReceive, Payload, QueueName, Received, Transport, TransportError};
+use crate::message::OutgoingMessage;
 
 /// What a SQL transport does on one of its pooled connections for an open receive.
 #[async_trait]
@@ -106,21 +107,6 @@ pub(crate) trait SqlStore: Send + Sync + Sized + 'static {
     ) -> Result<(), TransportError>;
 }
 
-/// What a received row became, with its raw headers and body when they could not be parsed.
-pub(crate) type ReceivedRow = (Payload, Option<(String, Vec<u8>)>);
-
-/// A received row as the SQL transports read it, before its headers are parsed.
-pub(crate) struct RawRow {
-    pub id: Uuid,
-    pub expired: bool,
-    pub headers: String,
-    pub body: Vec<u8>,
-    pub expires: Option<chrono::NaiveDateTime>,
-    /// The id of the transaction that removed the row, where the server tells it
-    /// (PostgreSQL).
-    pub transaction: Option<i64>,
-}
-
 /// What identifies a receive's commit for [`SqlStore::took_effect`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Receipt {
@@ -128,30 +114,6 @@ pub(crate) struct Receipt {
     pub id: Uuid,
     /// The id of the transaction that removed its row, when the server told it.
     pub transaction: Option<i64>,
-}
-
-/// What a received row becomes: a message, an expired row, or a poison row (whose raw headers
-/// and body are returned for dead-lettering it unchanged).
-pub(crate) fn payload_of(row: RawRow) -> ReceivedRow {
-    use chrono::TimeZone;
-    if row.expired {
-        return (Payload::Expired { id: row.id }, None);
-    }
-    match headers::parse_headers(&row.headers) {
-        Ok(parsed) => (
-            Payload::Message(Message {
-                id: row.id,
-                headers: parsed,
-                body: row.body,
-                expires: row.expires.map(|e| chrono::Utc.from_utc_datetime(&e)),
-            }),
-            None,
-        ),
-        Err(reason) => (
-            Payload::Poison { id: row.id, reason },
-            Some((row.headers, row.body)),
-        ),
-    }
 }
 
 /// A batch receive's rows handed out one [`Received`] each over one transaction on `conn`
@@ -187,20 +149,6 @@ pub(crate) fn dead_letter_row(
         None => Err(TransportError::database(format!(
             "cannot dead-letter {payload:?}: its row was not kept"
         ))),
-    }
-}
-
-/// A received row's headers and body in wire form, when they are known.
-pub(crate) fn kept_row(
-    payload: &Payload,
-    raw: &Option<(String, Vec<u8>)>,
-) -> Option<(String, Vec<u8>)> {
-    match (payload, raw) {
-        (_, Some((headers, body))) => Some((headers.clone(), body.clone())),
-        (Payload::Message(m), None) => {
-            Some((headers::serialize_headers(&m.headers), m.body.clone()))
-        }
-        (_, None) => None,
     }
 }
 

@@ -18,7 +18,7 @@ use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 use uuid::Uuid;
 
 use super::{map_error, parse_expires};
-use crate::transport::unit_of_work::RawRow;
+use crate::transport::row::RawRow;
 use crate::transport::{QueueName, TransportError};
 
 /// A receive's outcome: the row it took, if any, or why there is none.

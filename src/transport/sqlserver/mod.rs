@@ -31,7 +31,8 @@ use super::batch;
 use super::delayed::{DelayedDelivery, Moved, delay_millis, delayed_headers};
 use super::headers::serialize_headers;
 use super::names::validate_schema_name;
-use super::unit_of_work::{RawRow, Receipt, SqlReceived, SqlStore, split_batch};
+use super::row::RawRow;
+use super::unit_of_work::{Receipt, SqlReceived, SqlStore, split_batch};
 use super::{
     CommitAndReceive, ConflictSink, HeldKey, QueueAdmin, QueueName, Received, Transport,
     TransportError,

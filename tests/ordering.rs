@@ -227,23 +227,10 @@ async fn three_hosts_run_stages_one_after_another_on(db: Db) {
     config.queues[0].ordering.stages = true;
     // Idle receivers look again within 100 ms, so that a stage's members start together.
     config.queues[0].concurrency.peek_interval = Duration::from_millis(100);
-    // Members of a stage must overlap in their handlers: each takes longer than another host
-    // needs to see its row (a peek, 100 ms) and take it (on Babelfish a look-up and a claim,
-    // each a round trip to a slower server, a few hundred milliseconds on a busy machine).
-    let takes = match db {
-        Db::SqlServer(_) => Duration::from_millis(800),
-        _ => Duration::from_millis(150),
-    };
     let mut hosts = Vec::new();
     for _ in 0..3 {
         let host = HostBuilder::new(config.clone())
-            .handler(
-                queue,
-                Sleeper {
-                    log: log.clone(),
-                    takes,
-                },
-            )
+            .handler(queue, Sleeper { log: log.clone() })
             .start()
             .await
             .unwrap();
@@ -294,10 +281,9 @@ async fn three_hosts_run_stages_one_after_another_on(db: Db) {
     }
 }
 
-/// Takes `takes` per message and records stage, member, start and end.
+/// Takes 150 ms per message and records stage, member, start and end.
 struct Sleeper {
     log: Arc<Mutex<Vec<Handled>>>,
-    takes: Duration,
 }
 
 #[async_trait]
@@ -307,7 +293,7 @@ impl Handler for Sleeper {
         let body = String::from_utf8_lossy(&ctx.message().body).to_string();
         let (stage, n) = body.split_once('/').ok_or("body is not stage/n")?;
         let (stage, n): (u32, u32) = (stage.parse()?, n.parse()?);
-        tokio::time::sleep(self.takes).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
         self.log
             .lock()
             .unwrap()

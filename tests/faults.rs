@@ -293,14 +293,9 @@ async fn a_commit_whose_answer_was_lost_is_looked_up_not_guessed() {
     commits_whose_answer_was_lost(Arc::new(transport), &proxy, rows).await;
 }
 
-/// The same on SQL Server, where the receive batched after a COMMIT can also fail alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs SQLSERVER_URL"]
-async fn sqlserver_a_commit_whose_answer_was_lost_is_looked_up_not_guessed() {
-    let schema = common::mssql::Schema::new();
-    let proxy = CommitCutter::start("127.0.0.1:1433".into()).await;
-    let mut config = schema.transport_config(TransactionMode::SendsAtomicWithReceive, 2);
-    // Through the proxy, and only the login encrypted so that it can read the statements.
+/// Points a SQL Server transport configuration through `proxy`, with only the login encrypted
+/// so that the proxy can read the statements.
+fn through_proxy(config: &mut throttlehost::config::TransportConfig, proxy: &CommitCutter) {
     let text = config.connection_string.expose().to_string();
     let text = text
         .split(';')
@@ -319,6 +314,16 @@ async fn sqlserver_a_commit_whose_answer_was_lost_is_looked_up_not_guessed() {
         "Server=tcp:127.0.0.1,{};Encrypt=false;{text}",
         proxy.port
     ));
+}
+
+/// The same on SQL Server, where the receive batched after a COMMIT can also fail alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_a_commit_whose_answer_was_lost_is_looked_up_not_guessed() {
+    let schema = common::mssql::Schema::new();
+    let proxy = CommitCutter::start("127.0.0.1:1433".into()).await;
+    let mut config = schema.transport_config(TransactionMode::SendsAtomicWithReceive, 2);
+    through_proxy(&mut config, &proxy);
     let transport = throttlehost::transport::sqlserver::SqlServerTransport::connect(&config)
         .await
         .unwrap();
@@ -495,8 +500,29 @@ async fn sqlserver_a_claim_passing_over_a_held_row_is_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_database_is_said_to_be_silent_before_statements_time_out() {
     let schema = common::PgSchema::new();
-    let (proxy, mut transport) =
+    let (proxy, transport) =
         CommitCutter::for_postgres(&schema, TransactionMode::ReceiveOnly, 6).await;
+    frozen_database_is_said_to_be_silent(proxy, transport).await;
+}
+
+/// The same on SQL Server: its statements wait for the command timeout (20 s here), and the
+/// host says within seconds that the server does not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_a_frozen_database_is_said_to_be_silent_before_statements_time_out() {
+    let schema = common::mssql::Schema::new();
+    let proxy = CommitCutter::start("127.0.0.1:1433".into()).await;
+    let mut transport = schema.transport_config(TransactionMode::ReceiveOnly, 6);
+    through_proxy(&mut transport, &proxy);
+    frozen_database_is_said_to_be_silent(proxy, transport).await;
+}
+
+/// Runs a host through `proxy`, freezes the proxy, and checks the silence is said within 8 s
+/// (5 s of silence, a peek every 0.2 s) with every breaker closed, and unsaid once it thaws.
+async fn frozen_database_is_said_to_be_silent(
+    proxy: CommitCutter,
+    mut transport: throttlehost::config::TransportConfig,
+) {
     transport.command_timeout = Duration::from_secs(20);
     let mut config = common::host_config(transport, "in", ConcurrencyModel::Monitor, 2);
     config.queues[0].concurrency.peek_interval = Duration::from_millis(200);

@@ -64,6 +64,10 @@ struct Inner {
     wait_timeout: Duration,
     max_pool_size_in_connection_string: bool,
     last_connect_error: Arc<std::sync::Mutex<Option<String>>>,
+    /// Whether the server answers the pool's statements.
+    silence: Arc<super::silence::Silence>,
+    /// How long statements may wait unanswered before the server counts as not answering.
+    silent_after: Duration,
     statements: RwLock<HashMap<QueueName, Arc<QueueStatements>>>,
     recoverable: RwLock<HashMap<QueueName, bool>>,
     /// Held while `recoverable` is looked up in the catalog.
@@ -139,6 +143,7 @@ impl SqlServerTransport {
         tiberius_config.command_timeout(Some(config.command_timeout));
         let manager = Manager::new(tiberius_config, config.connect_timeout);
         let last_connect_error = manager.last_error();
+        let silence = manager.silence();
         // A little longer than a connect may take, so that a failed or stalled connect is
         // reported with its reason, not as a pool without a free connection.
         let wait_timeout = config.connect_timeout + Duration::from_millis(500);
@@ -159,6 +164,8 @@ impl SqlServerTransport {
                     .to_ascii_lowercase()
                     .contains("max pool size"),
                 last_connect_error,
+                silence,
+                silent_after: super::silence::SILENT_AFTER.min(config.command_timeout),
                 statements: RwLock::new(HashMap::new()),
                 recoverable: RwLock::new(HashMap::new()),
                 recoverable_lookup: tokio::sync::Mutex::new(()),
@@ -240,6 +247,14 @@ impl Inner {
                 Some(reason) if self.pool.state().connections < self.pool_size.max(1) => {
                     TransportError::connection(format!("cannot connect to SQL Server: {reason}"))
                 }
+                // Every connection waits on a server that says nothing: that, not the pool's
+                // size, is the news.
+                _ if let Some(silent) = self.silence.silent_for(self.silent_after) => {
+                    TransportError::connection(format!(
+                        "the database is not answering: statements have waited {:.0} s with no answer",
+                        silent.as_secs_f64()
+                    ))
+                }
                 _ => TransportError::PoolTimeout {
                     waited: self.wait_timeout,
                     pool_size: self.pool_size,
@@ -276,8 +291,7 @@ impl Inner {
             return Ok(*known);
         }
         let row = async {
-            conn.client
-                .simple_query(st.has_recoverable.as_str())
+            conn.simple_query(st.has_recoverable.as_str())
                 .await?
                 .into_row()
                 .await
@@ -311,7 +325,6 @@ impl Inner {
             let headers =
                 serialize_headers(&delayed_headers(&message.headers, self.address_of(queue)));
             let result = conn
-                .client
                 .execute(
                     st.delayed.store.as_str(),
                     &[&headers.as_str(), &message.body.as_slice(), &delay_ms],
@@ -330,7 +343,6 @@ impl Inner {
         let ttbr = super::ttbr_millis(message)?;
         let headers = serialize_headers(&message.headers);
         let result = conn
-            .client
             .execute(
                 sql.as_str(),
                 &[
@@ -372,7 +384,7 @@ impl Inner {
                 params.push(&headers[i]);
                 params.push(&message.body);
             }
-            let result = conn.client.execute(sql.as_str(), &params).await;
+            let result = conn.execute(sql.as_str(), &params).await;
             self.after_insert(conn, queue, result)?;
         }
         Ok(())
@@ -395,7 +407,7 @@ impl Inner {
                 true => &["Id", "Recoverable", "Headers", "Body"],
                 false => &["Id", "Headers", "Body"],
             };
-            let mut request = conn.client.bulk_insert_columns(&st.table, columns).await?;
+            let mut request = conn.bulk_insert_columns(&st.table, columns).await?;
             for (message, headers) in messages.iter().zip(&headers) {
                 let row = match recoverable {
                     true => {
@@ -430,10 +442,7 @@ impl Inner {
         } else {
             &st.send_raw_without_recoverable
         };
-        let result = conn
-            .client
-            .execute(sql.as_str(), &[&id, &headers, &body])
-            .await;
+        let result = conn.execute(sql.as_str(), &[&id, &headers, &body]).await;
         self.after_insert(conn, queue, result)
     }
 
@@ -717,7 +726,7 @@ impl Inner {
         sql: &str,
         params: &[&dyn tiberius::ToSql],
     ) -> Result<u64, TransportError> {
-        let row = async { conn.client.query(sql, params).await?.into_row().await }
+        let row = async { conn.query(sql, params).await?.into_row().await }
             .await
             .map_err(|e| {
                 conn.broken |= !is_server_error(&e);
@@ -852,6 +861,10 @@ impl Transport for SqlServerTransport {
         self.inner.count(&mut conn, queue, sql, &[]).await.map(Some)
     }
 
+    fn silent_for(&self) -> Option<Duration> {
+        self.inner.silence.silent_for(self.inner.silent_after)
+    }
+
     fn connections_in_use(&self) -> u64 {
         let s = self.inner.pool.state();
         s.connections.saturating_sub(s.idle_connections) as u64
@@ -925,14 +938,7 @@ impl DelayedDelivery for SqlServerTransport {
             &st.delayed.move_due_without_recoverable
         };
         let batch = i64::from(batch.max(1));
-        let answer = async {
-            conn.client
-                .query(sql.as_str(), &[&batch])
-                .await?
-                .into_row()
-                .await
-        }
-        .await;
+        let answer = async { conn.query(sql.as_str(), &[&batch]).await?.into_row().await }.await;
         let row = match answer {
             Ok(row) => row,
             // Babelfish: another host's mover holds the due rows (see the statement). Any
@@ -1075,8 +1081,7 @@ impl QueueAdmin for SqlServerTransport {
         let table = self.inner.statements(queue).table.clone();
         let mut conn = self.inner.conn().await?;
         let rows = async {
-            conn.client
-                .query(&self.inner.held().list, &[&table.as_str()])
+            conn.query(&self.inner.held().list, &[&table.as_str()])
                 .await?
                 .into_first_result()
                 .await
@@ -1135,8 +1140,7 @@ impl QueueAdmin for SqlServerTransport {
         let mut conn = self.inner.conn().await?;
         let schema = self.inner.schema.as_str();
         let rows = async {
-            conn.client
-                .query(statements::LIST_QUEUES, &[&schema])
+            conn.query(statements::LIST_QUEUES, &[&schema])
                 .await?
                 .into_first_result()
                 .await
@@ -1158,8 +1162,7 @@ impl QueueAdmin for SqlServerTransport {
             Err(e) => return Ok(vec![format!("cannot run start-up checks: {e}")]),
         };
         let server = async {
-            conn.client
-                .simple_query(statements::IS_BABELFISH)
+            conn.simple_query(statements::IS_BABELFISH)
                 .await?
                 .into_row()
                 .await
@@ -1196,8 +1199,7 @@ impl QueueAdmin for SqlServerTransport {
             let st = self.inner.statements(queue);
             let table = st.table.as_str();
             let indexes = async {
-                conn.client
-                    .query(statements::ROWVERSION_INDEXES, &[&table])
+                conn.query(statements::ROWVERSION_INDEXES, &[&table])
                     .await?
                     .into_first_result()
                     .await
@@ -1222,8 +1224,7 @@ impl QueueAdmin for SqlServerTransport {
                 )),
             }
             let headers = async {
-                conn.client
-                    .query(statements::HEADERS_TYPE, &[&table])
+                conn.query(statements::HEADERS_TYPE, &[&table])
                     .await?
                     .into_row()
                     .await
@@ -1369,7 +1370,6 @@ impl SqlStore for Inner {
         let mut conn = self.conn().await?;
         let insert = self.held().insert;
         let result = conn
-            .client
             .execute(insert.as_str(), &[&table.as_str(), &id, &key, &reason])
             .await;
         result.map(|_| ()).map_err(|e| {
@@ -1467,7 +1467,6 @@ impl SqlStore for Inner {
         let mut conn = self.conn().await?;
         let result = async {
             let row = conn
-                .client
                 .query(sql.as_str(), &[&receipt.id])
                 .await?
                 .into_row()

@@ -5,22 +5,27 @@
 //! cancelled request leaves it out of step with the server), so any connection that saw an
 //! error or timeout is marked broken and the pool drops it instead of handing it out again.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tiberius::{Client, Config};
+use tiberius::{BulkLoadRequest, Client, Config, ExecuteResult, QueryStream, ToSql};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+
+use crate::transport::silence::{Silence, Ticket};
 
 /// Statements run on every new connection: counts off (NServiceBus does the same per
 /// statement), abort the transaction on any error, READ COMMITTED (READPAST needs it).
 const SESSION_SETUP: &str =
     "SET NOCOUNT ON; SET XACT_ABORT ON; SET TRANSACTION ISOLATION LEVEL READ COMMITTED;";
 
-/// A pooled connection.
+/// A pooled connection. Every statement goes through its methods, which tell the pool's
+/// [`Silence`] when it was sent and whether the server answered: a frozen server shows in
+/// `/status` within seconds instead of after the command timeout.
 pub struct Connection {
-    /// The tiberius client.
-    pub client: Client<Compat<TcpStream>>,
+    client: Client<Compat<TcpStream>>,
+    silence: Arc<Silence>,
     /// Set after any error: the pool drops the connection instead of reusing it.
     pub broken: bool,
     /// The row this connection's open transaction claimed (Babelfish's claiming receive);
@@ -28,11 +33,77 @@ pub struct Connection {
     pub claim: Vec<super::claim::Held>,
 }
 
+/// Records `result` on `ticket`: anything the server said is an answer; the command timeout
+/// is none.
+fn heard<T>(ticket: Ticket, result: &Result<T, tiberius::error::Error>) {
+    match result {
+        Err(tiberius::error::Error::Io {
+            kind: std::io::ErrorKind::TimedOut,
+            ..
+        }) => ticket.unanswered(),
+        _ => ticket.answered(),
+    }
+}
+
 impl Connection {
+    /// Runs a parameterized statement and returns its result stream.
+    pub async fn query<'a, 'b>(
+        &'a mut self,
+        sql: impl Into<Cow<'b, str>>,
+        params: &'b [&'b dyn ToSql],
+    ) -> Result<QueryStream<'a>, tiberius::error::Error>
+    where
+        'a: 'b,
+    {
+        let ticket = self.silence.ask();
+        let result = self.client.query(sql, params).await;
+        heard(ticket, &result);
+        result
+    }
+
+    /// Runs a parameterized statement that returns no rows.
+    pub async fn execute<'b>(
+        &mut self,
+        sql: impl Into<Cow<'b, str>>,
+        params: &[&dyn ToSql],
+    ) -> Result<ExecuteResult, tiberius::error::Error> {
+        let ticket = self.silence.ask();
+        let result = self.client.execute(sql, params).await;
+        heard(ticket, &result);
+        result
+    }
+
+    /// Runs a batch of statements without parameters and returns its result stream.
+    pub async fn simple_query<'a, 'b>(
+        &'a mut self,
+        sql: impl Into<Cow<'b, str>>,
+    ) -> Result<QueryStream<'a>, tiberius::error::Error>
+    where
+        'a: 'b,
+    {
+        let ticket = self.silence.ask();
+        let result = self.client.simple_query(sql).await;
+        heard(ticket, &result);
+        result
+    }
+
+    /// Starts a bulk load of `columns` into `table` (the server answers with the table's
+    /// metadata before any row is sent).
+    pub async fn bulk_insert_columns<'a>(
+        &'a mut self,
+        table: &'a str,
+        columns: &'a [&'a str],
+    ) -> Result<BulkLoadRequest<'a, Compat<TcpStream>>, tiberius::error::Error> {
+        let ticket = self.silence.ask();
+        let result = self.client.bulk_insert_columns(table, columns).await;
+        heard(ticket, &result);
+        result
+    }
+
     /// Runs a batch of statements whose results are not needed (transaction control,
     /// session settings), reading every result so the connection is ready for the next.
     pub async fn run_batch(&mut self, sql: &str) -> Result<(), tiberius::error::Error> {
-        self.client.simple_query(sql).await?.into_results().await?;
+        self.simple_query(sql).await?.into_results().await?;
         Ok(())
     }
 
@@ -41,11 +112,7 @@ impl Connection {
         &mut self,
         sql: &str,
     ) -> Result<Vec<tiberius::Row>, tiberius::error::Error> {
-        self.client
-            .simple_query(sql)
-            .await?
-            .into_first_result()
-            .await
+        self.simple_query(sql).await?.into_first_result().await
     }
 }
 
@@ -56,6 +123,8 @@ pub struct Manager {
     /// The last connect error, so a pool timeout can say why ("connection refused", bad
     /// password) instead of only that it timed out.
     last_error: Arc<Mutex<Option<String>>>,
+    /// Whether the server answers, told by every connection's statements.
+    silence: Arc<Silence>,
 }
 
 impl Manager {
@@ -65,7 +134,13 @@ impl Manager {
             config,
             connect_timeout,
             last_error: Arc::default(),
+            silence: Arc::default(),
         }
+    }
+
+    /// Whether the server answers the pool's statements.
+    pub fn silence(&self) -> Arc<Silence> {
+        self.silence.clone()
     }
 
     /// A handle on the reason the last connection attempt failed (None after a success).
@@ -100,6 +175,7 @@ impl Manager {
             .await?;
         Ok(Connection {
             client,
+            silence: self.silence.clone(),
             broken: false,
             claim: Vec::new(),
         })
@@ -132,12 +208,7 @@ impl bb8::ManageConnection for Manager {
     }
 
     async fn is_valid(&self, conn: &mut Connection) -> Result<(), Self::Error> {
-        conn.client
-            .simple_query("SELECT 1")
-            .await?
-            .into_results()
-            .await?;
-        Ok(())
+        conn.run_batch("SELECT 1").await
     }
 
     fn has_broken(&self, conn: &mut Connection) -> bool {

@@ -19,6 +19,26 @@ const PEEK_INTERVAL: Duration = Duration::from_secs(30);
 /// for a loaded machine and is still far below any wait the receivers would make without it.
 const PICKUP_BOUND: Duration = Duration::from_secs(1);
 
+/// Starts a host on `config` (on `transport`, else the configured one) whose first queue a
+/// [`Probe`] handles at once.
+async fn probed_host(
+    config: throttlehost::Config,
+    transport: Option<std::sync::Arc<dyn Transport>>,
+) -> (throttlehost::Host, std::sync::Arc<Probe>) {
+    let probe = Probe::new(Duration::ZERO);
+    let queue = config.queues[0].name.clone();
+    let mut builder = HostBuilder::new(config);
+    if let Some(transport) = transport {
+        builder = builder.transport(transport);
+    }
+    let host = builder
+        .handler(&queue, ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    (host, probe)
+}
+
 /// Runs `send`, then checks that the probe has handled `handled` messages within
 /// [`PICKUP_BOUND`] of its start.
 async fn picked_up<E: std::fmt::Debug>(
@@ -56,12 +76,7 @@ async fn an_idle_queue_is_woken_by_an_insert(model: ConcurrencyModel, settle: Du
     let schema = PgSchema::new();
     let mut config = pg_config(&schema, "work", model, 4);
     config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
-    let probe = Probe::new(Duration::ZERO);
-    let host = HostBuilder::new(config)
-        .handler("work", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let (host, probe) = probed_host(config, None).await;
     let sender = schema.transport(TransactionMode::ReceiveOnly, 2).await;
     sender.create_queue(&q("work")).await.unwrap();
     tokio::time::sleep(settle).await;
@@ -116,12 +131,7 @@ async fn a_table_without_the_trigger_gets_it_when_a_host_starts() {
         .unwrap();
     let mut config = pg_config(&schema, "old", ConcurrencyModel::Monitor, 2);
     config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
-    let probe = Probe::new(Duration::ZERO);
-    let host = HostBuilder::new(config)
-        .handler("old", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let (host, probe) = probed_host(config, None).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     picked_up(
         &probe,
@@ -143,13 +153,7 @@ async fn the_memory_transport_wakes_its_receivers_itself() {
     config.host.admin_address = "off".into();
     config.queues[0].concurrency.model = ConcurrencyModel::Monitor;
     config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
-    let probe = Probe::new(Duration::ZERO);
-    let host = HostBuilder::new(config)
-        .transport(memory.clone())
-        .handler("work", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let (host, probe) = probed_host(config, Some(memory.clone())).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     picked_up(
         &probe,
@@ -199,12 +203,7 @@ async fn a_moved_delayed_message_wakes_the_receivers() {
     let schema = PgSchema::new();
     let mut config = pg_config(&schema, "work", ConcurrencyModel::Monitor, 2);
     config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
-    let probe = Probe::new(Duration::ZERO);
-    let host = HostBuilder::new(config)
-        .handler("work", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let (host, probe) = probed_host(config, None).await;
     let sender = schema.transport(TransactionMode::ReceiveOnly, 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     moved_when_due(&probe, 1, sender.send(&q("work"), &delayed())).await;
@@ -228,13 +227,7 @@ async fn sqlserver_a_send_of_this_process_wakes_its_receivers() {
     );
     let mut config = common::host_config(transport_config, "work", ConcurrencyModel::Monitor, 2);
     config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
-    let probe = Probe::new(Duration::ZERO);
-    let host = HostBuilder::new(config)
-        .transport(transport.clone())
-        .handler("work", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let (host, probe) = probed_host(config, Some(transport.clone())).await;
     // Babelfish answers slower than PostgreSQL and a receive there looks rows up first: a
     // wider bound than PostgreSQL's, still far below the waits without the wake (the first
     // idle wait is the whole 30 s peek interval, the later one 12.8 s).
@@ -272,12 +265,7 @@ async fn without_the_notification_a_message_is_found_by_peeking() {
     let mut config = pg_config(&schema, "quiet", ConcurrencyModel::Monitor, 2);
     config.host.create_queues = false;
     config.queues[0].concurrency.peek_interval = Duration::from_millis(300);
-    let probe = Probe::new(Duration::ZERO);
-    let host = HostBuilder::new(config)
-        .handler("quiet", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let (host, probe) = probed_host(config, None).await;
     setup
         .send(&q("quiet"), &OutgoingMessage::new(vec![1]))
         .await
@@ -305,12 +293,7 @@ async fn the_listener_reconnects_after_its_connection_is_killed() {
     let schema = PgSchema::new();
     let mut config = pg_config(&schema, "work", ConcurrencyModel::Monitor, 2);
     config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
-    let probe = Probe::new(Duration::ZERO);
-    let host = HostBuilder::new(config)
-        .handler("work", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let (host, probe) = probed_host(config, None).await;
     let sender = schema.transport(TransactionMode::ReceiveOnly, 2).await;
     let client = schema.client().await;
     let channel = QueueStatements::new(&schema.name, &q("work")).notify_channel;
@@ -371,12 +354,7 @@ async fn an_idle_queue_costs_at_most_one_statement_per_second_with_listening() {
     let mut config = common::host_config(transport, "idle", ConcurrencyModel::Monitor, 2);
     config.queues[0].concurrency.peek_interval = Duration::from_secs(1);
     config.queues[0].delayed_delivery.enabled = false;
-    let probe = Probe::new(Duration::ZERO);
-    let host = HostBuilder::new(config)
-        .handler("idle", ProbeHandler(probe.clone()))
-        .start()
-        .await
-        .unwrap();
+    let (host, probe) = probed_host(config, None).await;
     // Start-up (creating tables, the trigger, LISTEN) is over well within 3 s.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = proxy.statements.load(std::sync::atomic::Ordering::SeqCst);

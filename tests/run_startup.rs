@@ -11,7 +11,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{PgSchema, free_port, http};
+use common::{PgSchema, free_port, http, signal};
 
 /// Forwards every connection to `listener` to `to`, both ways, until the process ends.
 fn proxy(listener: TcpListener, to: &'static str) {
@@ -36,15 +36,6 @@ fn proxy(listener: TcpListener, to: &'static str) {
             }
         }
     });
-}
-
-fn signal(child: &Child, name: &str) {
-    let ok = Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -{name}");
 }
 
 /// Writes a `run` configuration for PostgreSQL on `db_port` (nothing listens there yet) with

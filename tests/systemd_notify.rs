@@ -5,10 +5,14 @@
 //! SIGHUP and STOPPING=1 on SIGTERM; while its database does not answer it is not ready, says
 //! why in STATUS= and extends its start.
 
+mod common;
+
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::{free_port, signal};
 
 /// The service manager's side: a socket in a directory of its own.
 struct Manager {
@@ -42,35 +46,32 @@ impl Manager {
             .unwrap()
     }
 
-    /// Every datagram received within `window`, in order.
-    fn received(&self, window: Duration) -> Vec<String> {
-        let deadline = Instant::now() + window;
-        let mut got = Vec::new();
-        let mut buffer = [0u8; 4096];
-        while Instant::now() < deadline {
-            if let Ok(n) = self.socket.recv(&mut buffer) {
-                got.push(String::from_utf8_lossy(&buffer[..n]).into_owned());
-            }
-        }
-        got
-    }
-
-    /// Datagrams until one contains `line` (within `timeout`); panics with what came otherwise.
-    fn until(&self, line: &str, timeout: Duration) -> Vec<String> {
+    /// Datagrams in order until `done` says so of one or `timeout` passes; whether `done` did.
+    fn collect(&self, timeout: Duration, done: impl Fn(&str) -> bool) -> (Vec<String>, bool) {
         let deadline = Instant::now() + timeout;
         let mut got = Vec::new();
         let mut buffer = [0u8; 4096];
         while Instant::now() < deadline {
             if let Ok(n) = self.socket.recv(&mut buffer) {
-                let datagram = String::from_utf8_lossy(&buffer[..n]).into_owned();
-                let done = datagram.lines().any(|l| l == line);
-                got.push(datagram);
-                if done {
-                    return got;
+                got.push(String::from_utf8_lossy(&buffer[..n]).into_owned());
+                if done(got.last().unwrap()) {
+                    return (got, true);
                 }
             }
         }
-        panic!("no {line} within {timeout:?}; received {got:?}");
+        (got, false)
+    }
+
+    /// Every datagram received within `window`, in order.
+    fn received(&self, window: Duration) -> Vec<String> {
+        self.collect(window, |_| false).0
+    }
+
+    /// Datagrams until one contains `line` (within `timeout`); panics with what came otherwise.
+    fn until(&self, line: &str, timeout: Duration) -> Vec<String> {
+        let (got, found) = self.collect(timeout, |d| d.lines().any(|l| l == line));
+        assert!(found, "no {line} within {timeout:?}; received {got:?}");
+        got
     }
 }
 
@@ -78,15 +79,6 @@ impl Drop for Manager {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn signal(child: &Child, name: &str) {
-    let ok = Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -{name}");
 }
 
 /// Waits for the host to exit (it owns its child: no one else waits for it).
@@ -169,11 +161,7 @@ fn a_running_host_is_ready_fed_by_its_controller_reloads_and_stops() {
 fn a_host_waiting_for_its_database_is_not_ready_and_says_why() {
     let manager = Manager::new();
     // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let host = manager.start(&format!(
         "[host]\nadmin_address = \"off\"\n[transport]\nkind = \"postgres\"\n\
          connection_string = \"host=127.0.0.1 port={port} user=postgres dbname=test connect_timeout=1\"\nconnect_timeout = \"1s\"\n\

@@ -109,6 +109,16 @@ pub fn q(name: &str) -> QueueName {
     QueueName::new(name).unwrap()
 }
 
+/// Sends signal `name` (HUP, TERM, KILL, ...) to a child process with kill(1).
+pub fn signal(child: &std::process::Child, name: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{name}");
+}
+
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -364,13 +364,16 @@ async fn an_idle_queue_costs_at_most_one_statement_per_second_with_listening() {
         idle <= WINDOW.as_secs() + 1,
         "{idle} statements in {WINDOW:?} on an idle queue"
     );
-    // The count is of this host's statements: a message through the same proxy is seen.
+    // The count is of this host's statements: its receive of a message is seen. (How soon it
+    // is received is the other tests' business; here a peek every second may find it first.)
     let sender = schema.transport(TransactionMode::ReceiveOnly, 1).await;
-    picked_up(
-        &probe,
-        1,
-        sender.send(&q("idle"), &OutgoingMessage::new(vec![1])),
-    )
+    sender
+        .send(&q("idle"), &OutgoingMessage::new(vec![1]))
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(10), "the message handled", || {
+        probe.handled() >= 1
+    })
     .await;
     assert!(
         proxy.statements.load(std::sync::atomic::Ordering::SeqCst) > before + idle,

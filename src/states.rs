@@ -181,13 +181,13 @@ impl Condition {
 
     /// Conditions under which delivery also shrinks every queue's concurrency limit (BizTalk
     /// shrinks its thread pools for these; database sessions here too, because receives hold
-    /// them).
+    /// them). Not the in-process count: the delivery ceiling holds all queues together at its
+    /// threshold exactly, so no queue's limit needs to give up what another does not use.
     pub fn shrinks_concurrency(self) -> bool {
         matches!(
             self,
             Condition::ProcessMemory
                 | Condition::SystemMemory
-                | Condition::InProcess
                 | Condition::Threads
                 | Condition::DatabaseSessions
         )

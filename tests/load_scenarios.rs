@@ -270,14 +270,16 @@ fn handler_latency_creeping_up_is_held_at_the_in_process_threshold() {
     assert_controlled("latency-creep", &s, "in_process", 1.15);
 }
 
-/// Slow handlers switched on and off, four rounds: every episode is controlled on its own.
+/// Slow handlers switched on and off, two rounds far enough apart to be two causes (a
+/// crossing within 10 s of the last cause's end is the same episode): every episode is
+/// controlled on its own.
 #[test]
 fn a_cause_switched_on_and_off_is_controlled_every_time() {
     let s = scenario("on-off", 1.0);
     assert_appeared_and_cleared("on-off", &s, "delivery", 3);
     assert_controlled("on-off", &s, "in_process", 1.15);
     let episodes = s["episodes"].as_array().unwrap().len();
-    assert!(episodes >= 2, "on-off: {episodes} episodes in 4 rounds");
+    assert_eq!(episodes, 2, "on-off: {episodes} episodes in 2 rounds");
 }
 
 /// Offered load hovering at the in-process threshold: one episode, held, not flipping with
@@ -443,10 +445,8 @@ fn ordered_work_obeys_the_in_process_threshold() {
     assert_controlled("ordered-postgres", &s, "in_process", 1.15);
     assert_eq!(s["messages_processed"], 10000);
     assert_eq!(s["key_order_violations"], 0);
-    assert!(
-        s["min_concurrency_limit"]["orders"].as_u64().unwrap() < 64,
-        "the limit was cut below max"
-    );
+    // The delivery ceiling holds the count; the queue's limit is left at its max.
+    assert_eq!(s["min_concurrency_limit"]["orders"], 64);
 }
 
 /// A batch's outbox on PostgreSQL: every message drained once and its forwarded copy

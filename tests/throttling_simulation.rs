@@ -2,16 +2,21 @@
 //! backlog, run in handlers for a latency while holding memory, and finish. Time is simulated
 //! in 10 ms steps with a controller tick every sample interval, so minutes of behaviour take
 //! milliseconds. Control quality is measured the way `throttlehost load` measures it.
+//!
+//! The policy under test is the host's whole delivery policy: the controller's ticks and,
+//! between them, the delivery ceiling read at every step (as the service reads it every few
+//! milliseconds), which lets through only the receives that fit under the thresholds.
 
 use std::time::Duration;
 
 use proptest::prelude::*;
 use throttlehost::config::{MemoryThreshold, ThrottlingConfig};
 use throttlehost::load::quality::{self, Reading, Tick};
+use throttlehost::throttling::Condition;
+use throttlehost::throttling::ceiling::{AdmissionCounts, Ceiling, Usage};
 use throttlehost::throttling::controller::{
     Controller, MachineFacts, QueueLoad, Readings, Thresholds,
 };
-use throttlehost::throttling::{Condition, Direction};
 
 const MIB: f64 = 1048576.0;
 const STEP: f64 = 0.01;
@@ -50,12 +55,32 @@ fn config(sample: f64) -> ThrottlingConfig {
 }
 
 fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Outcome {
+    simulate_noisy(cfg, max, phases, 0.0)
+}
+
+/// [`simulate`] with a memory sensor that reads up to `noise` bytes off either way (the
+/// allocator's caches, other threads), from a fixed seed.
+fn simulate_noisy(cfg: ThrottlingConfig, max: u32, phases: &[Phase], noise: f64) -> Outcome {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut jitter = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        noise * ((seed % 2001) as f64 / 1000.0 - 1.0)
+    };
     let machine = MachineFacts {
         total_memory: 1 << 34,
         cpus: 1,
     };
     let sample = cfg.sample_interval.as_secs_f64();
-    let mut c = Controller::new(cfg.clone(), Thresholds::resolve(&cfg, machine));
+    let thresholds = Thresholds::resolve(&cfg, machine);
+    let mut c = Controller::new(cfg.clone(), thresholds);
+    let mut ceiling = Ceiling::default();
+    ceiling.arm(&thresholds, true, u64::from(max));
+    // The ceiling's clock: simulated seconds after this instant.
+    let origin = tokio::time::Instant::now();
+    let mut started = 0u64;
+    let mut held = false;
     let mut plant = Plant {
         base_memory: 16.0 * MIB,
         backlog: 0.0,
@@ -86,10 +111,30 @@ fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Outcome {
             } else {
                 f64::MAX / 4.0
             };
-            let starts = free
+            let memory =
+                plant.base_memory + plant.running.iter().map(|(_, m)| m).sum::<f64>() + jitter();
+            let usage = Usage {
+                process_memory: memory as u64,
+                in_process: plant.running.len() as u64,
+                threads: 10,
+                ..Usage::default()
+            };
+            let counts = AdmissionCounts {
+                started,
+                held,
+                ..AdmissionCounts::default()
+            };
+            let now = origin + Duration::from_secs_f64(t);
+            let allowance = ceiling
+                .enforce(now, usage, counts)
+                .map_or(f64::MAX, |a| a as f64);
+            let wanted = free
                 .min(plant.backlog.floor())
                 .min(plant.admit_credit.floor())
                 .max(0.0);
+            let starts = wanted.min(allowance);
+            held = starts < wanted;
+            started += starts as u64;
             for _ in 0..starts as u32 {
                 plant
                     .running
@@ -100,12 +145,15 @@ fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Outcome {
             t += STEP;
             if t + 1e-9 >= next_tick {
                 next_tick += sample;
-                let memory = plant.base_memory + plant.running.iter().map(|(_, m)| m).sum::<f64>();
+                let memory = plant.base_memory
+                    + plant.running.iter().map(|(_, m)| m).sum::<f64>()
+                    + jitter();
                 let in_flight = plant.running.len() as u32;
                 let readings = Readings {
                     process_memory: memory as u64,
                     in_process: in_flight as u64,
                     threads: 10,
+                    held: ceiling.take_holds(),
                     ..Readings::default()
                 };
                 let d = c.tick(
@@ -118,20 +166,28 @@ fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Outcome {
                     }],
                 );
                 limit = d.queue_limits["q"];
+                ceiling.arm(&thresholds, true, u64::from(limit));
                 delay = d.delivery.effective_wait().as_secs_f64();
-                let readings = d
-                    .delivery
-                    .conditions
-                    .iter()
-                    .filter(|s| {
-                        matches!(s.condition, Condition::ProcessMemory | Condition::InProcess)
-                    })
-                    .map(|s| Reading {
-                        condition: s.condition,
-                        direction: Direction::Delivery,
-                        value: s.value,
-                        threshold: s.threshold,
-                        active: s.active,
+                // Both directions are scored: publishing shows the memory condition too.
+                let readings = [&d.delivery, &d.publishing]
+                    .into_iter()
+                    .flat_map(|decision| {
+                        decision
+                            .conditions
+                            .iter()
+                            .filter(|s| {
+                                matches!(
+                                    s.condition,
+                                    Condition::ProcessMemory | Condition::InProcess
+                                )
+                            })
+                            .map(|s| Reading {
+                                condition: s.condition,
+                                direction: decision.direction,
+                                value: s.value,
+                                threshold: s.threshold,
+                                active: s.active,
+                            })
                     })
                     .collect();
                 ticks.push(Tick {
@@ -147,7 +203,11 @@ fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Outcome {
 }
 
 fn assert_controlled(outcome: &Outcome, peak: f64) {
-    let episodes = quality::episodes(&outcome.ticks, 0.9);
+    assert_controlled_with(outcome, peak, 0.9);
+}
+
+fn assert_controlled_with(outcome: &Outcome, peak: f64, resume_ratio: f64) {
+    let episodes = quality::episodes(&outcome.ticks, resume_ratio);
     assert!(!episodes.is_empty(), "no episode");
     for e in &episodes {
         assert!(e.engage_samples.is_some_and(|n| n <= 2), "{e:?}");
@@ -235,6 +295,30 @@ fn a_cause_switching_on_and_off_every_three_seconds_flips_at_most_twice_per_epis
     ];
     let outcome = simulate(config(0.25), 64, &phases);
     assert_controlled(&outcome, 1.15);
+}
+
+/// No hysteresis in value (`resume_ratio = 1.0`, as BizTalk has none): memory held at its
+/// threshold, read with 2 % noise, dips under it and passes it again sample after sample, and
+/// delivery still shows one episode within the bounds.
+#[test]
+fn with_no_band_in_value_memory_held_at_its_threshold_is_one_episode() {
+    let on = Phase {
+        seconds: 15.0,
+        arrivals_per_sec: 60.0,
+        latency: 1.0,
+        memory_per_message: 1.5 * MIB,
+    };
+    let off = Phase {
+        seconds: 20.0,
+        arrivals_per_sec: 20.0,
+        latency: 0.05,
+        memory_per_message: 0.0,
+    };
+    let mut cfg = config(0.25);
+    cfg.resume_ratio = 1.0;
+    let outcome = simulate_noisy(cfg, 128, &[on, off], 0.02 * 64.0 * MIB);
+    assert_controlled_with(&outcome, 1.15, 1.0);
+    assert_eq!(quality::episodes(&outcome.ticks, 1.0).len(), 1);
 }
 
 proptest! {

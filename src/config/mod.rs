@@ -679,6 +679,11 @@ pub struct ThrottlingConfig {
     pub sample_interval: Duration,
     /// A condition clears when its value falls below threshold x this (hysteresis).
     pub resume_ratio: f64,
+    /// ... and has stayed below it this long (hysteresis in time): a value that the control
+    /// holds at its line and that dips under it for a sample is one episode, not a state
+    /// change per dip, even with `resume_ratio = 1.0`.
+    #[serde(with = "units::duration")]
+    pub resume_after: Duration,
     /// First delay when a resource condition begins.
     #[serde(with = "units::duration")]
     pub initial_delay: Duration,
@@ -699,7 +704,7 @@ pub struct ThrottlingConfig {
     pub database_size_refresh: Duration,
     /// Database connections in use, per CPU (0 = off).
     pub database_sessions_per_cpu: u64,
-    /// Under memory, in-process or thread pressure a queue's limit is cut to the messages in
+    /// Under memory, thread or session pressure a queue's limit is cut to the messages in
     /// flight x min(this, target / value), the target being midway between resume line and
     /// threshold: this is the gentlest cut (floor 1, never deeper than a quarter).
     pub concurrency_decrease_ratio: f64,
@@ -721,6 +726,7 @@ impl Default for ThrottlingConfig {
             enabled: true,
             sample_interval: Duration::from_millis(500),
             resume_ratio: 0.9,
+            resume_after: Duration::from_secs(1),
             initial_delay: Duration::from_millis(10),
             process_memory: MemoryThreshold::Percent(25.0),
             system_memory: MemoryThreshold::Off,

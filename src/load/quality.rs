@@ -60,17 +60,23 @@ pub struct Episode {
     /// When the value first crossed the threshold (or the condition engaged, if earlier),
     /// seconds.
     pub crossed_at: f64,
-    /// Ticks from the crossing to the condition being active (0 = the same tick); None if it
-    /// never engaged.
+    /// Ticks from the crossing to the condition being active (0 = the same tick), the slowest
+    /// of the episode's crossings; None if one never engaged.
     pub engage_samples: Option<u32>,
     /// Highest value / threshold during the episode.
     pub peak_ratio: f64,
-    /// State changes of the direction from just before the crossing to the end.
+    /// State changes of the direction from just before the crossing to the end, re-crossings
+    /// within [`SAME_EPISODE_WITHIN`] of the cause's end included.
     pub flips: u32,
     /// Seconds from the cause ending (the last tick at or above the resume line, or with the
     /// condition active) to state 0; None if the direction never returned to 0.
     pub recovery_seconds: Option<f64>,
 }
+
+/// A crossing this soon after the cause of an episode ended belongs to that episode: an
+/// operator sees one cause flapping, not a new one, and a measure that started a new episode
+/// at each re-crossing read a run that flipped 10 times as 5 clean episodes.
+pub const SAME_EPISODE_WITHIN: f64 = 10.0;
 
 /// Whether an episode's peak is held to a bound: not for rate imbalance, whose value is the
 /// load offered to the host (a burst of sends is counted when it is requested).
@@ -142,24 +148,49 @@ fn next_episode(
     };
     let start = (*from..ticks.len()).find(|&i| over(i))?;
     let state = |i: usize| ticks[i].states[direction.index()];
-    let engaged = (start..ticks.len()).find(|&i| {
-        reading(&ticks[i], condition, direction).is_some_and(|r| r.active) && state(i) != 0
-    });
-    // The episode ends at the first tick back at state 0 after engaging.
-    let end = engaged.and_then(|e| (e..ticks.len()).find(|&i| state(i) == 0));
-    let last = end.unwrap_or(ticks.len() - 1);
+    let engages = |from: usize| {
+        (from..ticks.len()).find(|&i| {
+            reading(&ticks[i], condition, direction).is_some_and(|r| r.active) && state(i) != 0
+        })
+    };
+    let engaged = engages(start);
     let mut peak: f64 = 0.0;
     let mut cause_end = start;
-    for (i, tick) in ticks.iter().enumerate().take(last + 1).skip(start) {
-        if let Some(r) = reading(tick, condition, direction) {
-            peak = peak.max(r.value / r.threshold);
-            // The cause lasts while the value is at or above the resume line, or while the
-            // condition is active below it (the memory ceiling holding receives back).
-            if r.value >= r.threshold * resume_ratio || r.active {
-                cause_end = i;
+    let mut round = start;
+    let mut engaged_now = engaged;
+    // The slowest engagement of any crossing in the episode.
+    let mut engage_samples = engaged.map(|e| (e - start) as u32);
+    let (end, last) = loop {
+        // This round ends at the first tick back at state 0 after engaging.
+        let end = engaged_now.and_then(|e| (e..ticks.len()).find(|&i| state(i) == 0));
+        let last = end.unwrap_or(ticks.len() - 1);
+        for (i, tick) in ticks.iter().enumerate().take(last + 1).skip(round) {
+            if let Some(r) = reading(tick, condition, direction) {
+                peak = peak.max(r.value / r.threshold);
+                // The cause lasts while the value is at or above the resume line, or while
+                // the condition is active below it (the memory ceiling holding receives back).
+                if r.value >= r.threshold * resume_ratio || r.active {
+                    cause_end = i;
+                }
             }
         }
-    }
+        // A crossing soon after the cause ended is this episode going on.
+        let again = end.and_then(|e| {
+            (e + 1..ticks.len())
+                .take_while(|&i| ticks[i].t - ticks[cause_end].t <= SAME_EPISODE_WITHIN)
+                .find(|&i| over(i))
+        });
+        match again {
+            Some(next) => {
+                round = next;
+                engaged_now = engages(next);
+                engage_samples = engage_samples
+                    .zip(engaged_now)
+                    .map(|(worst, e)| worst.max((e - next) as u32));
+            }
+            None => break (end, last),
+        }
+    };
     // Flips: the direction's state entering or leaving this condition's code. A hand-over to
     // a higher-ranked cause that goes on past this one (an operator's override taking over)
     // is one flip out, not a flap; a state swinging between causes counts every swing.
@@ -174,7 +205,7 @@ fn next_episode(
         condition,
         direction,
         crossed_at: ticks[start].t,
-        engage_samples: engaged.map(|e| (e - start) as u32),
+        engage_samples,
         peak_ratio: (peak * 1000.0).round() / 1000.0,
         flips,
         recovery_seconds: end.map(|e| ((ticks[e].t - ticks[cause_end].t) * 10.0).round() / 10.0),
@@ -240,15 +271,29 @@ mod tests {
         let e = &episodes(&t, 0.9)[0];
         assert_eq!(e.engage_samples, Some(2));
         assert_eq!(e.peak_ratio, 2.0);
-        // The episode ends at the first state 0 after engaging: t=2.5. The re-entry starts a
-        // second episode only if the value crosses again; here it does not.
-        assert_eq!(e.flips, 2);
+        // State 0 at t=2.5 while the condition is still active, and back to 3: the same
+        // episode going on, four flips.
+        assert_eq!(e.flips, 4);
+        // A second crossing 1.5 s after the cause ended is the same cause flapping: one
+        // episode with four flips.
         let t = timeline(
             &[50.0, 120.0, 101.0, 50.0, 101.0, 105.0, 50.0, 50.0],
             &[0, 3, 3, 0, 3, 3, 0, 0],
         );
         let all = episodes(&t, 0.9);
-        assert_eq!(all.len(), 2, "two crossings, two episodes: {all:?}");
+        assert_eq!(all.len(), 1, "one episode: {all:?}");
+        assert_eq!(all[0].flips, 4);
+        assert_eq!(all[0].recovery_seconds, Some(0.5));
+        // Crossings more than 10 s apart are two episodes.
+        let mut values = vec![50.0, 120.0, 50.0];
+        let mut states = vec![0, 3, 0];
+        values.extend([50.0; 21]);
+        states.extend([0; 21]);
+        values.extend([120.0, 50.0, 50.0]);
+        states.extend([3, 0, 0]);
+        let all = episodes(&timeline(&values, &states), 0.9);
+        assert_eq!(all.len(), 2, "two episodes: {all:?}");
+        assert!(all.iter().all(|e| e.flips == 2));
     }
 
     #[test]

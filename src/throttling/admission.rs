@@ -175,6 +175,11 @@ impl Admission {
         self.started.load(Ordering::Relaxed) + self.receiving.load(Ordering::Relaxed)
     }
 
+    /// Receives started that have not come back yet.
+    pub fn receiving(&self) -> u64 {
+        self.receiving.load(Ordering::Relaxed)
+    }
+
     /// Callers waiting to be admitted now.
     pub fn waiting(&self) -> u64 {
         self.waiting.load(Ordering::Relaxed)

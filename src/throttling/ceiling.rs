@@ -5,7 +5,8 @@
 //! payload, a handler that holds more memory, a handler that blocks a thread, a slow handler
 //! that keeps its connection), the receives started within one tick can carry the resource
 //! far past its threshold before the next tick cuts. The ceiling reads each guarded resource
-//! ([`CEILING_GUARDED`]: process and system memory, threads, database sessions) every
+//! ([`CEILING_GUARDED`]: process and system memory, threads, database sessions, the
+//! in-process count) every
 //! [`CEILING_INTERVAL`] and lets through only what fits under every threshold: the room left
 //! divided by what a message in process costs, less what it let through in the last
 //! [`CEILING_SETTLE`] and that does not show yet. It counts what it let through where it
@@ -25,6 +26,10 @@
 //! ([`CeilingHolds`]), with how many messages the resource has room for: it shows the
 //! condition as active (throttling that acts is never state 0) and cuts the delivery limits
 //! to that room.
+//!
+//! The in-process count needs no estimate: a message costs one, and the room is the threshold
+//! less the messages in process and the receives out now, which the ceiling lets through
+//! first come, first served whichever queue they are for.
 //!
 //! The ceiling is pure: the service reads the values and the admission's counters, hands them
 //! to [`Ceiling::enforce`] and applies the allowance it returns.
@@ -80,6 +85,7 @@ impl Usage {
             Condition::SystemMemory => self.system_memory_used,
             Condition::Threads => self.threads,
             Condition::DatabaseSessions => self.database_sessions,
+            Condition::InProcess => self.in_process,
             _ => 0,
         }
     }
@@ -91,6 +97,9 @@ pub struct AdmissionCounts {
     /// Receives let through so far: messages handed to handlers, plus receives out now
     /// ([`super::admission::Admission::started`]).
     pub started: u64,
+    /// Receives out now: each may bring a message, so each takes room of the in-process
+    /// count.
+    pub receiving: u64,
     /// Receives were waiting on an allowance that had run out.
     pub held: bool,
 }
@@ -329,13 +338,17 @@ impl Ceiling {
         for guard in &mut self.guards {
             let value = usage.of(guard.condition);
             let pending_bound = usage.in_process + self.limits_total;
-            let fit = guard.read(
-                now,
-                value,
-                usage.in_process,
-                admission.started,
-                pending_bound,
-            );
+            let fit = if guard.condition == Condition::InProcess {
+                counted_fit(guard.threshold, usage.in_process + admission.receiving)
+            } else {
+                guard.read(
+                    now,
+                    value,
+                    usage.in_process,
+                    admission.started,
+                    pending_bound,
+                )
+            };
             // A hold whose cause is gone by this read (the value fell since the last one) is
             // not pressure: reported, it showed a memory condition a tick after its messages
             // had ended, and the state flipped back to 4 from an override.
@@ -364,6 +377,18 @@ struct Fit {
     per_message: f64,
     /// The cost was measured (messages in process now, or earlier), not guessed.
     measured: bool,
+}
+
+/// What fits under a threshold on a count of messages (the in-process count): `taken`, the
+/// messages in process and the receives out that may bring one, each cost one.
+fn counted_fit(threshold: u64, taken: u64) -> Fit {
+    Fit {
+        // Never stop the last message, as for every guard (a threshold of 0 is off).
+        allowance: threshold.saturating_sub(taken).max(u64::from(taken == 0)),
+        room: threshold,
+        per_message: 1.0,
+        measured: true,
+    }
 }
 
 /// What the ceiling knows of what a message costs, besides the value now.
@@ -562,6 +587,7 @@ mod tests {
             let counts = AdmissionCounts {
                 started: admitted,
                 held: false,
+                ..AdmissionCounts::default()
             };
             ceiling.enforce(Instant::now(), usage, counts);
             admitted += u64::from(read < 9);
@@ -579,6 +605,7 @@ mod tests {
             let counts = AdmissionCounts {
                 started: admitted,
                 held: false,
+                ..AdmissionCounts::default()
             };
             allowance = ceiling.enforce(Instant::now(), usage, counts);
             tokio::time::advance(CEILING_INTERVAL).await;
@@ -622,6 +649,7 @@ mod tests {
                 AdmissionCounts {
                     started: admitted,
                     held: held_seen,
+                    ..AdmissionCounts::default()
                 },
             );
             let granted = allowance.unwrap_or(48).min(48 - in_process);
@@ -693,6 +721,7 @@ mod tests {
         let held = AdmissionCounts {
             started: 16,
             held: true,
+            ..AdmissionCounts::default()
         };
         assert_eq!(
             ceiling.enforce(Instant::now(), busy, held),
@@ -722,6 +751,7 @@ mod tests {
             let counts = AdmissionCounts {
                 started: 16 * read,
                 held: true,
+                ..AdmissionCounts::default()
             };
             assert_eq!(
                 ceiling.enforce(Instant::now(), busy, counts),
@@ -758,12 +788,14 @@ mod tests {
         let started = AdmissionCounts {
             started: 8,
             held: false,
+            ..AdmissionCounts::default()
         };
         assert_eq!(ceiling.enforce(Instant::now(), full, started), Some(0));
         tokio::time::advance(CEILING_INTERVAL).await;
         let held = AdmissionCounts {
             started: 8,
             held: true,
+            ..AdmissionCounts::default()
         };
         assert_eq!(ceiling.enforce(Instant::now(), full, held), Some(0));
         assert!(
@@ -808,6 +840,7 @@ mod tests {
         let admitted = AdmissionCounts {
             started: 1,
             held: false,
+            ..AdmissionCounts::default()
         };
         ceiling.enforce(now, idle, admitted);
         assert_eq!(ceiling.next_read_in(), CEILING_INTERVAL);

@@ -149,12 +149,14 @@ impl DownstreamGuards {
 
 /// The resources the delivery ceiling guards between ticks: each grows with the messages in
 /// process (memory they hold, in the process and so on the machine; blocking threads they
-/// occupy; connections they keep open), so it can be bounded by how many receives start.
-pub const CEILING_GUARDED: [Condition; 4] = [
+/// occupy; connections they keep open; the count itself), so it can be bounded by how many
+/// receives start.
+pub const CEILING_GUARDED: [Condition; 5] = [
     Condition::ProcessMemory,
     Condition::SystemMemory,
     Condition::Threads,
     Condition::DatabaseSessions,
+    Condition::InProcess,
 ];
 
 /// For each resource of [`CEILING_GUARDED`] on which the ceiling held receives back since the
@@ -162,8 +164,9 @@ pub const CEILING_GUARDED: [Condition; 4] = [
 /// fit under the threshold at what each one costs now.
 ///
 /// A held condition is acting, so it shows as active (throttling that acts is never state
-/// 0), and the delivery limits are cut to the tightest room, so that the limit an operator
-/// sees is the concurrency the resource allows, not a number the ceiling quietly undercuts.
+/// 0), and the delivery limits are cut to the tightest room of an estimated cost
+/// ([`CeilingHolds::tightest`]), so that the limit an operator sees is the concurrency the
+/// resource allows, not a number the ceiling quietly undercuts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct CeilingHolds {
     /// Messages in process that process memory has room for.
@@ -174,6 +177,8 @@ pub struct CeilingHolds {
     pub threads: Option<u64>,
     /// Messages in process that the database session threshold has room for.
     pub database_sessions: Option<u64>,
+    /// Messages in process that the in-process threshold has room for: the threshold.
+    pub in_process: Option<u64>,
 }
 
 impl CeilingHolds {
@@ -197,13 +202,22 @@ impl CeilingHolds {
             Condition::SystemMemory => Some(&mut self.system_memory),
             Condition::Threads => Some(&mut self.threads),
             Condition::DatabaseSessions => Some(&mut self.database_sessions),
+            Condition::InProcess => Some(&mut self.in_process),
             _ => None,
         }
     }
 
-    /// The smallest room among the held resources.
+    /// The smallest room among the held resources whose cost per message the ceiling
+    /// estimates. The in-process count is left out: its room is the threshold, exact, and the
+    /// ceiling holds all queues together to it, so the busiest queues take what idle ones do
+    /// not use. Cut to it, each queue's limit was a share of the threshold by its max, and a
+    /// host whose maxes add up above the threshold showed every limit below its max in state 0.
     pub fn tightest(&self) -> Option<u64> {
-        CEILING_GUARDED.into_iter().filter_map(|c| self.of(c)).min()
+        CEILING_GUARDED
+            .into_iter()
+            .filter(|c| *c != Condition::InProcess)
+            .filter_map(|c| self.of(c))
+            .min()
     }
 }
 
@@ -327,7 +341,7 @@ impl Decision {
 
 #[derive(Debug, Clone, Default)]
 struct DirectionState {
-    rate_active: bool,
+    rate: Latch,
     /// No rate imbalance engages before this: its sampling window still holds time another
     /// cause throttled the direction (requests waiting out that throttling are not an
     /// imbalance of their own).
@@ -370,7 +384,7 @@ impl QueueLoad {
 pub struct Controller {
     config: ThrottlingConfig,
     thresholds: Thresholds,
-    resource_active: BTreeMap<Condition, bool>,
+    resource_active: BTreeMap<Condition, Latch>,
     directions: [DirectionState; 2],
     limits: BTreeMap<String, u32>,
     last_tick: Option<Duration>,
@@ -426,10 +440,6 @@ impl DirectionTick<'_> {
 struct LimitPressure {
     /// Worst value / threshold among shrinking conditions above their threshold.
     over: Option<f64>,
-    /// The same, leaving out the in-process count (see [`Controller::limit_queues`]).
-    over_but_in_process: Option<f64>,
-    /// Messages in process.
-    in_process: f64,
     /// A shrinking condition is active (above its resume line).
     holding: bool,
     /// 1 - value / resume line of the tightest shrinking condition (1 when none is on).
@@ -517,7 +527,7 @@ impl Controller {
             .map(|t| now.saturating_sub(t).as_secs_f64())
             .unwrap_or(0.0);
         self.last_tick = Some(now);
-        self.evaluate(readings);
+        self.evaluate(now, readings);
         if readings.in_process == 0 {
             for condition in resource_conditions() {
                 self.idle_values
@@ -544,25 +554,27 @@ impl Controller {
         }
     }
 
-    /// Hysteresis of every resource condition.
-    fn evaluate(&mut self, readings: &Readings) {
+    /// Hysteresis of every resource condition, in value and in time ([`Latch`]).
+    fn evaluate(&mut self, now: Duration, readings: &Readings) {
         let resume = self.config.resume_ratio;
+        let resume_after = self.config.resume_after;
         for condition in resource_conditions() {
             let threshold = self.thresholds.of(condition);
             let value = readings.value(condition);
-            let active = self.resource_active.entry(condition).or_insert(false);
+            let latch = self.resource_active.entry(condition).or_default();
             let held = readings.held.of(condition).is_some();
-            *active = match threshold {
-                None => false,
+            match threshold {
+                None => *latch = Latch::default(),
                 // A hold is reported for the whole interval since the last tick. One made
                 // early in it, by a resource that has fallen below half its threshold since,
                 // is over: counted, it showed the condition for one tick after its cause had
                 // gone (state 10 -> 4 -> 10 as an override began in `mixed`).
                 Some(t) => {
-                    (held && value >= t as f64 * law::APPROACH_SHARE)
-                        || hysteresis(*active, value, t as f64, resume)
+                    let t = t as f64;
+                    let over = (held && value >= t * law::APPROACH_SHARE) || value > t;
+                    latch.update(now, over, value >= t * resume, resume_after);
                 }
-            };
+            }
         }
     }
 
@@ -570,8 +582,6 @@ impl Controller {
         let resume = self.config.resume_ratio;
         let mut pressure = LimitPressure {
             over: None,
-            over_but_in_process: None,
-            in_process: readings.in_process as f64,
             holding: false,
             headroom: 1.0,
             approach: None,
@@ -588,16 +598,11 @@ impl Controller {
             let active = self
                 .resource_active
                 .get(&condition)
-                .copied()
-                .unwrap_or(false);
+                .is_some_and(|latch| latch.active);
             if active {
                 pressure.holding = true;
                 if ratio > 1.0 {
-                    let worst = |over: Option<f64>| Some(over.map_or(ratio, |o: f64| o.max(ratio)));
-                    pressure.over = worst(pressure.over);
-                    if condition != Condition::InProcess {
-                        pressure.over_but_in_process = worst(pressure.over_but_in_process);
-                    }
+                    pressure.over = Some(pressure.over.map_or(ratio, |o| o.max(ratio)));
                 }
             }
             // Only what the messages in process add can grow with them: the part of the
@@ -624,15 +629,13 @@ impl Controller {
 
     /// Each queue's limit: cut from in flight while over, held while above the resume line,
     /// grown back below it; max at once when delivery is not throttled. Also says whether any
-    /// limit is below its ceiling (an action in effect).
+    /// limit is below its max (an action in effect).
     ///
-    /// The in-process count *is* the messages in flight, so it gets an exact ceiling: the
-    /// queues together never allow more than one message above the in-process threshold
-    /// (shared in proportion to their max). The condition still shows when it is reached, and
-    /// the limits hold there: a count no higher than the queues' limits let in is the bound
-    /// working, not an overage to cut for. (Cutting for it, a permanent backlog made a
-    /// sawtooth of one-second episodes: cut below the resume line, state 0, grown back to
-    /// the bound, cut again.)
+    /// The in-process count plays no part here: it *is* the messages in flight, so the
+    /// delivery ceiling holds all queues together at its threshold, exactly, between ticks,
+    /// and the busiest queues take the room idle ones leave. (A share of the threshold per
+    /// queue by its max left limits below max in state 0; cutting the limits for it made a
+    /// sawtooth of one-second episodes on a permanent backlog.)
     fn limit_queues(
         &mut self,
         pressure: &LimitPressure,
@@ -650,23 +653,12 @@ impl Controller {
             }
             _ => u32::MAX,
         };
-        let in_process_bound = self.thresholds.in_process.map(|t| t + 1);
-        let bounded_total: f64 = queues
-            .iter()
-            .map(|q| q.max.max(1).min(share(in_process_bound, q.max.max(1))) as f64)
-            .sum();
-        let over = match in_process_bound {
-            Some(_) if applies && pressure.in_process <= bounded_total => {
-                pressure.over_but_in_process
-            }
-            _ => pressure.over,
-        };
         let mut limits = BTreeMap::new();
         let mut reduced = false;
         for q in queues {
-            let max = q.max.max(1).min(share(in_process_bound, q.max.max(1)));
+            let max = q.max.max(1);
             let current = self.limits.get(&q.name).copied().unwrap_or(max).min(max);
-            let next = match over {
+            let next = match pressure.over {
                 _ if !applies => max,
                 // A cut already made is still draining: wait for it before cutting again.
                 Some(_) if q.in_flight > current => current,
@@ -847,7 +839,7 @@ impl Controller {
         st.cause = cause;
         if cause.is_some_and(|c| c != Condition::RateImbalance) {
             st.rate_quiet_until = now + tick.config.sampling_window;
-            st.rate_active = false;
+            st.rate = Latch::default();
         }
         let state = cause.and_then(|c| c.state_code(direction)).unwrap_or(0);
         if state != st.state || st.since > now {
@@ -886,14 +878,19 @@ impl Controller {
         let rate_judged = now >= self.directions[idx].rate_quiet_until
             && rates.samples >= dir_config.min_samples
             && rates.outgoing_per_sec > 0.0;
-        let rate_active = rate_judged
-            && hysteresis(
-                self.directions[idx].rate_active,
-                rates.incoming_per_sec,
-                rate_limit,
-                self.config.resume_ratio,
-            );
-        self.directions[idx].rate_active = rate_active;
+        let resume_after = self.config.resume_after;
+        let rate = &mut self.directions[idx].rate;
+        let rate_active = if rate_judged {
+            rate.update(
+                now,
+                rates.incoming_per_sec > rate_limit,
+                rates.incoming_per_sec >= rate_limit * self.config.resume_ratio,
+                resume_after,
+            )
+        } else {
+            *rate = Latch::default();
+            false
+        };
         let mut conditions = Vec::new();
         for condition in Condition::ALL {
             let Some(state) = condition.state_code(direction) else {
@@ -914,7 +911,9 @@ impl Controller {
                     (g.active, g.value, g.threshold)
                 }
                 other => (
-                    self.resource_active.get(&other).copied().unwrap_or(false),
+                    self.resource_active
+                        .get(&other)
+                        .is_some_and(|latch| latch.active),
                     readings.value(other),
                     self.thresholds.of(other).unwrap_or(0) as f64,
                 ),
@@ -940,11 +939,38 @@ fn condition_overage(c: &ConditionStatus) -> f64 {
 }
 
 /// Active above `threshold`; once active, stays active until below `threshold x resume`.
-fn hysteresis(active: bool, value: f64, threshold: f64, resume: f64) -> bool {
-    if active {
-        value >= threshold * resume
-    } else {
-        value > threshold
+/// A condition's activity, with hysteresis in value and in time: it engages when its value
+/// passes the threshold, and clears once the value has stayed below the resume line for
+/// `resume_after` (`ThrottlingConfig::resume_after`), so a value that the control itself
+/// holds at its line, dipping under it for a sample now and then, is one episode, not a
+/// flip per dip, whatever the resume ratio (at 1.0 there is no band in value at all).
+#[derive(Debug, Clone, Copy, Default)]
+struct Latch {
+    active: bool,
+    /// While active: since when the value has been below the resume line.
+    below_since: Option<Duration>,
+}
+
+impl Latch {
+    /// Updates the latch at `now`: `over`, the value is past its threshold (or the condition
+    /// acts on its own account); `above_resume`, the value is at or above the resume line.
+    fn update(
+        &mut self,
+        now: Duration,
+        over: bool,
+        above_resume: bool,
+        resume_after: Duration,
+    ) -> bool {
+        if over || (self.active && above_resume) {
+            self.active = true;
+            self.below_since = None;
+        } else if self.active {
+            let since = *self.below_since.get_or_insert(now);
+            if now.saturating_sub(since) >= resume_after {
+                *self = Latch::default();
+            }
+        }
+        self.active
     }
 }
 

@@ -42,7 +42,9 @@ pub struct QueueReading {
     pub downstream_limit: Option<u32>,
 }
 
-/// What the host tells the controller each tick (its counters, read without I/O).
+/// What the host tells the controller each tick: its counters, read without waiting for I/O
+/// (the database size asks for stale depths to be peeked in the background and answers from
+/// the last known ones, so a slow database never delays a tick).
 pub trait HostProbe: Send + Sync + 'static {
     /// Messages handed to handlers and not done.
     fn in_process(&self) -> u64;
@@ -272,6 +274,7 @@ fn enforce_ceiling(ceiling: &mut Ceiling, parts: &mut ServiceParts) {
     };
     let counts = AdmissionCounts {
         started: admission.started(),
+        receiving: admission.receiving(),
         // Receives in a delay (an override, a throttling delay) are not held by the ceiling:
         // counted as its holds, they showed a memory condition after its cause had gone.
         held: admission.is_held() && admission.waiting_on_allowance() > 0,

@@ -19,6 +19,9 @@ fn config() -> ThrottlingConfig {
         threads_per_cpu: 50,
         database_size: 50_000,
         database_sessions_per_cpu: 10,
+        // The laws tick by tick: a condition clears at the first sample below its resume
+        // line. The time a cleared value must stay below it has tests of its own.
+        resume_after: Duration::ZERO,
         ..ThrottlingConfig::default()
     }
 }
@@ -378,6 +381,81 @@ fn hysteresis_prevents_flapping_between_90_and_100_percent() {
     assert!(step(1001));
 }
 
+/// With `resume_ratio = 1.0` there is no band in value: a value held at its threshold dips
+/// under it and passes it again sample after sample. `resume_after` keeps that one episode:
+/// the condition clears only once the value has stayed below the line for that long, and
+/// then at once.
+#[test]
+fn a_condition_clears_only_after_its_value_stays_below_the_line_for_resume_after() {
+    let mut cfg = config();
+    cfg.resume_ratio = 1.0;
+    cfg.resume_after = Duration::from_secs(1);
+    let mut c = controller_with(cfg);
+    let mut t = 0.0;
+    // (state, the in-process condition is active, recovering) after one sample.
+    let mut step = |value: u64| {
+        let d = c.tick(
+            secs(t),
+            &Readings {
+                in_process: value,
+                ..quiet()
+            },
+            &queues(),
+        );
+        t += 0.25;
+        let active = d
+            .delivery
+            .active()
+            .any(|c| c.condition == Condition::InProcess);
+        (d.delivery.state, active, d.delivery.recovering)
+    };
+    for v in [1001, 990, 1002, 995, 999, 1001, 980, 1003] {
+        assert_eq!(
+            step(v),
+            (3, true, false),
+            "one episode while the value hovers: {v}"
+        );
+    }
+    // Below the line: still active for 1 s (samples at 0, 0.25, 0.5, 0.75 s), clear at 1 s.
+    for _ in 0..4 {
+        assert_eq!(step(900), (3, true, false));
+    }
+    assert_eq!(
+        step(900),
+        (3, false, true),
+        "cleared; the delay still relaxes"
+    );
+    let back = (0..40).position(|_| step(900) == (0, false, false));
+    assert!(back.is_some(), "state 0 once the delay has relaxed");
+}
+
+/// The same hovering with no time hysteresis flips at every crossing: what `resume_after`
+/// exists for.
+#[test]
+fn without_resume_after_a_value_at_a_line_with_no_band_flips_at_every_crossing() {
+    let mut cfg = config();
+    cfg.resume_ratio = 1.0;
+    let mut c = controller_with(cfg);
+    let actives: Vec<bool> = [1001, 990, 1002, 995]
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            c.tick(
+                secs(i as f64 * 0.25),
+                &Readings {
+                    in_process: v,
+                    ..quiet()
+                },
+                &queues(),
+            )
+            .delivery
+            .active()
+            .any(|c| c.condition == Condition::InProcess)
+        })
+        .collect();
+    assert_eq!(actives, vec![true, false, true, false]);
+}
+
 #[test]
 fn rate_throttling_needs_the_minimum_samples() {
     let mut c = controller();
@@ -618,12 +696,13 @@ fn limits_regrow_by_the_room_the_messages_have_not_the_machine() {
 #[test]
 fn only_what_messages_hold_shrinks_limits() {
     for (readings, shrinks) in [
+        // The delivery ceiling holds the in-process count; no limit gives up room for it.
         (
             Readings {
                 in_process: 5000,
                 ..quiet()
             },
-            true,
+            false,
         ),
         (
             Readings {
@@ -1066,33 +1145,38 @@ fn publishing_pacing_ends_soon_after_a_memory_cause_clears_far_below_its_thresho
     }
 }
 
-/// A permanent backlog on a queue whose max is above the in-process threshold: the limits let
-/// the threshold and one more message in, and that count is the bound working. The state
-/// shows in-process pressure in one episode and the limit stays at the bound.
+/// A permanent backlog on a queue whose max is above the in-process threshold: the delivery
+/// ceiling holds the count at the threshold (here: in flight never above it, and each tick
+/// hears of the hold). The state shows in-process pressure in one episode, the limit stays at
+/// the queue's max (the count, not the limit, is what is held).
 #[test]
 fn a_backlog_at_the_in_process_bound_is_held_at_the_threshold_in_one_episode() {
     let mut c = controller();
-    let threshold = c.thresholds().in_process.unwrap() as u32;
+    let threshold = c.thresholds().in_process.unwrap();
+    let max = 2 * threshold as u32;
     let mut in_flight = 0u32;
     let mut states = Vec::new();
-    let mut lowest = u32::MAX;
     for tick in 0..60 {
         let load = vec![QueueLoad {
             name: "orders".into(),
-            max: 2 * threshold,
+            max,
             in_flight,
         }];
-        let readings = Readings {
+        let mut readings = Readings {
             in_process: u64::from(in_flight),
             ..quiet()
         };
+        if u64::from(in_flight) >= threshold {
+            readings.held.record(Condition::InProcess, threshold);
+        }
         let d = c.tick(secs(f64::from(tick) * 0.5), &readings, &load);
         states.push(d.delivery.state);
-        if tick >= 2 {
-            lowest = lowest.min(in_flight);
-        }
-        // The backlog fills every slot the limit gives before the next tick.
-        in_flight = d.queue_limits["orders"];
+        assert_eq!(
+            d.queue_limits["orders"], max,
+            "tick {tick}: the limit stays at max"
+        );
+        // The backlog fills every slot the ceiling lets through before the next tick.
+        in_flight = d.queue_limits["orders"].min(threshold as u32);
     }
     let episodes = states.windows(2).filter(|w| w[0] == 0 && w[1] != 0).count();
     assert_eq!(episodes, 1, "one episode: {states:?}");
@@ -1101,10 +1185,37 @@ fn a_backlog_at_the_in_process_bound_is_held_at_the_threshold_in_one_episode() {
         Some(&3),
         "in-process pressure shows: {states:?}"
     );
-    assert!(
-        lowest >= threshold,
-        "held at the bound, not cut below the threshold: lowest {lowest} of {threshold}"
-    );
+}
+
+/// Queues whose maxes add up to far more than the in-process threshold, one busy and two
+/// idle: state 0 means every limit at its max. (Shared by max, each limit was a third of the
+/// threshold, in state 0, and the busy queue could not use what the idle ones left.)
+#[test]
+fn state_0_means_every_limit_at_its_max_whatever_the_in_process_threshold() {
+    let mut c = controller();
+    let threshold = c.thresholds().in_process.unwrap() as u32;
+    let busy = threshold / 2;
+    let load = vec![
+        QueueLoad {
+            name: "busy".into(),
+            max: threshold,
+            in_flight: busy,
+        },
+        QueueLoad::idle("idle-a", threshold),
+        QueueLoad::idle("idle-b", threshold),
+    ];
+    let readings = Readings {
+        in_process: u64::from(busy),
+        ..quiet()
+    };
+    for tick in 0..4 {
+        let d = c.tick(secs(f64::from(tick) * 0.5), &readings, &load);
+        assert_eq!(d.delivery.state, 0);
+        assert!(!d.delivery.recovering);
+        for q in &load {
+            assert_eq!(d.queue_limits[&q.name], threshold, "{}", q.name);
+        }
+    }
 }
 
 /// A queue in outage mode shows as delivery state 12 with its failures and threshold, and the

@@ -8,7 +8,7 @@ use throttlehost::transport::QueueName;
 use throttlehost::transport::sqlserver::QueueStatements;
 use throttlehost::transport::sqlserver::statements::{
     CLAIM_GIVE_UP, HEADERS_TYPE, IS_BABELFISH, LIST_QUEUES, ROWVERSION_INDEXES, SEND_MANY_ROWS,
-    babelfish_candidates, babelfish_claim, begin_and_receive_batch, send_many,
+    babelfish_candidates, babelfish_claim, babelfish_warm_up, begin_and_receive_batch, send_many,
 };
 
 fn statements(dialect: Dialect) -> QueueStatements {
@@ -114,6 +114,11 @@ fn babelfish_claim_receive() {
         babelfish_claim(&s.table, &[41], false)
     );
     insta::assert_snapshot!("babelfish_claim_give_up", CLAIM_GIVE_UP);
+    // A connection's warm-up is the autocommit claim of a row no queue has.
+    let warm_up = babelfish_warm_up(&s.table);
+    assert_eq!(warm_up, babelfish_claim(&s.table, &[-1], false));
+    assert!(!warm_up.contains("BEGIN TRAN"), "nothing left open");
+    assert!(warm_up.contains("\nWHERE RowVersion IN (-1);\n"));
     assert!(claim.starts_with("SET LOCK_TIMEOUT 1;\nBEGIN TRAN;\nDELETE"));
     assert!(claim.contains("\nWHERE RowVersion IN (41);\n"));
     assert!(claim.trim_end().ends_with("SET LOCK_TIMEOUT -1;"));

@@ -74,6 +74,8 @@ struct Inner {
     recoverable_lookup: tokio::sync::Mutex<()>,
     /// Rows this host's claiming receives hold, per queue (Babelfish).
     held: claim::HeldRows,
+    /// What each connection runs once before it claims (Babelfish; see [`pool::WarmUp`]).
+    warm_up: Arc<pool::WarmUp>,
     /// Where handled lock conflicts are counted ([`Transport::report_conflicts_to`]).
     conflicts: RwLock<Option<Arc<dyn ConflictSink>>>,
     /// Told when this process's sends commit (SQL Server does not notify; see
@@ -144,6 +146,7 @@ impl SqlServerTransport {
         let manager = Manager::new(tiberius_config, config.connect_timeout);
         let last_connect_error = manager.last_error();
         let silence = manager.silence();
+        let warm_up = manager.warm_up();
         // A little longer than a connect may take, so that a failed or stalled connect is
         // reported with its reason, not as a pool without a free connection.
         let wait_timeout = config.connect_timeout + Duration::from_millis(500);
@@ -170,6 +173,7 @@ impl SqlServerTransport {
                 recoverable: RwLock::new(HashMap::new()),
                 recoverable_lookup: tokio::sync::Mutex::new(()),
                 held: claim::HeldRows::default(),
+                warm_up,
                 conflicts: RwLock::new(None),
                 arrivals: RwLock::new(None),
             }),
@@ -547,6 +551,12 @@ impl Inner {
         queue: &QueueName,
         n: usize,
     ) -> Result<Vec<claim::Held>, TransportError> {
+        // Every look-up comes before a claim, and the first ones run while the queue is
+        // still empty (each receiver's first receive): the queue's claim of no row joins the
+        // warm-up there, and this connection runs it now, not inside a message's receive.
+        self.warm_up
+            .add(statements::babelfish_warm_up(&self.statements(queue).table));
+        conn.warm().await;
         let mut taken = self.held.take(queue, n);
         if taken.len() == n {
             return Ok(taken);

@@ -31,6 +31,49 @@ pub struct Connection {
     /// The row this connection's open transaction claimed (Babelfish's claiming receive);
     /// counted as held until the transaction ends or the connection goes.
     pub claim: Vec<super::claim::Held>,
+    warm_up: Arc<WarmUp>,
+    /// How many of the [`WarmUp`] statements this connection has run.
+    warmed: usize,
+}
+
+/// Statements every connection runs once before its first receive, for the server to do
+/// per session what it would otherwise do inside a message's receive.
+///
+/// Babelfish pays for the first `DELETE` on a table in each session: a claim took 30-500 ms
+/// on a connection's first use and 1-15 ms after (measured over TDS, three hosts on one
+/// queue), so messages that arrive at an idle host started hundreds of milliseconds apart and
+/// a stage's members did not run together. A claim of no row (RowVersion -1) on each
+/// receiving queue's table, when the connection opens or when a queue is added, pays it while
+/// nothing waits. The list only grows: a queue receives for the life of the process.
+#[derive(Debug, Default)]
+pub struct WarmUp {
+    statements: std::sync::RwLock<Vec<String>>,
+}
+
+impl WarmUp {
+    /// Adds a statement for every connection to run once (a second add of it is ignored).
+    pub fn add(&self, sql: String) {
+        let known = self
+            .statements
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&sql);
+        if !known {
+            let mut statements = self.statements.write().unwrap_or_else(|e| e.into_inner());
+            if !statements.contains(&sql) {
+                statements.push(sql);
+            }
+        }
+    }
+
+    /// The statements from the `from`-th on.
+    fn since(&self, from: usize) -> Vec<String> {
+        let statements = self.statements.read().unwrap_or_else(|e| e.into_inner());
+        statements
+            .get(from..)
+            .map(<[String]>::to_vec)
+            .unwrap_or_default()
+    }
 }
 
 /// Records `result` on `ticket`: anything the server said is an answer; the command timeout
@@ -107,6 +150,20 @@ impl Connection {
         Ok(())
     }
 
+    /// Runs the [`WarmUp`] statements this connection has not run yet. One that fails (a
+    /// queue's table not created yet) is left for the receive to report; a connection that
+    /// did not answer is marked broken.
+    pub async fn warm(&mut self) {
+        for sql in self.warm_up.since(self.warmed) {
+            self.warmed += 1;
+            if let Err(e) = self.run_batch(&sql).await {
+                self.broken |= !matches!(e, tiberius::error::Error::Server(_));
+                tracing::debug!(error = %e, "a connection's warm-up statement failed");
+                let _ = self.run_batch(super::statements::CLAIM_GIVE_UP).await;
+            }
+        }
+    }
+
     /// Runs a batch and returns the rows of its first result set.
     pub async fn first_result(
         &mut self,
@@ -125,6 +182,8 @@ pub struct Manager {
     last_error: Arc<Mutex<Option<String>>>,
     /// Whether the server answers, told by every connection's statements.
     silence: Arc<Silence>,
+    /// What every new connection runs first.
+    warm_up: Arc<WarmUp>,
 }
 
 impl Manager {
@@ -135,7 +194,13 @@ impl Manager {
             connect_timeout,
             last_error: Arc::default(),
             silence: Arc::default(),
+            warm_up: Arc::default(),
         }
+    }
+
+    /// What every connection runs once before it receives (see [`WarmUp`]).
+    pub fn warm_up(&self) -> Arc<WarmUp> {
+        self.warm_up.clone()
     }
 
     /// Whether the server answers the pool's statements.
@@ -173,12 +238,16 @@ impl Manager {
             .await?
             .into_results()
             .await?;
-        Ok(Connection {
+        let mut connection = Connection {
             client,
             silence: self.silence.clone(),
             broken: false,
             claim: Vec::new(),
-        })
+            warm_up: self.warm_up.clone(),
+            warmed: 0,
+        };
+        connection.warm().await;
+        Ok(connection)
     }
 }
 
@@ -218,7 +287,21 @@ impl bb8::ManageConnection for Manager {
 
 #[cfg(test)]
 mod tests {
-    use super::explained;
+    use super::{WarmUp, explained};
+
+    /// Each statement is kept once, in the order added; a connection that has run some runs
+    /// only the rest.
+    #[test]
+    fn the_warm_up_list_grows_once_per_statement() {
+        let warm_up = WarmUp::default();
+        warm_up.add("a".into());
+        warm_up.add("b".into());
+        warm_up.add("a".into());
+        assert_eq!(warm_up.since(0), ["a", "b"]);
+        assert_eq!(warm_up.since(1), ["b"]);
+        assert!(warm_up.since(2).is_empty());
+        assert!(warm_up.since(9).is_empty());
+    }
 
     #[test]
     fn an_encryption_mismatch_names_the_setting_and_its_values() {

@@ -672,6 +672,13 @@ SET LOCK_TIMEOUT -1;",
     )
 }
 
+/// Babelfish's warm-up of a queue for a connection ([`super::pool::WarmUp`]): an autocommit
+/// claim of RowVersion -1, which no row has (the identity starts at 1), so it deletes nothing
+/// and runs the statement a claim runs.
+pub fn babelfish_warm_up(table: &str) -> String {
+    babelfish_claim(table, &[-1], false)
+}
+
 /// Where a claim's candidates name the rows this host holds ([`babelfish_claim`]): in a
 /// query without a WHERE clause, and in one with.
 const WHERE_NOT_HELD: &str = "/*where not held*/";

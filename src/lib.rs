@@ -44,6 +44,7 @@ pub mod console;
 pub mod delayed;
 pub mod depth;
 pub mod dispatch;
+pub mod fleet;
 pub mod handlers;
 pub mod host;
 pub mod isolate;

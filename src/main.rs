@@ -118,7 +118,7 @@ enum Command {
         delay: Option<Duration>,
     },
     /// Show a running host's throttling and queues. Exit code 0: not throttling,
-    /// 1: throttling, 2: unreachable.
+    /// 1: throttling, 2: unreachable, 3: receiving impaired.
     Status {
         /// The host's admin address.
         #[arg(long, default_value = "http://127.0.0.1:9464")]
@@ -126,6 +126,10 @@ enum Command {
         /// Print the raw JSON.
         #[arg(long)]
         json: bool,
+        /// Every instance on the host's database instead (its `/fleet`): exit code 1 when
+        /// any instance still seen is throttling.
+        #[arg(long)]
+        fleet: bool,
     },
     /// Run a load-test scenario: writes timeline.csv, timeline.svg and summary.json and
     /// prints a summary. Exit code 0 when the expected states appeared and cleared and no
@@ -357,7 +361,7 @@ fn main() -> ExitCode {
                 )
                 .await
             }
-            Command::Status { url, json } => cli::status::status(&url, json).await,
+            Command::Status { url, json, fleet } => cli::status::status(&url, json, fleet).await,
             Command::Load {
                 file,
                 duration_scale,

@@ -78,3 +78,17 @@ fn postgres_notify_sql_is_what_create_queue_runs() {
     .notify_on_insert;
     assert_eq!(normalize(&file), normalize(&format!("{code};")));
 }
+
+#[test]
+fn postgres_instances_sql_is_what_the_registry_creates() {
+    let file = std::fs::read_to_string("sql/postgres/instances.sql").unwrap();
+    let code = throttlehost::transport::postgres::fleet::registry_statements("public").create;
+    assert_eq!(normalize(&file), normalize(&code));
+}
+
+#[test]
+fn sqlserver_instances_sql_is_what_the_registry_creates() {
+    let file = std::fs::read_to_string("sql/sqlserver/instances.sql").unwrap();
+    let code = throttlehost::transport::sqlserver::fleet::registry_statements("dbo").create;
+    assert_eq!(normalize(&file), normalize(&code));
+}

@@ -476,3 +476,20 @@ fn binary_styles(sql: &str) -> Vec<u32> {
     }
     found
 }
+
+/// The instance registry's statements, pinned: the table under the schema's creation lock,
+/// one heartbeat that updates or inserts (an empty admin address stored as NULL), ages by the
+/// server's clock, and counts selected (the session runs with NOCOUNT on).
+#[test]
+fn instance_registry_statements() {
+    let st = throttlehost::transport::sqlserver::fleet::registry_statements("dbo");
+    assert_eq!(st.table, "[dbo].[throttlehost_instances]");
+    insta::assert_snapshot!("registry_create", st.create);
+    insta::assert_snapshot!("registry_heartbeat", st.heartbeat);
+    insta::assert_snapshot!("registry_list", st.list);
+    insta::assert_snapshot!("registry_forget", st.forget);
+    assert!(st.heartbeat.contains("IF @@ROWCOUNT = 0"));
+    assert!(st.forget.ends_with("SELECT CAST(@@ROWCOUNT AS bigint);"));
+    // DATEDIFF counts in an int: milliseconds only for rows seen within a day.
+    assert!(st.list.contains("DATEADD(day, -1, SYSUTCDATETIME())"));
+}

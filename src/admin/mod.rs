@@ -35,6 +35,7 @@ use crate::console::{self, History};
 mod console_routes;
 mod ingest;
 
+use crate::fleet::FleetView;
 use crate::isolate::on_host;
 use crate::publish::Publisher;
 use crate::status::HostStatus;
@@ -71,6 +72,9 @@ pub trait AdminState: Send + Sync + 'static {
     fn publisher(&self) -> Arc<Publisher>;
     /// Sets a direction's override until the next reload.
     fn set_override(&self, direction: Direction, mode: OverrideMode);
+    /// Every instance on the database (`/fleet`); Err says why there is no view. Reads the
+    /// database: run it on [`AdminState::runtime`].
+    fn fleet(&self) -> futures_util::future::BoxFuture<'_, Result<FleetView, String>>;
 }
 
 /// The most admin connections open at once. A new connection beyond it closes the oldest, so
@@ -192,6 +196,7 @@ pub fn router(host: Shared, history: Arc<History>) -> Router {
         )
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .route("/fleet", get(fleet))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/queues/{name}/messages", post(ingest))
@@ -238,6 +243,27 @@ async fn status(State(host): State<Shared>) -> Response {
 
 async fn healthz() -> Response {
     axum::Json(json!({ "status": "ok" })).into_response()
+}
+
+/// `GET /fleet`: every instance on this host's database (see `crate::fleet`).
+async fn fleet(State(host): State<Shared>) -> Response {
+    let runtime = host.runtime();
+    let read = on_host(&runtime, async move { host.fleet().await });
+    match tokio::time::timeout(READY_TIMEOUT, read).await {
+        Ok(Some(Ok(view))) => axum::Json(view).into_response(),
+        Ok(Some(Err(why))) => error(StatusCode::SERVICE_UNAVAILABLE, why),
+        Ok(None) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the host runtime is stopping",
+        ),
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the instance registry did not answer within {}s",
+                READY_TIMEOUT.as_secs()
+            ),
+        ),
+    }
 }
 
 async fn readyz(State(host): State<Shared>) -> Response {

@@ -2,15 +2,19 @@
 //! not throttling, 1: throttling, 2: unreachable or not a throttlehost, 3: receiving impaired
 //! (a queue's receives are failing, so its circuit breaker is not closed, or the host is
 //! shutting down); 3 wins over 1, since a host that cannot receive throttles nothing.
+//!
+//! With `--fleet` it reads `/fleet` instead: every instance on the host's database, one line
+//! each. Exit code 0: no instance seen throttling, 1: one is, 2: unreachable or no registry.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::Value;
 
-/// Fetches and prints the status.
-pub async fn status(url: &str, raw: bool) -> ExitCode {
-    let url = format!("{}/status", url.trim_end_matches('/'));
+/// Reads `path` of the admin endpoint at `url`: the body as JSON and as text, or what to
+/// say (already said) and exit with.
+async fn fetch(url: &str, path: &str, what: &str) -> Result<(Value, String), ExitCode> {
+    let url = format!("{}{path}", url.trim_end_matches('/'));
     let fetched = tokio::task::spawn_blocking({
         let url = url.clone();
         move || -> Result<String, String> {
@@ -18,11 +22,28 @@ pub async fn status(url: &str, raw: bool) -> ExitCode {
                 .timeout_global(Some(Duration::from_secs(5)))
                 .build()
                 .into();
-            let mut response = agent.get(&url).call().map_err(|e| e.to_string())?;
-            response
+            let mut response = agent
+                .get(&url)
+                .config()
+                .http_status_as_error(false)
+                .build()
+                .call()
+                .map_err(|e| e.to_string())?;
+            let ok = response.status().is_success();
+            let body = response
                 .body_mut()
                 .read_to_string()
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            if ok {
+                Ok(body)
+            } else {
+                // The admin endpoint says why in `{"error": ...}`.
+                let why = serde_json::from_str::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v["error"].as_str().map(str::to_owned))
+                    .unwrap_or(body);
+                Err(format!("{} {why}", response.status()))
+            }
         }
     })
     .await
@@ -31,15 +52,26 @@ pub async fn status(url: &str, raw: bool) -> ExitCode {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: cannot read {url}: {e}");
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     };
-    let status: Value = match serde_json::from_str(&text) {
-        Ok(v) => v,
+    match serde_json::from_str(&text) {
+        Ok(v) => Ok((v, text)),
         Err(e) => {
-            eprintln!("error: {url} did not answer with a throttlehost status document: {e}");
-            return ExitCode::from(2);
+            eprintln!("error: {url} did not answer with a throttlehost {what}: {e}");
+            Err(ExitCode::from(2))
         }
+    }
+}
+
+/// Fetches and prints the status (`fleet`: every instance's).
+pub async fn status(url: &str, raw: bool, fleet: bool) -> ExitCode {
+    if fleet {
+        return fleet_status(url, raw).await;
+    }
+    let (status, text) = match fetch(url, "/status", "status document").await {
+        Ok(got) => got,
+        Err(code) => return code,
     };
     if raw {
         println!("{text}");
@@ -58,6 +90,78 @@ pub async fn status(url: &str, raw: bool) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// Fetches and prints `/fleet`.
+async fn fleet_status(url: &str, raw: bool) -> ExitCode {
+    let (fleet, text) = match fetch(url, "/fleet", "fleet view").await {
+        Ok(got) => got,
+        Err(code) => return code,
+    };
+    if raw {
+        println!("{text}");
+    } else {
+        print!("{}", render_fleet(&fleet));
+    }
+    let throttling = fleet["instances"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["gone"] != true)
+        .any(|i| {
+            ["delivery", "publishing"]
+                .iter()
+                .any(|d| i["summary"]["throttling"][d]["state"].as_u64().unwrap_or(0) != 0)
+        });
+    if throttling {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// One line per instance: who, state per direction with its cause, in process, processed/s,
+/// last seen.
+fn render_fleet(f: &Value) -> String {
+    let mut out = format!(
+        "{:<24} {:<26} {:<26} {:>10} {:>12} {:>10}\n",
+        "instance", "delivery", "publishing", "in process", "processed/s", "seen"
+    );
+    for i in f["instances"].as_array().into_iter().flatten() {
+        let t = &i["summary"]["throttling"];
+        let direction = |d: &str| {
+            let x = &t[d];
+            let state = x["state"].as_u64().unwrap_or(0);
+            match x["cause"].as_str() {
+                Some(cause) if state != 0 => format!("{state} {cause}"),
+                _ => format!("{state} {}", x["state_name"].as_str().unwrap_or("")),
+            }
+        };
+        let name = format!(
+            "{}/{}{}",
+            i["host_name"].as_str().unwrap_or("?"),
+            i["instance_id"].as_str().unwrap_or("?"),
+            if i["this"] == true { " *" } else { "" }
+        );
+        let seen = i["seen_seconds_ago"].as_f64().unwrap_or(0.0);
+        out.push_str(&format!(
+            "{:<24} {:<26} {:<26} {:>10} {:>12.1} {:>10}\n",
+            name,
+            direction("delivery"),
+            direction("publishing"),
+            i["summary"]["in_process"].as_u64().unwrap_or(0),
+            t["delivery"]["outgoing_per_second"].as_f64().unwrap_or(0.0),
+            if i["gone"] == true {
+                format!("GONE {seen:.0}s")
+            } else {
+                format!("{seen:.1}s ago")
+            },
+        ));
+    }
+    if let Some(e) = f["heartbeat_error"].as_str() {
+        out.push_str(&format!("this host's heartbeat is failing: {e}\n"));
+    }
+    out
 }
 
 /// Why the host is not receiving normally, from its status document.

@@ -34,6 +34,8 @@ pub struct Config {
     pub queues: Vec<QueueConfig>,
     /// The host throttling controller.
     pub throttling: ThrottlingConfig,
+    /// The instance registry: how this host shows itself to the others on its database.
+    pub fleet: FleetConfig,
 }
 
 /// `[host]`
@@ -118,6 +120,34 @@ impl Default for AdminConfig {
             token: Secret::default(),
             max_body_size: ByteSize(4 << 20),
             ingest_reject_after: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `[fleet]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// Write this host into the instance registry and read the others from it.
+    pub enabled: bool,
+    /// How often this host writes its heartbeat (one statement each).
+    #[serde(with = "units::duration")]
+    pub heartbeat_interval: Duration,
+    /// An instance not seen for this long is shown as gone.
+    #[serde(with = "units::duration")]
+    pub gone_after: Duration,
+    /// The row of an instance not seen for this long is deleted (by any instance).
+    #[serde(with = "units::duration")]
+    pub forget_after: Duration,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            enabled: true,
+            heartbeat_interval: Duration::from_secs(5),
+            gone_after: Duration::from_secs(20),
+            forget_after: Duration::from_secs(3600),
         }
     }
 }

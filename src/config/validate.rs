@@ -44,7 +44,39 @@ pub fn validate(config: &Config) -> Problems {
         }
     }
     validate_throttling(&config.throttling, &mut add);
+    validate_fleet(&config.fleet, &mut add);
     problems
+}
+
+/// `[fleet]`: a heartbeat that comes, and an instance called gone only after it missed some.
+fn validate_fleet(f: &super::FleetConfig, add: &mut impl FnMut(String, String)) {
+    if f.heartbeat_interval < Duration::from_millis(100) {
+        add(
+            "fleet.heartbeat_interval".into(),
+            format!(
+                "{:?} is too short: at least 100ms (each heartbeat is a statement)",
+                f.heartbeat_interval
+            ),
+        );
+    }
+    if f.gone_after < f.heartbeat_interval * 2 {
+        add(
+            "fleet.gone_after".into(),
+            format!(
+                "{:?} must be at least twice fleet.heartbeat_interval ({:?}): a host that missed one heartbeat is not gone",
+                f.gone_after, f.heartbeat_interval
+            ),
+        );
+    }
+    if f.forget_after < f.gone_after {
+        add(
+            "fleet.forget_after".into(),
+            format!(
+                "{:?} must be at least fleet.gone_after ({:?}): a row is shown as gone before it is forgotten",
+                f.forget_after, f.gone_after
+            ),
+        );
+    }
 }
 
 /// `[queues.recoverability]`, `[queues.outage]`, `[queues.latency_limit]`: retries that can be

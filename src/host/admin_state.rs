@@ -15,6 +15,12 @@ impl AdminState for HostInner {
         HostInner::status(self)
     }
 
+    fn fleet(
+        &self,
+    ) -> futures_util::future::BoxFuture<'_, Result<crate::fleet::FleetView, String>> {
+        Box::pin(HostInner::fleet(self))
+    }
+
     fn metrics_text(&self) -> String {
         self.metrics().render()
     }

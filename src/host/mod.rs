@@ -226,6 +226,8 @@ impl HostBuilder {
             receive_ctx,
             runtime: tokio::runtime::Handle::current(),
             started: Instant::now(),
+            process_id: uuid::Uuid::new_v4(),
+            fleet_health: Arc::default(),
         });
 
         let admin = if self.serve_admin {
@@ -233,6 +235,7 @@ impl HostBuilder {
         } else {
             None
         };
+        start_heartbeat(&inner, admin.as_ref().map(|a| a.address));
 
         tracing::info!(
             host = %inner.config.load().host.name,
@@ -675,6 +678,32 @@ struct AdminServer {
     task: JoinHandle<()>,
 }
 
+/// Starts this host's heartbeat into the instance registry, when `fleet.enabled` and the
+/// transport keeps one; it stops with the receivers and removes its row.
+fn start_heartbeat(inner: &Arc<HostInner>, admin: Option<SocketAddr>) {
+    let config = inner.config();
+    if !config.fleet.enabled || inner.transport.instance_registry().is_none() {
+        return;
+    }
+    let me = crate::transport::Heartbeat {
+        process_id: inner.process_id,
+        host_name: config.host.name.clone(),
+        instance_id: inner.instance.clone(),
+        version: crate::VERSION.to_string(),
+        admin_address: admin.map(|a| format!("http://{a}")),
+        summary: String::new(),
+    };
+    let (for_summary, for_settings) = (inner.clone(), inner.clone());
+    inner.receive_ctx.tasks.spawn(crate::fleet::run_heartbeat(
+        inner.transport.clone(),
+        me,
+        move || status::fleet_summary(&for_summary).to_string(),
+        move || for_settings.config().fleet.clone(),
+        inner.fleet_health.clone(),
+        inner.receive_ctx.stop.clone(),
+    ));
+}
+
 /// The parts of a running host that the admin endpoint and the host handle share.
 pub struct HostInner {
     config: ArcSwap<Config>,
@@ -694,6 +723,10 @@ pub struct HostInner {
     /// The host's runtime: transport work from the admin thread runs here.
     runtime: tokio::runtime::Handle,
     started: Instant,
+    /// This process in the instance registry.
+    process_id: uuid::Uuid,
+    /// Whether its heartbeat is written.
+    fleet_health: Arc<crate::fleet::HeartbeatHealth>,
 }
 
 impl HostInner {
@@ -767,6 +800,36 @@ impl HostInner {
         status::build(self)
     }
 
+    /// This process's id in the instance registry.
+    pub fn process_id(&self) -> uuid::Uuid {
+        self.process_id
+    }
+
+    /// Every instance on this host's database, as `/fleet` shows it. Err: the registry is off
+    /// (`fleet.enabled = false`), the transport keeps none, or it cannot be read.
+    pub async fn fleet(&self) -> Result<crate::fleet::FleetView, String> {
+        let config = self.config();
+        if !config.fleet.enabled {
+            return Err("the instance registry is off (fleet.enabled = false)".into());
+        }
+        let Some(registry) = self.transport.instance_registry() else {
+            return Err(format!(
+                "the {} transport keeps no instance registry",
+                self.transport.describe()
+            ));
+        };
+        let records = registry
+            .instances()
+            .await
+            .map_err(|e| format!("cannot read the instance registry: {e}"))?;
+        Ok(crate::fleet::FleetView::of(
+            records,
+            self.process_id,
+            &config.fleet,
+            self.fleet_health.failing(),
+        ))
+    }
+
     /// Sets a direction's override until the next reload.
     pub fn set_override(&self, direction: Direction, mode: crate::config::OverrideMode) {
         tracing::info!(%direction, mode = ?mode, "throttling override set");
@@ -784,6 +847,9 @@ impl HostInner {
         }
         if old.host != new.host {
             needs_restart.push("[host]".to_string());
+        }
+        if old.fleet.enabled != new.fleet.enabled {
+            needs_restart.push("fleet.enabled".to_string());
         }
         let old_names: Vec<&str> = old.queues.iter().map(|q| q.name.as_str()).collect();
         let new_names: Vec<&str> = new.queues.iter().map(|q| q.name.as_str()).collect();

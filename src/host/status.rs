@@ -119,3 +119,31 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
             .collect(),
     }
 }
+
+/// What this host writes into the instance registry with each heartbeat: its state per
+/// direction (code, name, cause, delay), messages in process and the rates, from the latest
+/// controller tick.
+pub(super) fn fleet_summary(host: &HostInner) -> serde_json::Value {
+    let direction = |d: &DirectionDecision, rates: crate::throttling::rates::RateReading| {
+        serde_json::json!({
+            "state": d.state,
+            "state_name": d.state_name,
+            "cause": d.cause,
+            "recovering": d.recovering,
+            "delay_seconds": d.delay.as_secs_f64(),
+            "incoming_per_second": rates.incoming_per_sec,
+            "outgoing_per_second": rates.outgoing_per_sec,
+        })
+    };
+    let throttling = host.control.snapshot().map(|s| {
+        serde_json::json!({
+            "delivery": direction(&s.decision.delivery, s.readings.delivery),
+            "publishing": direction(&s.decision.publishing, s.readings.publishing),
+        })
+    });
+    serde_json::json!({
+        "in_process": host.in_process(),
+        "receiving": host.is_receiving(),
+        "throttling": throttling,
+    })
+}

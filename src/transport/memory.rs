@@ -25,6 +25,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use super::delayed::{DelayedDelivery, Moved, delayed_headers};
+use super::fleet::{Heartbeat, InstanceRecord, InstanceRegistry};
 use super::{
     ArrivalSink, HeldKey, Payload, QueueAdmin, QueueName, Received, Transport, TransportError,
 };
@@ -188,6 +189,8 @@ struct Shared {
     open_receives: AtomicU64,
     /// Told of every message that becomes receivable ([`Transport::wake_on_arrival`]).
     arrivals: Mutex<Option<Arc<dyn ArrivalSink>>>,
+    /// The instance registry: each host process's last heartbeat, when it first and last beat.
+    instances: Mutex<BTreeMap<Uuid, (Heartbeat, tokio::time::Instant, tokio::time::Instant)>>,
 }
 
 impl Shared {
@@ -437,6 +440,10 @@ impl Transport for MemoryTransport {
     }
 
     fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
+        Some(self)
+    }
+
+    fn instance_registry(&self) -> Option<&dyn InstanceRegistry> {
         Some(self)
     }
 
@@ -697,6 +704,51 @@ impl Received for MemoryReceived {
                     .to_string(),
             });
         }
+        Ok(())
+    }
+}
+
+/// The registry of hosts sharing this transport (in one process: tests, `demo`).
+#[async_trait]
+impl InstanceRegistry for MemoryTransport {
+    async fn create_registry(&self) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), TransportError> {
+        let now = tokio::time::Instant::now();
+        lock(&self.shared.instances)
+            .entry(beat.process_id)
+            .and_modify(|(last, _, seen)| {
+                *last = beat.clone();
+                *seen = now;
+            })
+            .or_insert_with(|| (beat.clone(), now, now));
+        Ok(())
+    }
+
+    async fn instances(&self) -> Result<Vec<InstanceRecord>, TransportError> {
+        let mut all: Vec<InstanceRecord> = lock(&self.shared.instances)
+            .values()
+            .map(|(beat, started, seen)| InstanceRecord {
+                heartbeat: beat.clone(),
+                up_seconds: started.elapsed().as_secs_f64(),
+                seen_seconds_ago: seen.elapsed().as_secs_f64(),
+            })
+            .collect();
+        all.sort_by(|a, b| a.seen_seconds_ago.total_cmp(&b.seen_seconds_ago));
+        Ok(all)
+    }
+
+    async fn forget(&self, older_than: Duration) -> Result<u64, TransportError> {
+        let mut instances = lock(&self.shared.instances);
+        let before = instances.len();
+        instances.retain(|_, (_, _, seen)| seen.elapsed() <= older_than);
+        Ok((before - instances.len()) as u64)
+    }
+
+    async fn leave(&self, process_id: Uuid) -> Result<(), TransportError> {
+        lock(&self.shared.instances).remove(&process_id);
         Ok(())
     }
 }

@@ -15,6 +15,7 @@
 
 mod batch;
 pub mod delayed;
+pub mod fleet;
 pub mod headers;
 pub mod memory;
 pub use crate::names;
@@ -32,6 +33,7 @@ use uuid::Uuid;
 use crate::config::{OrderingConfig, TransactionMode, TransportConfig, TransportKind};
 use crate::message::{Message, OutgoingMessage};
 pub use delayed::{DelayedDelivery, Moved};
+pub use fleet::{Heartbeat, InstanceRecord, InstanceRegistry};
 pub use names::QueueName;
 
 /// What went wrong talking to the queues.
@@ -488,6 +490,12 @@ pub trait Transport: QueueAdmin {
     /// Delayed delivery, when this transport can keep messages until they are due
     /// ([`DelayedDelivery`]); None when it cannot, and a send with a delay is then refused.
     fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
+        None
+    }
+
+    /// The instance registry, when this transport can keep one ([`InstanceRegistry`]); None
+    /// when it cannot, and the host then shows only itself.
+    fn instance_registry(&self) -> Option<&dyn InstanceRegistry> {
         None
     }
 

@@ -6,6 +6,7 @@
 //! commits or rolls back. A receive dropped without either discards its connection, which makes the
 //! server roll the transaction back: the message returns to the queue.
 
+pub mod fleet;
 mod listen;
 mod pipeline;
 mod statements;
@@ -963,6 +964,10 @@ impl Transport for PostgresTransport {
     }
 
     fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
+        Some(self)
+    }
+
+    fn instance_registry(&self) -> Option<&dyn crate::transport::InstanceRegistry> {
         Some(self)
     }
 

@@ -12,6 +12,7 @@
 //! conformance suite runs against one when `SQLSERVER_URL` is set.
 
 mod claim;
+pub mod fleet;
 pub mod pool;
 pub mod statements;
 
@@ -881,6 +882,10 @@ impl Transport for SqlServerTransport {
     }
 
     fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {
+        Some(self)
+    }
+
+    fn instance_registry(&self) -> Option<&dyn crate::transport::InstanceRegistry> {
         Some(self)
     }
 

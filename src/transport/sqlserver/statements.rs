@@ -696,7 +696,7 @@ pub const SEND_MANY_ROWS: usize = 500;
 /// schema and its tables at once do not collide), the schema when missing, then `body` (which
 /// ends in `END`) when `condition` holds. Names inside N'...' literals cannot hold quotes
 /// (validated).
-fn created_under_lock(schema: &str, condition: &str, body: &str) -> String {
+pub(super) fn created_under_lock(schema: &str, condition: &str, body: &str) -> String {
     let lock = format!("throttlehost_create_{schema}");
     let sq = bracket(schema);
     format!(

@@ -1,0 +1,219 @@
+//! This host among the others on its database: its heartbeat into the instance registry
+//! (`transport::fleet`), and the view of every instance that `/fleet` and
+//! `throttlehost status --fleet` show.
+//!
+//! The registry is for seeing, never a point of failure: a heartbeat that cannot be written
+//! is said (a warning when it starts failing, a line when it works again, and the error in
+//! the view) and the host goes on receiving. Each heartbeat is one statement; every
+//! [`FORGET_EVERY`] heartbeats the instance also deletes the rows of instances gone for longer
+//! than `fleet.forget_after`, so a crashed host's row does not stay for ever. A stopping host
+//! removes its own row.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::FleetConfig;
+use crate::transport::{Heartbeat, InstanceRecord, Transport, TransportError};
+
+/// Every this many heartbeats an instance forgets the long-gone rows.
+pub const FORGET_EVERY: u32 = 12;
+/// How long a stopping host waits to remove its row.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The last heartbeat's failure, when it failed (shared with the view).
+#[derive(Debug, Default)]
+pub struct HeartbeatHealth {
+    failing: Mutex<Option<String>>,
+}
+
+impl HeartbeatHealth {
+    /// Why the last heartbeat failed; None when it was written.
+    pub fn failing(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records a heartbeat's outcome; says so in the log when it changes.
+    fn record(&self, outcome: Result<(), TransportError>) {
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        match (outcome, failing.is_some()) {
+            (Ok(()), true) => {
+                tracing::info!("the heartbeat into the instance registry is written again");
+                *failing = None;
+            }
+            (Ok(()), false) => {}
+            (Err(e), was_failing) => {
+                if !was_failing {
+                    tracing::warn!(error = %e,
+                        "cannot write this host's heartbeat into the instance registry; receiving goes on, and the other instances will show this one as gone");
+                }
+                *failing = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// Writes `me`'s heartbeat every `fleet.heartbeat_interval` (as `settings` says now) with the
+/// summary `summary` gives, until `stop`; then removes its row.
+pub async fn run_heartbeat(
+    transport: Arc<dyn Transport>,
+    mut me: Heartbeat,
+    summary: impl Fn() -> String + Send + 'static,
+    settings: impl Fn() -> FleetConfig + Send + 'static,
+    health: Arc<HeartbeatHealth>,
+    stop: CancellationToken,
+) {
+    let Some(registry) = transport.instance_registry() else {
+        return;
+    };
+    let mut created = false;
+    let mut beats = 0u32;
+    loop {
+        let config = settings();
+        me.summary = summary();
+        let outcome = async {
+            if !created {
+                registry.create_registry().await?;
+                created = true;
+            }
+            registry.heartbeat(&me).await?;
+            if beats.is_multiple_of(FORGET_EVERY) {
+                registry.forget(config.forget_after).await?;
+            }
+            Ok(())
+        }
+        .await;
+        health.record(outcome);
+        beats = beats.wrapping_add(1);
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(config.heartbeat_interval) => {}
+        }
+    }
+    match tokio::time::timeout(LEAVE_TIMEOUT, registry.leave(me.process_id)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "could not remove this host's registry row"),
+        Err(_) => tracing::debug!("removing this host's registry row took too long"),
+    }
+}
+
+/// Every instance on the database, as `/fleet` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetView {
+    /// This process's id.
+    pub this_process: Uuid,
+    /// Seconds without a heartbeat after which an instance shows as gone.
+    pub gone_after_seconds: f64,
+    /// Why this host's own heartbeat is failing, if it is.
+    pub heartbeat_error: Option<String>,
+    /// Every registered instance, most recently seen first.
+    pub instances: Vec<FleetMember>,
+}
+
+/// One instance in the view.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetMember {
+    /// The process id.
+    pub process_id: Uuid,
+    /// `[host] name`.
+    pub host_name: String,
+    /// The instance id.
+    pub instance_id: String,
+    /// The version it runs.
+    pub version: String,
+    /// Its admin endpoint, when it has one.
+    pub admin_address: Option<String>,
+    /// Its throttling summary at its last heartbeat (as it wrote it).
+    pub summary: serde_json::Value,
+    /// Seconds since it started.
+    pub up_seconds: f64,
+    /// Seconds since its last heartbeat.
+    pub seen_seconds_ago: f64,
+    /// Not seen for longer than `fleet.gone_after`.
+    pub gone: bool,
+    /// This process.
+    pub this: bool,
+}
+
+impl FleetView {
+    /// The view of `records` from `this_process`.
+    pub fn of(
+        records: Vec<InstanceRecord>,
+        this_process: Uuid,
+        config: &FleetConfig,
+        heartbeat_error: Option<String>,
+    ) -> Self {
+        let gone_after = config.gone_after.as_secs_f64();
+        let instances = records
+            .into_iter()
+            .map(|r| {
+                let beat = r.heartbeat;
+                FleetMember {
+                    this: beat.process_id == this_process,
+                    process_id: beat.process_id,
+                    host_name: beat.host_name,
+                    instance_id: beat.instance_id,
+                    version: beat.version,
+                    admin_address: beat.admin_address,
+                    summary: serde_json::from_str(&beat.summary)
+                        .unwrap_or(serde_json::Value::String(beat.summary)),
+                    up_seconds: r.up_seconds,
+                    seen_seconds_ago: r.seen_seconds_ago,
+                    gone: r.seen_seconds_ago > gone_after,
+                }
+            })
+            .collect();
+        FleetView {
+            this_process,
+            gone_after_seconds: gone_after,
+            heartbeat_error,
+            instances,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: Uuid, seen: f64) -> InstanceRecord {
+        InstanceRecord {
+            heartbeat: Heartbeat {
+                process_id: id,
+                host_name: "sales".into(),
+                instance_id: "node-1".into(),
+                version: "0.1.0".into(),
+                admin_address: None,
+                summary: r#"{"delivery":{"state":4}}"#.into(),
+            },
+            up_seconds: 60.0,
+            seen_seconds_ago: seen,
+        }
+    }
+
+    /// An instance past `gone_after` is gone, this process is marked, and the summary is
+    /// JSON again (or its text, when it is not JSON).
+    #[test]
+    fn the_view_marks_gone_instances_and_this_one() {
+        let (me, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut odd = record(other, 3.0);
+        odd.heartbeat.summary = "not json".into();
+        let view = FleetView::of(
+            vec![record(me, 1.0), odd, record(Uuid::new_v4(), 25.0)],
+            me,
+            &FleetConfig::default(),
+            None,
+        );
+        let flags: Vec<(bool, bool)> = view.instances.iter().map(|m| (m.this, m.gone)).collect();
+        assert_eq!(flags, [(true, false), (false, false), (false, true)]);
+        assert_eq!(view.instances[0].summary["delivery"]["state"], 4);
+        assert_eq!(view.instances[1].summary, "not json");
+        assert_eq!(view.gone_after_seconds, 20.0);
+    }
+}

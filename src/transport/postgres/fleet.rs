@@ -1,0 +1,181 @@
+//! PostgreSQL's instance registry (see `transport::fleet`): a table in the queue schema, one
+//! upsert per heartbeat, stamped by `now()` of the server.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::{PostgresTransport, is_concurrent_creation, map_error, quote_ident};
+use crate::transport::TransportError;
+use crate::transport::fleet::{Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry};
+
+/// Every statement of the registry in one schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryStatements {
+    /// The table, quoted: `"schema"."throttlehost_instances"`.
+    pub table: String,
+    /// Creates the schema and the table when missing.
+    pub create: String,
+    /// `$1` process id, `$2` host name, `$3` instance id, `$4` version, `$5` admin address
+    /// (NULL: none), `$6` summary.
+    pub heartbeat: String,
+    /// Every row, with seconds up and seconds since seen by the server's clock.
+    pub list: String,
+    /// `$1`: seconds; removes the rows not seen for longer.
+    pub forget: String,
+    /// `$1`: process id.
+    pub leave: String,
+}
+
+/// The registry's statements in `schema` (unquoted).
+pub fn registry_statements(schema: &str) -> RegistryStatements {
+    let table = format!("{}.{}", quote_ident(schema), quote_ident(INSTANCES_TABLE));
+    RegistryStatements {
+        create: format!(
+            "CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {table} (
+    process_id uuid PRIMARY KEY,
+    host_name text NOT NULL,
+    instance_id text NOT NULL,
+    version text NOT NULL,
+    admin_address text NULL,
+    summary text NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    last_seen timestamptz NOT NULL DEFAULT now()
+);",
+            schema = quote_ident(schema)
+        ),
+        heartbeat: format!(
+            "INSERT INTO {table} (process_id, host_name, instance_id, version, admin_address, summary)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (process_id) DO UPDATE SET
+    host_name = EXCLUDED.host_name, instance_id = EXCLUDED.instance_id,
+    version = EXCLUDED.version, admin_address = EXCLUDED.admin_address,
+    summary = EXCLUDED.summary, last_seen = now()"
+        ),
+        list: format!(
+            "SELECT process_id, host_name, instance_id, version, admin_address, summary,
+    EXTRACT(EPOCH FROM now() - started_at)::float8,
+    EXTRACT(EPOCH FROM now() - last_seen)::float8
+FROM {table} ORDER BY last_seen DESC, host_name, instance_id"
+        ),
+        forget: format!(
+            "DELETE FROM {table} WHERE last_seen < now() - make_interval(secs => $1)"
+        ),
+        leave: format!("DELETE FROM {table} WHERE process_id = $1"),
+        table,
+    }
+}
+
+impl PostgresTransport {
+    fn registry(&self) -> RegistryStatements {
+        registry_statements(&self.inner.schema)
+    }
+}
+
+/// A registry error in words: a missing table is named as the registry's.
+fn registry_error(e: tokio_postgres::Error, table: &str) -> TransportError {
+    match map_error(e, None) {
+        TransportError::QueueNotFound(_) => {
+            TransportError::QueueNotFound(format!("{table} (the instance registry)"))
+        }
+        other => other,
+    }
+}
+
+#[async_trait]
+impl InstanceRegistry for PostgresTransport {
+    async fn create_registry(&self) -> Result<(), TransportError> {
+        let st = self.registry();
+        let mut client = self.inner.client().await?;
+        let result: Result<(), tokio_postgres::Error> = async {
+            let tx = client.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&st.table])
+                .await?;
+            tx.batch_execute(&st.create).await?;
+            tx.commit().await
+        }
+        .await;
+        match result {
+            Err(e) if !is_concurrent_creation(&e) => Err(registry_error(e, &st.table)),
+            _ => Ok(()),
+        }
+    }
+
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), TransportError> {
+        let st = self.registry();
+        let client = self.inner.client().await?;
+        let (_, done) = self
+            .inner
+            .answered("a heartbeat", client, async |c| {
+                let stmt = c.prepare_cached(&st.heartbeat).await?;
+                c.execute(
+                    &stmt,
+                    &[
+                        &beat.process_id,
+                        &beat.host_name,
+                        &beat.instance_id,
+                        &beat.version,
+                        &beat.admin_address,
+                        &beat.summary,
+                    ],
+                )
+                .await
+            })
+            .await?;
+        done.map(|_| ()).map_err(|e| registry_error(e, &st.table))
+    }
+
+    async fn instances(&self) -> Result<Vec<InstanceRecord>, TransportError> {
+        let st = self.registry();
+        let client = self.inner.client().await?;
+        let (_, rows) = self
+            .inner
+            .answered("a read of the instance registry", client, async |c| {
+                c.query(&st.list, &[]).await
+            })
+            .await?;
+        let rows = rows.map_err(|e| registry_error(e, &st.table))?;
+        Ok(rows
+            .iter()
+            .map(|row| InstanceRecord {
+                heartbeat: Heartbeat {
+                    process_id: row.get(0),
+                    host_name: row.get(1),
+                    instance_id: row.get(2),
+                    version: row.get(3),
+                    admin_address: row.get(4),
+                    summary: row.get(5),
+                },
+                up_seconds: row.get::<_, f64>(6).max(0.0),
+                seen_seconds_ago: row.get::<_, f64>(7).max(0.0),
+            })
+            .collect())
+    }
+
+    async fn forget(&self, older_than: Duration) -> Result<u64, TransportError> {
+        let st = self.registry();
+        let client = self.inner.client().await?;
+        let seconds = older_than.as_secs_f64();
+        let (_, done) = self
+            .inner
+            .answered("a clean-up of the instance registry", client, async |c| {
+                c.execute(&st.forget, &[&seconds]).await
+            })
+            .await?;
+        done.map_err(|e| registry_error(e, &st.table))
+    }
+
+    async fn leave(&self, process_id: Uuid) -> Result<(), TransportError> {
+        let st = self.registry();
+        let client = self.inner.client().await?;
+        let (_, done) = self
+            .inner
+            .answered("a leave of the instance registry", client, async |c| {
+                c.execute(&st.leave, &[&process_id]).await
+            })
+            .await?;
+        done.map(|_| ()).map_err(|e| registry_error(e, &st.table))
+    }
+}

@@ -1,0 +1,211 @@
+//! SQL Server's instance registry (see `transport::fleet`): a table in the queue schema,
+//! one update-or-insert per heartbeat, stamped by `SYSUTCDATETIME()` of the server.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::statements::{bracket, created_under_lock};
+use super::{SqlServerTransport, map_error};
+use crate::transport::TransportError;
+use crate::transport::fleet::{Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry};
+
+/// Every statement of the registry in one schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryStatements {
+    /// The table, bracket-quoted: `[schema].[throttlehost_instances]`.
+    pub table: String,
+    /// Creates the schema and the table when missing, under the schema's creation lock.
+    pub create: String,
+    /// `@P1` process id, `@P2` host name, `@P3` instance id, `@P4` version, `@P5` admin
+    /// address (empty: none, stored as NULL), `@P6` summary.
+    pub heartbeat: String,
+    /// Every row, with seconds up and seconds since seen by the server's clock.
+    pub list: String,
+    /// `@P1`: whole seconds; removes the rows not seen for longer and answers how many (the
+    /// session runs with NOCOUNT on, so the count is selected).
+    pub forget: String,
+    /// `@P1`: process id.
+    pub leave: String,
+}
+
+/// Seconds from a `datetime2` column to now: to the millisecond within a day, in whole
+/// seconds beyond (`DATEDIFF` counts in an `int`, which milliseconds overflow after 24 days).
+fn seconds_since(column: &str) -> String {
+    format!(
+        "CASE WHEN {column} < DATEADD(day, -1, SYSUTCDATETIME()) \
+         THEN CAST(DATEDIFF(second, {column}, SYSUTCDATETIME()) AS float) \
+         ELSE CAST(DATEDIFF(millisecond, {column}, SYSUTCDATETIME()) AS float) / 1000.0 END"
+    )
+}
+
+/// The registry's statements in `schema` (unquoted).
+pub fn registry_statements(schema: &str) -> RegistryStatements {
+    let table = format!("{}.{}", bracket(schema), bracket(INSTANCES_TABLE));
+    RegistryStatements {
+        create: created_under_lock(
+            schema,
+            &format!("OBJECT_ID(N'{table}', N'U') IS NULL"),
+            &format!(
+                "    CREATE TABLE {table} (
+        process_id uniqueidentifier NOT NULL PRIMARY KEY,
+        host_name nvarchar(400) NOT NULL,
+        instance_id nvarchar(400) NOT NULL,
+        version nvarchar(100) NOT NULL,
+        admin_address nvarchar(400) NULL,
+        summary nvarchar(max) NOT NULL,
+        started_at datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
+        last_seen datetime2 NOT NULL DEFAULT SYSUTCDATETIME()
+    );
+END"
+            ),
+        ),
+        heartbeat: format!(
+            "UPDATE {table} SET host_name = @P2, instance_id = @P3, version = @P4,
+    admin_address = NULLIF(@P5, N''), summary = @P6, last_seen = SYSUTCDATETIME()
+WHERE process_id = @P1;
+IF @@ROWCOUNT = 0
+    INSERT INTO {table} (process_id, host_name, instance_id, version, admin_address, summary)
+    VALUES (@P1, @P2, @P3, @P4, NULLIF(@P5, N''), @P6);"
+        ),
+        list: format!(
+            "SELECT process_id, host_name, instance_id, version, admin_address, summary,
+    {}, {}
+FROM {table} ORDER BY last_seen DESC, host_name, instance_id;",
+            seconds_since("started_at"),
+            seconds_since("last_seen"),
+        ),
+        forget: format!(
+            "DELETE FROM {table} WHERE last_seen < DATEADD(second, -@P1, SYSUTCDATETIME());
+SELECT CAST(@@ROWCOUNT AS bigint);"
+        ),
+        leave: format!("DELETE FROM {table} WHERE process_id = @P1;"),
+        table,
+    }
+}
+
+impl SqlServerTransport {
+    fn registry(&self) -> RegistryStatements {
+        registry_statements(&self.inner.schema)
+    }
+}
+
+/// A registry error in words: a missing table is named as the registry's.
+fn registry_error(e: tiberius::error::Error, table: &str) -> TransportError {
+    match &e {
+        tiberius::error::Error::Server(t) if t.code() == 208 => {
+            TransportError::QueueNotFound(format!("{table} (the instance registry)"))
+        }
+        _ => map_error(e, None),
+    }
+}
+
+#[async_trait]
+impl InstanceRegistry for SqlServerTransport {
+    async fn create_registry(&self) -> Result<(), TransportError> {
+        let st = self.registry();
+        let mut conn = self.inner.conn().await?;
+        match conn.run_batch(&st.create).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                conn.broken = true;
+                match e {
+                    // Created by another host at the same moment.
+                    tiberius::error::Error::Server(t) if matches!(t.code(), 2714 | 1913) => Ok(()),
+                    e => Err(registry_error(e, &st.table)),
+                }
+            }
+        }
+    }
+
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), TransportError> {
+        let st = self.registry();
+        let mut conn = self.inner.conn().await?;
+        // Not a NULL parameter: Babelfish refuses one sent without a type (TDS type 0x1F).
+        let admin = beat.admin_address.as_deref().unwrap_or("");
+        let result = conn
+            .execute(
+                st.heartbeat.as_str(),
+                &[
+                    &beat.process_id,
+                    &beat.host_name.as_str(),
+                    &beat.instance_id.as_str(),
+                    &beat.version.as_str(),
+                    &admin,
+                    &beat.summary.as_str(),
+                ],
+            )
+            .await;
+        result.map(|_| ()).map_err(|e| {
+            conn.broken = true;
+            registry_error(e, &st.table)
+        })
+    }
+
+    async fn instances(&self) -> Result<Vec<InstanceRecord>, TransportError> {
+        let st = self.registry();
+        let mut conn = self.inner.conn().await?;
+        let rows = match conn.first_result(&st.list).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                conn.broken = true;
+                return Err(registry_error(e, &st.table));
+            }
+        };
+        let text = |row: &tiberius::Row, i: usize| -> String {
+            row.get::<&str, _>(i).unwrap_or_default().to_owned()
+        };
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                Some(InstanceRecord {
+                    heartbeat: Heartbeat {
+                        process_id: row.get::<Uuid, _>(0)?,
+                        host_name: text(row, 1),
+                        instance_id: text(row, 2),
+                        version: text(row, 3),
+                        admin_address: row.get::<&str, _>(4).map(str::to_owned),
+                        summary: text(row, 5),
+                    },
+                    up_seconds: row.get::<f64, _>(6).unwrap_or(0.0).max(0.0),
+                    seen_seconds_ago: row.get::<f64, _>(7).unwrap_or(0.0).max(0.0),
+                })
+            })
+            .collect())
+    }
+
+    async fn forget(&self, older_than: Duration) -> Result<u64, TransportError> {
+        let st = self.registry();
+        let mut conn = self.inner.conn().await?;
+        let seconds = i64::try_from(older_than.as_secs()).unwrap_or(i64::MAX);
+        let answer = async {
+            conn.query(st.forget.as_str(), &[&seconds])
+                .await?
+                .into_row()
+                .await
+        }
+        .await;
+        match answer {
+            Ok(row) => Ok(row
+                .and_then(|r| r.get::<i64, _>(0))
+                .map_or(0, |n| n.max(0) as u64)),
+            Err(e) => {
+                conn.broken = true;
+                Err(registry_error(e, &st.table))
+            }
+        }
+    }
+
+    async fn leave(&self, process_id: Uuid) -> Result<(), TransportError> {
+        let st = self.registry();
+        let mut conn = self.inner.conn().await?;
+        match conn.execute(st.leave.as_str(), &[&process_id]).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                conn.broken = true;
+                Err(registry_error(e, &st.table))
+            }
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The instance registry on PostgreSQL: hosts on one schema see each other through their
+//! heartbeats, a stopping host leaves, a silent one shows as gone and is forgotten, a host
+//! whose heartbeat fails keeps receiving and says so, and `throttlehost status --fleet` shows
+//! every instance.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PgSchema, Probe, ProbeHandler, wait_until};
+use throttlehost::config::{ConcurrencyModel, Config, TransactionMode};
+use throttlehost::fleet::FleetView;
+use throttlehost::host::{Host, HostBuilder};
+use throttlehost::message::OutgoingMessage;
+use throttlehost::transport::{Heartbeat, Transport};
+
+/// A host on `schema` whose heartbeat comes every 200 ms and that calls an instance gone
+/// after 1 s.
+fn config(schema: &PgSchema, instance: &str) -> Config {
+    let mut config = common::pg_config(schema, "orders", ConcurrencyModel::Monitor, 2);
+    config.host.instance_id = instance.into();
+    config.fleet.heartbeat_interval = Duration::from_millis(200);
+    config.fleet.gone_after = Duration::from_secs(1);
+    config.fleet.forget_after = Duration::from_secs(2);
+    config
+}
+
+async fn start(config: Config) -> (Host, std::sync::Arc<Probe>) {
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .handler("orders", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    (host, probe)
+}
+
+async fn view(host: &Host) -> FleetView {
+    host.inner().fleet().await.unwrap()
+}
+
+/// The live instances' ids in a view, sorted.
+fn live(view: &FleetView) -> Vec<String> {
+    let mut ids: Vec<String> = view
+        .instances
+        .iter()
+        .filter(|m| !m.gone)
+        .map(|m| m.instance_id.clone())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Three hosts on one schema: each sees all three, itself marked, with the summary its
+/// heartbeat wrote; one that stops removes its row at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_on_one_schema_see_each_other_and_a_stopping_one_leaves() {
+    let schema = PgSchema::new();
+    let mut hosts = Vec::new();
+    for name in ["a", "b", "c"] {
+        hosts.push(start(config(&schema, name)).await.0);
+    }
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        seen = live(&view(&hosts[0]).await);
+        if seen.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen, ["a", "b", "c"]);
+    for host in &hosts {
+        let v = view(host).await;
+        let me: Vec<&str> = v
+            .instances
+            .iter()
+            .filter(|m| m.this)
+            .map(|m| m.instance_id.as_str())
+            .collect();
+        assert_eq!(me, [host.inner().config().host.instance_id.as_str()]);
+        assert!(v.heartbeat_error.is_none());
+        for m in &v.instances {
+            assert_eq!(m.version, throttlehost::VERSION);
+            assert_eq!(m.summary["receiving"], true, "{:?}", m.summary);
+            assert!(m.seen_seconds_ago < 1.0, "{m:?}");
+        }
+    }
+    let c = hosts.pop().unwrap();
+    c.shutdown().await;
+    let v = view(&hosts[0]).await;
+    assert_eq!(
+        v.instances.len(),
+        2,
+        "the stopped host's row is gone: {v:?}"
+    );
+    for host in hosts {
+        host.shutdown().await;
+    }
+}
+
+/// An instance that stops beating without leaving (killed) shows as gone after
+/// `gone_after`, and a live instance deletes its row once `forget_after` has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_instance_shows_as_gone_and_is_then_forgotten() {
+    let schema = PgSchema::new();
+    let (host, _) = start(config(&schema, "alive")).await;
+    let transport = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    let registry = transport.instance_registry().unwrap();
+    registry.create_registry().await.unwrap();
+    let killed = Heartbeat {
+        process_id: uuid::Uuid::new_v4(),
+        host_name: "sales".into(),
+        instance_id: "killed".into(),
+        version: "0.0.1".into(),
+        admin_address: Some("http://10.0.0.9:9464".into()),
+        summary: "{}".into(),
+    };
+    registry.heartbeat(&killed).await.unwrap();
+    let state_of_killed = async || {
+        view(&host)
+            .await
+            .instances
+            .into_iter()
+            .find(|m| m.instance_id == "killed")
+            .map(|m| m.gone)
+    };
+    assert_eq!(state_of_killed().await, Some(false), "seen a moment ago");
+    let mut states = Vec::new();
+    for _ in 0..80 {
+        let state = state_of_killed().await;
+        if states.last() != Some(&state) {
+            states.push(state);
+        }
+        if state.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        states,
+        [Some(false), Some(true), None],
+        "live, then gone, then forgotten"
+    );
+    assert_eq!(live(&view(&host).await), ["alive"]);
+    host.shutdown().await;
+}
+
+/// A heartbeat the database refuses: the host goes on receiving, and its view says why its
+/// own row is stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_heartbeat_fails_keeps_receiving_and_says_so() {
+    let schema = PgSchema::new();
+    let (host, probe) = start(config(&schema, "refused")).await;
+    let client = schema.client().await;
+    // Every heartbeat from now on breaks a rule of the table.
+    let mut refused = false;
+    for _ in 0..50 {
+        let done = client
+            .batch_execute(&format!(
+                "ALTER TABLE \"{}\".throttlehost_instances ADD CONSTRAINT no_beats CHECK (host_name = '') NOT VALID",
+                schema.name
+            ))
+            .await;
+        if done.is_ok() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused, "the registry table was created");
+    let mut error = None;
+    for _ in 0..50 {
+        error = view(&host).await.heartbeat_error;
+        if error.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let error = error.expect("the view says the heartbeat fails");
+    assert!(error.contains("no_beats"), "{error}");
+    host.send("orders", OutgoingMessage::new("still here"))
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(10), "the message handled", || {
+        probe.handled() == 1
+    })
+    .await;
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE \"{}\".throttlehost_instances DROP CONSTRAINT no_beats",
+            schema.name
+        ))
+        .await
+        .unwrap();
+    let mut healed = false;
+    for _ in 0..50 {
+        if view(&host).await.heartbeat_error.is_none() {
+            healed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(healed, "the heartbeat is written again");
+    host.shutdown().await;
+}
+
+/// `throttlehost status --fleet` against one host's admin endpoint lists every instance on
+/// the schema, marks the one it asked, and exits 0 while none throttles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_fleet_lists_every_instance() {
+    let schema = PgSchema::new();
+    let mut asked = config(&schema, "asked");
+    asked.host.admin_address = "127.0.0.1:0".into();
+    let asked = start(asked).await.0;
+    let others = [
+        start(config(&schema, "second")).await.0,
+        start(config(&schema, "third")).await.0,
+    ];
+    for _ in 0..50 {
+        if live(&view(&asked).await).len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("http://{}", asked.admin_address().unwrap());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+            .args(["status", "--fleet", "--url", &url])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("instance"), "{text}");
+    assert_eq!(lines.len(), 4, "a header and three instances: {text}");
+    for name in ["asked *", "second", "third"] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(&format!("throttlehost/{name}"))),
+            "{name}: {text}"
+        );
+    }
+    assert!(lines[1..].iter().all(|l| l.contains("ago")), "{text}");
+    for host in others {
+        host.shutdown().await;
+    }
+    asked.shutdown().await;
+}
+
+/// The registry's statements on SQL Server: created once (a second creation is harmless), a
+/// first heartbeat inserts and the next one updates, the server's clock measures ages, a
+/// forget removes only what is older, a leave removes the row; two hosts see each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_keeps_the_instance_registry() {
+    let schema = common::mssql::Schema::new();
+    let transport = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    let registry = transport.instance_registry().unwrap();
+    registry.create_registry().await.unwrap();
+    registry.create_registry().await.unwrap();
+    let mut beat = Heartbeat {
+        process_id: uuid::Uuid::new_v4(),
+        host_name: "sales".into(),
+        instance_id: "node-1".into(),
+        version: "0.1.0".into(),
+        admin_address: None,
+        summary: r#"{"in_process":1}"#.into(),
+    };
+    registry.heartbeat(&beat).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    beat.summary = r#"{"in_process":2}"#.into();
+    beat.admin_address = Some("http://127.0.0.1:9464".into());
+    registry.heartbeat(&beat).await.unwrap();
+    let all = registry.instances().await.unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(
+        all[0].heartbeat, beat,
+        "the second heartbeat updated the row"
+    );
+    assert!(all[0].up_seconds >= 1.0, "{:?}", all[0]);
+    assert!(all[0].seen_seconds_ago < 1.0, "{:?}", all[0]);
+    assert_eq!(registry.forget(Duration::from_secs(60)).await.unwrap(), 0);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(registry.forget(Duration::from_secs(1)).await.unwrap(), 1);
+    registry.heartbeat(&beat).await.unwrap();
+    registry.leave(beat.process_id).await.unwrap();
+    assert!(registry.instances().await.unwrap().is_empty());
+    // Two hosts on the schema see each other.
+    let host_config = |instance: &str| {
+        let mut config = common::host_config(
+            schema.transport_config(TransactionMode::ReceiveOnly, 6),
+            "orders",
+            ConcurrencyModel::Monitor,
+            2,
+        );
+        config.host.instance_id = instance.into();
+        config.fleet.heartbeat_interval = Duration::from_millis(200);
+        config.fleet.gone_after = Duration::from_secs(2);
+        config
+    };
+    let a = start(host_config("a")).await.0;
+    let b = start(host_config("b")).await.0;
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        seen = live(&view(&a).await);
+        if seen.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen, ["a", "b"]);
+    b.shutdown().await;
+    a.shutdown().await;
+}

@@ -179,6 +179,20 @@ fn in_process_messages() {
     let s = scenario("in-process", 0.6);
     assert_appeared_and_cleared("in-process", &s, "delivery", 3);
     assert_controlled("in-process", &s, "in_process", 1.15);
+    // The ceiling holds the count; the limit is never cut for it.
+    assert_eq!(s["min_concurrency_limit"]["orders"], 200);
+}
+
+/// One busy queue and two idle ones, each of max 200, under one in-process threshold of 150:
+/// the count is held for all of them together and every limit stays at its max.
+#[test]
+fn queues_share_the_in_process_threshold_by_demand_with_limits_at_max() {
+    let s = scenario("in-process-shared", 0.6);
+    assert_appeared_and_cleared("in-process-shared", &s, "delivery", 3);
+    assert_controlled("in-process-shared", &s, "in_process", 1.15);
+    for queue in ["orders", "invoices", "shipping"] {
+        assert_eq!(s["min_concurrency_limit"][queue], 200, "{queue}: {s:#}");
+    }
 }
 
 #[test]

@@ -208,14 +208,15 @@ impl CeilingHolds {
     }
 
     /// The smallest room among the held resources whose cost per message the ceiling
-    /// estimates. The in-process count is left out: its room is the threshold, exact, and the
-    /// ceiling holds all queues together to it, so the busiest queues take what idle ones do
-    /// not use. Cut to it, each queue's limit was a share of the threshold by its max, and a
-    /// host whose maxes add up above the threshold showed every limit below its max in state 0.
-    pub fn tightest(&self) -> Option<u64> {
+    /// estimates and for which `counts` (the condition is active). The in-process count is
+    /// left out: its room is the threshold, exact, and the ceiling holds all queues together
+    /// to it, so the busiest queues take what idle ones do not use. Cut to it, each queue's
+    /// limit was a share of the threshold by its max, and a host whose maxes add up above the
+    /// threshold showed every limit below its max in state 0.
+    pub fn tightest(&self, counts: impl Fn(Condition) -> bool) -> Option<u64> {
         CEILING_GUARDED
             .into_iter()
-            .filter(|c| *c != Condition::InProcess)
+            .filter(|c| *c != Condition::InProcess && counts(*c))
             .filter_map(|c| self.of(c))
             .min()
     }
@@ -585,7 +586,17 @@ impl Controller {
             holding: false,
             headroom: 1.0,
             approach: None,
-            ceiling_room: readings.held.tightest(),
+            // Only holds that count as pressure (their condition active: see `evaluate`) cut
+            // the limits. A hold on a resource below half its threshold is not shown, so it
+            // must not cut either: after `demo`'s memory phase the allocator kept RSS just under
+            // half its threshold, the ceiling's noisy estimate held a few receives now and
+            // then, and the limits sat at 5-24 of 64 for good, the state saying "recovering"
+            // (in state 0 before states were made to tell the truth).
+            ceiling_room: readings.held.tightest(|c| {
+                self.resource_active
+                    .get(&c)
+                    .is_some_and(|latch| latch.active)
+            }),
         };
         for condition in resource_conditions() {
             let Some(threshold) = self.thresholds.of(condition) else {
@@ -676,11 +687,17 @@ impl Controller {
                     if after_pressure && q.in_flight > 0 {
                         grown = grown.min(current.max(q.in_flight.saturating_mul(2) + step));
                     }
-                    // An idle queue has nothing in flight whose growth the cap could bound:
-                    // capping it would pin its limit at one for good (a resource above half
-                    // its threshold for reasons of its own, such as system memory).
+                    // Only a queue that uses its whole limit (a backlog waits behind it) could
+                    // carry the resource up with a bigger limit. An idle queue has nothing in
+                    // flight whose growth the cap could bound: capping it would pin its limit
+                    // at one for good (a resource above half its threshold for reasons of its
+                    // own, such as system memory). A queue below its limit is not held by it:
+                    // capped, its limit stayed at 7-19 of 64 after `demo`'s memory phase, with
+                    // RSS kept just above half the threshold by the allocator, and the state
+                    // said "recovering" for good. Between ticks the ceiling guards the resource
+                    // against a burst either way.
                     match pressure.approach {
-                        Some(room) if q.in_flight > 0 => {
+                        Some(room) if q.in_flight > 0 && q.in_flight >= current => {
                             grown.min(law::approach_cap(q.in_flight, room, step))
                         }
                         _ => grown,

@@ -39,6 +39,18 @@ async fn view(host: &Host) -> FleetView {
     host.inner().fleet().await.unwrap()
 }
 
+/// `host`'s view once `done` holds for it (looked at every 100 ms for up to 10 s).
+async fn view_when(host: &Host, what: &str, done: impl Fn(&FleetView) -> bool) -> FleetView {
+    for _ in 0..100 {
+        let v = view(host).await;
+        if done(&v) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("not {what} within 10 s: {:?}", view(host).await)
+}
+
 /// The live instances' ids in a view, sorted.
 fn live(view: &FleetView) -> Vec<String> {
     let mut ids: Vec<String> = view
@@ -60,15 +72,7 @@ async fn hosts_on_one_schema_see_each_other_and_a_stopping_one_leaves() {
     for name in ["a", "b", "c"] {
         hosts.push(start(config(&schema, name)).await.0);
     }
-    let mut seen = Vec::new();
-    for _ in 0..50 {
-        seen = live(&view(&hosts[0]).await);
-        if seen.len() == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(seen, ["a", "b", "c"]);
+    view_when(&hosts[0], "three seen", |v| live(v) == ["a", "b", "c"]).await;
     for host in &hosts {
         let v = view(host).await;
         let me: Vec<&str> = v
@@ -168,15 +172,12 @@ async fn a_host_whose_heartbeat_fails_keeps_receiving_and_says_so() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(refused, "the registry table was created");
-    let mut error = None;
-    for _ in 0..50 {
-        error = view(&host).await.heartbeat_error;
-        if error.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let error = error.expect("the view says the heartbeat fails");
+    let error = view_when(&host, "the heartbeat said to fail", |v| {
+        v.heartbeat_error.is_some()
+    })
+    .await
+    .heartbeat_error
+    .unwrap();
     assert!(error.contains("no_beats"), "{error}");
     host.send("orders", OutgoingMessage::new("still here"))
         .await
@@ -192,15 +193,10 @@ async fn a_host_whose_heartbeat_fails_keeps_receiving_and_says_so() {
         ))
         .await
         .unwrap();
-    let mut healed = false;
-    for _ in 0..50 {
-        if view(&host).await.heartbeat_error.is_none() {
-            healed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(healed, "the heartbeat is written again");
+    view_when(&host, "the heartbeat written again", |v| {
+        v.heartbeat_error.is_none()
+    })
+    .await;
     host.shutdown().await;
 }
 
@@ -216,12 +212,7 @@ async fn status_fleet_lists_every_instance() {
         start(config(&schema, "second")).await.0,
         start(config(&schema, "third")).await.0,
     ];
-    for _ in 0..50 {
-        if live(&view(&asked).await).len() == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    view_when(&asked, "three seen", |v| live(v).len() == 3).await;
     let url = format!("http://{}", asked.admin_address().unwrap());
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_throttlehost"))
@@ -309,15 +300,7 @@ async fn sqlserver_keeps_the_instance_registry() {
     };
     let a = start(host_config("a")).await.0;
     let b = start(host_config("b")).await.0;
-    let mut seen = Vec::new();
-    for _ in 0..100 {
-        seen = live(&view(&a).await);
-        if seen.len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(seen, ["a", "b"]);
+    view_when(&a, "both seen", |v| live(v) == ["a", "b"]).await;
     b.shutdown().await;
     a.shutdown().await;
 }

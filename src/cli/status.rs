@@ -82,9 +82,19 @@ pub async fn status(url: &str, raw: bool, fleet: bool) -> ExitCode {
         eprintln!("receiving impaired: {why}");
         return ExitCode::from(3);
     }
-    let throttling = ["delivery", "publishing"]
+    throttling_code(throttles(&status["throttling"]))
+}
+
+/// Whether either direction of a `throttling` object (of `/status`, or of an instance's
+/// summary in `/fleet`) is in a state other than 0.
+fn throttles(throttling: &Value) -> bool {
+    ["delivery", "publishing"]
         .iter()
-        .any(|d| status["throttling"][d]["state"].as_u64().unwrap_or(0) != 0);
+        .any(|d| throttling[d]["state"].as_u64().unwrap_or(0) != 0)
+}
+
+/// Exit code 1 while throttling, else 0.
+fn throttling_code(throttling: bool) -> ExitCode {
     if throttling {
         ExitCode::from(1)
     } else {
@@ -108,16 +118,8 @@ async fn fleet_status(url: &str, raw: bool) -> ExitCode {
         .into_iter()
         .flatten()
         .filter(|i| i["gone"] != true)
-        .any(|i| {
-            ["delivery", "publishing"]
-                .iter()
-                .any(|d| i["summary"]["throttling"][d]["state"].as_u64().unwrap_or(0) != 0)
-        });
-    if throttling {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    }
+        .any(|i| throttles(&i["summary"]["throttling"]));
+    throttling_code(throttling)
 }
 
 /// One line per instance: who, state per direction with its cause, in process, processed/s,

@@ -469,6 +469,38 @@ mod tests {
         );
     }
 
+    /// The in-process count is guarded exactly: what starts now is the threshold less the
+    /// messages in process and the receives out, a hold on it is reported with the threshold
+    /// as its room, and with nothing in process one may always start.
+    #[test]
+    fn the_in_process_count_is_held_at_its_threshold_exactly() {
+        let mut ceiling = Ceiling::default();
+        let thresholds = Thresholds {
+            in_process: Some(40),
+            ..Thresholds::default()
+        };
+        ceiling.arm(&thresholds, true, 200);
+        let usage = |in_process| Usage {
+            in_process,
+            ..Usage::default()
+        };
+        let counts = |receiving, held| AdmissionCounts {
+            started: 0,
+            receiving,
+            held,
+        };
+        let now = Instant::now();
+        assert_eq!(ceiling.enforce(now, usage(30), counts(6, false)), Some(4));
+        assert_eq!(ceiling.enforce(now, usage(36), counts(4, true)), Some(0));
+        assert_eq!(ceiling.take_holds().in_process, Some(40));
+        assert_eq!(ceiling.enforce(now, usage(0), counts(0, false)), Some(40));
+        // An allowance no burst could use up (the queues' limits together are 30) does not bind.
+        ceiling.arm(&thresholds, true, 30);
+        assert_eq!(ceiling.enforce(now, usage(2), counts(0, false)), None);
+        assert_eq!(counted_fit(40, 0).allowance, 40);
+        assert_eq!(counted_fit(0, 0).allowance, 1, "never the last message");
+    }
+
     #[test]
     fn the_ceiling_admits_what_fits_and_measures_the_room() {
         let threshold = 100 * MIB;

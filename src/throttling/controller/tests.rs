@@ -350,12 +350,12 @@ fn a_new_episode_starts_from_the_initial_delay() {
     );
 }
 
-#[test]
-fn hysteresis_prevents_flapping_between_90_and_100_percent() {
-    // in-process threshold = 500 per CPU x 2 CPUs = 1000; resume below 900.
-    let mut c = controller();
+/// Ticks `c` every `every` seconds with `in_process` messages in process (and nothing else
+/// going on); each call returns the delivery decision and whether the in-process condition
+/// is active.
+fn in_process_ticks(mut c: Controller, every: f64) -> impl FnMut(u64) -> (DirectionDecision, bool) {
     let mut t = 0.0;
-    let mut step = |value: u64| {
+    move |value| {
         let d = c.tick(
             secs(t),
             &Readings {
@@ -364,11 +364,20 @@ fn hysteresis_prevents_flapping_between_90_and_100_percent() {
             },
             &queues(),
         );
-        t += 0.5;
-        d.delivery
+        t += every;
+        let active = d
+            .delivery
             .active()
-            .any(|c| c.condition == Condition::InProcess)
-    };
+            .any(|c| c.condition == Condition::InProcess);
+        (d.delivery, active)
+    }
+}
+
+#[test]
+fn hysteresis_prevents_flapping_between_90_and_100_percent() {
+    // in-process threshold = 500 per CPU x 2 CPUs = 1000; resume below 900.
+    let mut tick = in_process_ticks(controller(), 0.5);
+    let mut step = |value: u64| tick(value).1;
     assert!(!step(1000), "equal is not above");
     assert!(step(1001));
     for v in [999, 950, 901, 900, 999, 920] {
@@ -390,24 +399,11 @@ fn a_condition_clears_only_after_its_value_stays_below_the_line_for_resume_after
     let mut cfg = config();
     cfg.resume_ratio = 1.0;
     cfg.resume_after = Duration::from_secs(1);
-    let mut c = controller_with(cfg);
-    let mut t = 0.0;
+    let mut tick = in_process_ticks(controller_with(cfg), 0.25);
     // (state, the in-process condition is active, recovering) after one sample.
     let mut step = |value: u64| {
-        let d = c.tick(
-            secs(t),
-            &Readings {
-                in_process: value,
-                ..quiet()
-            },
-            &queues(),
-        );
-        t += 0.25;
-        let active = d
-            .delivery
-            .active()
-            .any(|c| c.condition == Condition::InProcess);
-        (d.delivery.state, active, d.delivery.recovering)
+        let (d, active) = tick(value);
+        (d.state, active, d.recovering)
     };
     for v in [1001, 990, 1002, 995, 999, 1001, 980, 1003] {
         assert_eq!(
@@ -435,24 +431,8 @@ fn a_condition_clears_only_after_its_value_stays_below_the_line_for_resume_after
 fn without_resume_after_a_value_at_a_line_with_no_band_flips_at_every_crossing() {
     let mut cfg = config();
     cfg.resume_ratio = 1.0;
-    let mut c = controller_with(cfg);
-    let actives: Vec<bool> = [1001, 990, 1002, 995]
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| {
-            c.tick(
-                secs(i as f64 * 0.25),
-                &Readings {
-                    in_process: v,
-                    ..quiet()
-                },
-                &queues(),
-            )
-            .delivery
-            .active()
-            .any(|c| c.condition == Condition::InProcess)
-        })
-        .collect();
+    let mut tick = in_process_ticks(controller_with(cfg), 0.25);
+    let actives: Vec<bool> = [1001, 990, 1002, 995].map(|v| tick(v).1).to_vec();
     assert_eq!(actives, vec![true, false, true, false]);
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::{PostgresTransport, is_concurrent_creation, map_error, quote_ident};
+use super::{PostgresTransport, create_under_lock, map_error, quote_ident};
 use crate::transport::TransportError;
 use crate::transport::fleet::{Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry};
 
@@ -89,18 +89,9 @@ impl InstanceRegistry for PostgresTransport {
     async fn create_registry(&self) -> Result<(), TransportError> {
         let st = self.registry();
         let mut client = self.inner.client().await?;
-        let result: Result<(), tokio_postgres::Error> = async {
-            let tx = client.transaction().await?;
-            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&st.table])
-                .await?;
-            tx.batch_execute(&st.create).await?;
-            tx.commit().await
-        }
-        .await;
-        match result {
-            Err(e) if !is_concurrent_creation(&e) => Err(registry_error(e, &st.table)),
-            _ => Ok(()),
-        }
+        create_under_lock(&mut client, &st.table, &[&st.create])
+            .await
+            .map_err(|e| registry_error(e, &st.table))
     }
 
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), TransportError> {

@@ -486,25 +486,9 @@ impl Inner {
     async fn ensure_held_table(&self, queue: &QueueName) -> Result<(), TransportError> {
         let held = held_statements(&quote_ident(&self.schema));
         let mut client = self.client().await?;
-        let created: Result<(), tokio_postgres::Error> = async {
-            let tx = client.transaction().await?;
-            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&held.table])
-                .await?;
-            tx.batch_execute(&held.create).await?;
-            tx.commit().await
-        }
-        .await;
-        match created {
-            Ok(()) => Ok(()),
-            Err(e)
-                if e.code().is_some_and(|c| {
-                    [SqlState::DUPLICATE_TABLE, SqlState::UNIQUE_VIOLATION].contains(c)
-                }) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(map_error(e, Some(queue))),
-        }
+        create_under_lock(&mut client, &held.table, &[&held.create])
+            .await
+            .map_err(|e| map_error(e, Some(queue)))
     }
 
     /// Whether this schema has a held-keys table (queues that never held a key have none).
@@ -986,24 +970,17 @@ impl DelayedDelivery for PostgresTransport {
     async fn create_delayed(&self, queue: &QueueName) -> Result<(), TransportError> {
         let st = self.inner.statements(queue)?;
         let mut client = self.inner.client().await?;
-        let schema = quote_ident(&self.inner.schema);
-        let result: Result<(), tokio_postgres::Error> = async {
-            let tx = client.transaction().await?;
-            tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtext($1))",
-                &[&st.delayed.table],
-            )
-            .await?;
-            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
-                .await?;
-            tx.batch_execute(&st.delayed.create).await?;
-            tx.commit().await
-        }
-        .await;
-        match result {
-            Err(e) if !is_concurrent_creation(&e) => Err(map_delayed_error(e, queue)),
-            _ => Ok(()),
-        }
+        let schema = format!(
+            "CREATE SCHEMA IF NOT EXISTS {}",
+            quote_ident(&self.inner.schema)
+        );
+        create_under_lock(
+            &mut client,
+            &st.delayed.table,
+            &[&schema, &st.delayed.create],
+        )
+        .await
+        .map_err(|e| map_delayed_error(e, queue))
     }
 
     async fn move_due(&self, queue: &QueueName, batch: u32) -> Result<Moved, TransportError> {
@@ -1058,6 +1035,31 @@ impl DelayedDelivery for PostgresTransport {
 
     fn parse_forward_address(&self, address: &str) -> Option<QueueName> {
         super::delayed::parse_address(address, &self.inner.schema)
+    }
+}
+
+/// Runs `ddl` (statements that create what is missing, each `IF NOT EXISTS`) in one
+/// transaction under an advisory lock keyed by `name`: two hosts creating the same object at
+/// once can still collide inside `CREATE ... IF NOT EXISTS`, so they take turns, and the
+/// "already exists" errors that remain are harmless (Ok).
+async fn create_under_lock(
+    client: &mut Object,
+    name: &str,
+    ddl: &[&str],
+) -> Result<(), tokio_postgres::Error> {
+    let result = async {
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&name])
+            .await?;
+        for statement in ddl {
+            tx.batch_execute(statement).await?;
+        }
+        tx.commit().await
+    }
+    .await;
+    match result {
+        Err(e) if !is_concurrent_creation(&e) => Err(e),
+        _ => Ok(()),
     }
 }
 

@@ -555,8 +555,9 @@ impl Inner {
         // Every look-up comes before a claim, and the first ones run while the queue is
         // still empty (each receiver's first receive): the queue's claim of no row joins the
         // warm-up there, and this connection runs it now, not inside a message's receive.
+        let table = &self.statements(queue).table;
         self.warm_up
-            .add(statements::babelfish_warm_up(&self.statements(queue).table));
+            .add(table, || statements::babelfish_warm_up(table));
         conn.warm().await;
         let mut taken = self.held.take(queue, n);
         if taken.len() == n {

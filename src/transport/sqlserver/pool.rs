@@ -47,22 +47,21 @@ pub struct Connection {
 /// nothing waits. The list only grows: a queue receives for the life of the process.
 #[derive(Debug, Default)]
 pub struct WarmUp {
-    statements: std::sync::RwLock<Vec<String>>,
+    /// Each statement with the key it was added under.
+    statements: std::sync::RwLock<Vec<(String, String)>>,
 }
 
 impl WarmUp {
-    /// Adds a statement for every connection to run once (a second add of it is ignored).
-    pub fn add(&self, sql: String) {
-        let known = self
-            .statements
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&sql);
-        if !known {
-            let mut statements = self.statements.write().unwrap_or_else(|e| e.into_inner());
-            if !statements.contains(&sql) {
-                statements.push(sql);
-            }
+    /// Adds the statement `sql` makes under `key`, for every connection to run once; a key
+    /// already added is left as it is (and `sql` not called: every look-up asks).
+    pub fn add(&self, key: &str, sql: impl FnOnce() -> String) {
+        let known = |statements: &[(String, String)]| statements.iter().any(|(k, _)| k == key);
+        if known(&self.statements.read().unwrap_or_else(|e| e.into_inner())) {
+            return;
+        }
+        let mut statements = self.statements.write().unwrap_or_else(|e| e.into_inner());
+        if !known(&statements) {
+            statements.push((key.to_owned(), sql()));
         }
     }
 
@@ -71,8 +70,10 @@ impl WarmUp {
         let statements = self.statements.read().unwrap_or_else(|e| e.into_inner());
         statements
             .get(from..)
-            .map(<[String]>::to_vec)
             .unwrap_or_default()
+            .iter()
+            .map(|(_, sql)| sql.clone())
+            .collect()
     }
 }
 
@@ -159,6 +160,7 @@ impl Connection {
             if let Err(e) = self.run_batch(&sql).await {
                 self.broken |= !matches!(e, tiberius::error::Error::Server(_));
                 tracing::debug!(error = %e, "a connection's warm-up statement failed");
+                // The claim stopped before it set the lock timeout back to "wait".
                 let _ = self.run_batch(super::statements::CLAIM_GIVE_UP).await;
             }
         }
@@ -294,9 +296,9 @@ mod tests {
     #[test]
     fn the_warm_up_list_grows_once_per_statement() {
         let warm_up = WarmUp::default();
-        warm_up.add("a".into());
-        warm_up.add("b".into());
-        warm_up.add("a".into());
+        warm_up.add("a", || "a".into());
+        warm_up.add("b", || "b".into());
+        warm_up.add("a", || unreachable!("a key added once is not built again"));
         assert_eq!(warm_up.since(0), ["a", "b"]);
         assert_eq!(warm_up.since(1), ["b"]);
         assert!(warm_up.since(2).is_empty());

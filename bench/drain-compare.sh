@@ -5,6 +5,8 @@
 #
 #   raw        bench/pgbench-receive.sh: one DELETE ... SKIP LOCKED per transaction, 8 clients
 #   single     load/drain-postgres.toml: the host, one message per transaction, concurrency 8
+#   peeking    the same with notify_on_insert = false (no insert trigger, no listening
+#              connection): what the wake on arrival costs a drain, side by side
 #   batch B    load/drain-postgres-batch.toml with receive_batch = B and max = 4 x B (at most
 #              256: the delivery ceiling counts on at most about a thousand messages pending)
 #   send       throttlehost send --count N (bulk send, wall time from process start)
@@ -40,6 +42,9 @@ scenario_for_batch() {
 
 single="$work/single.toml"
 sed -e "s/^prefill = .*/prefill = $n/" load/drain-postgres.toml >"$single"
+peeking="$work/peeking.toml"
+sed -e "s/^transaction_mode = .*/&\nnotify_on_insert = false/" -e "s/^schema = .*/schema = \"load_drain_peeking\"/" \
+    "$single" >"$peeking"
 send_config="$work/send.toml"
 cat >"$send_config" <<TOML
 [transport]
@@ -55,6 +60,9 @@ for round in $(seq 1 "$rounds"); do
   line="round $round: raw=$raw single=$(host_rate "$single")"
   results[raw]+="$raw "
   results[single]+="$(echo "$line" | sed -E 's/.*single=([0-9]+).*/\1/') "
+  rate="$(host_rate "$peeking")"
+  results[peeking]+="$rate "
+  line="$line peeking=$rate"
   for b in $batches; do
     rate="$(host_rate "$(scenario_for_batch "$b")")"
     results[batch$b]+="$rate "
@@ -69,7 +77,7 @@ for round in $(seq 1 "$rounds"); do
   echo "$line send=${send_s}s"
 done
 "$bin" queues purge --config "$send_config" bulk >/dev/null 2>&1 || true
-psql -X -q "$url" -c "DROP SCHEMA IF EXISTS bench_send CASCADE" >/dev/null 2>&1 || true
+psql -X -q "$url" -c "DROP SCHEMA IF EXISTS bench_send CASCADE" -c "DROP SCHEMA IF EXISTS load_drain_peeking CASCADE" >/dev/null 2>&1 || true
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 raw_median="$(echo "${results[raw]}" | median)"
@@ -78,6 +86,7 @@ single_median="$(echo "${results[single]}" | median)"
 # The median of each round's own ratio, single / raw: the pairs were measured side by side.
 pair_ratios="$(paste -d' ' <(echo "${results[single]}" | tr ' ' '\n' | grep -v '^$') <(echo "${results[raw]}" | tr ' ' '\n' | grep -v '^$') | awk '{ printf "%.1f ", 100 * $1 / $2 }')"
 summary="$summary single=$single_median ($(awk -v a="$single_median" -v r="$raw_median" 'BEGIN { printf "%.0f%%", 100 * a / r }'); per round $(echo "$pair_ratios" | median)%)"
+summary="$summary peeking=$(echo "${results[peeking]}" | median)"
 for b in $batches; do
   m="$(echo "${results[batch$b]}" | median)"
   summary="$summary batch$b=$m (x$(awk -v a="$m" -v r="$raw_median" 'BEGIN { printf "%.1f", a / r }'))"

@@ -286,6 +286,50 @@ async fn without_the_notification_a_message_is_found_by_peeking() {
     host.shutdown().await;
 }
 
+/// `notify_on_insert = false`: the tables the host creates get no trigger, nobody listens, and
+/// messages are found by peeking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_notify_on_insert_off_nothing_is_added_and_peeks_find_messages() {
+    use throttlehost::transport::postgres::QueueStatements;
+    let schema = PgSchema::new();
+    let mut config = pg_config(&schema, "plain", ConcurrencyModel::Monitor, 2);
+    config.transport.notify_on_insert = false;
+    config.queues[0].concurrency.peek_interval = Duration::from_millis(300);
+    let (host, probe) = probed_host(config, None).await;
+    let sender = schema.transport(TransactionMode::ReceiveOnly, 1).await;
+    sender
+        .send(&q("plain"), &OutgoingMessage::new(vec![1]))
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(10), "found by a peek", || {
+        probe.handled() >= 1
+    })
+    .await;
+    let client = schema.client().await;
+    let triggers: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND t.tgname = 'throttlehost_notify'",
+            &[&schema.name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(triggers, 0, "no table of the schema got the trigger");
+    let channel = QueueStatements::new(&schema.name, &q("plain")).notify_channel;
+    let listening: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1",
+            &[&format!("LISTEN \"{channel}\"%")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(listening, 0, "no listening connection");
+    host.shutdown().await;
+}
+
 /// The listening connection killed on the server comes back, and wakes receivers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listener_reconnects_after_its_connection_is_killed() {

@@ -217,6 +217,10 @@ pub struct TransportConfig {
     /// Delete expired messages from the input queues once at start-up (they are otherwise
     /// dropped when received).
     pub purge_expired_on_startup: bool,
+    /// PostgreSQL only: give the queue tables this host creates an insert trigger that
+    /// notifies, and keep one listening connection that wakes idle receivers at once. `false`
+    /// = find messages by peeking only (for databases where triggers are not allowed).
+    pub notify_on_insert: bool,
     /// Memory transport only: latency added to every statement, to simulate a database.
     #[serde(with = "units::duration")]
     pub simulated_latency: Duration,
@@ -234,6 +238,7 @@ impl Default for TransportConfig {
             connect_timeout: Duration::from_secs(15),
             command_timeout: Duration::from_secs(30),
             purge_expired_on_startup: false,
+            notify_on_insert: true,
             simulated_latency: Duration::ZERO,
         }
     }

@@ -307,6 +307,13 @@ fn validate_transport(config: &Config, instance: &str, add: &mut impl FnMut(Stri
                 .into(),
         );
     }
+    if t.kind != TransportKind::Postgres && !t.notify_on_insert {
+        add(
+            "transport.notify_on_insert".into(),
+            "only the PostgreSQL transport notifies on insert; remove it or set kind = \"postgres\""
+                .into(),
+        );
+    }
     if t.command_timeout.is_zero() {
         add("transport.command_timeout".into(), "must be above 0".into());
     }
@@ -554,6 +561,20 @@ mod tests {
         assert!(p[0].starts_with("2: `throttling.resume_ratio`"), "{p:?}");
         assert!(
             p[1].starts_with("4: `throttling.severity.threads`"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn notify_on_insert_is_turned_off_on_postgres_only() {
+        let off = "notify_on_insert = false\n";
+        let postgres = "kind = \"postgres\"\nconnection_string = \"host=db\"\n";
+        let p = problems(&format!("[transport]\n{postgres}{off}"));
+        assert!(p.is_empty(), "{p:?}");
+        let p = problems(&format!("[transport]\nkind = \"memory\"\n{off}"));
+        assert!(
+            p.iter()
+                .any(|m| m.contains("transport.notify_on_insert") && m.contains("PostgreSQL")),
             "{p:?}"
         );
     }

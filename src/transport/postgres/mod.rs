@@ -73,6 +73,8 @@ struct Inner {
         tokio_postgres::Config,
         Option<tokio_postgres_rustls::MakeRustlsConnect>,
     ),
+    /// Whether tables get the insert trigger and the host listens (`notify_on_insert`).
+    notify_on_insert: bool,
     /// Ends the listening connection with the transport.
     stop_listening: tokio_util::sync::CancellationToken,
 }
@@ -160,6 +162,7 @@ impl PostgresTransport {
                 statements: RwLock::new(HashMap::new()),
                 prepared_receives: Mutex::new(HashMap::new()),
                 listen_with,
+                notify_on_insert: config.notify_on_insert,
                 stop_listening: tokio_util::sync::CancellationToken::new(),
             }),
         })
@@ -921,6 +924,9 @@ impl Transport for PostgresTransport {
     /// One listening connection for all of `queues` (outside the pool), woken by the
     /// tables' insert trigger (see `listen`).
     fn wake_on_arrival(&self, queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) {
+        if !self.inner.notify_on_insert {
+            return;
+        }
         let channels: HashMap<String, QueueName> = queues
             .iter()
             .filter_map(|queue| {
@@ -1117,13 +1123,16 @@ impl QueueAdmin for PostgresTransport {
             tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
                 .await?;
             tx.batch_execute(&st.create).await?;
-            // The notify function is the schema's, shared by its tables: one creator at a time.
-            tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtext('throttlehost_notify:' || $1))",
-                &[&self.inner.schema],
-            )
-            .await?;
-            tx.batch_execute(&st.notify_on_insert).await?;
+            if self.inner.notify_on_insert {
+                // The notify function is the schema's, shared by its tables: one creator at a
+                // time.
+                tx.execute(
+                    "SELECT pg_advisory_xact_lock(hashtext('throttlehost_notify:' || $1))",
+                    &[&self.inner.schema],
+                )
+                .await?;
+                tx.batch_execute(&st.notify_on_insert).await?;
+            }
             tx.commit().await
         }
         .await;

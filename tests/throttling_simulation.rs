@@ -1,243 +1,43 @@
-//! The pure controller against a simulated host (a plant): messages arrive, wait in a
-//! backlog, run in handlers for a latency while holding memory, and finish. Time is simulated
-//! in 10 ms steps with a controller tick every sample interval, so minutes of behaviour take
-//! milliseconds. Control quality is measured the way `throttlehost load` measures it.
+//! The throttling policy against a simulated host (`plant`): sends are published, stored,
+//! received and handled while holding memory, in simulated time, so minutes of behaviour take
+//! milliseconds and a run is the same every time. Control quality is measured the way
+//! `throttlehost load` measures it, in both directions.
 //!
-//! The policy under test is the host's whole delivery policy: the controller's ticks and,
-//! between them, the delivery ceiling read at every step (as the service reads it every few
+//! The policy under test is the host's whole policy: the controller's ticks and, between
+//! them, the delivery ceiling read at every step (as the service reads it every few
 //! milliseconds), which lets through only the receives that fit under the thresholds.
 
-use std::time::Duration;
+mod plant;
 
 use proptest::prelude::*;
-use throttlehost::config::{MemoryThreshold, ThrottlingConfig};
-use throttlehost::load::quality::{self, Reading, Tick};
-use throttlehost::throttling::Condition;
-use throttlehost::throttling::ceiling::{AdmissionCounts, Ceiling, Usage};
-use throttlehost::throttling::controller::{
-    Controller, MachineFacts, QueueLoad, Readings, Thresholds,
+use throttlehost::load::quality;
+use throttlehost::throttling::Direction;
+
+use plant::{
+    MIB, OTHERS_MEMORY, Outcome, Phase, config, simulate, simulate_noisy, simulate_with_backlog,
 };
-
-const MIB: f64 = 1048576.0;
-const STEP: f64 = 0.01;
-
-/// What the simulated host does in one phase.
-#[derive(Debug, Clone, Copy)]
-struct Phase {
-    seconds: f64,
-    arrivals_per_sec: f64,
-    latency: f64,
-    memory_per_message: f64,
-}
-
-struct Plant {
-    base_memory: f64,
-    backlog: f64,
-    /// Each running message's remaining seconds and its memory.
-    running: Vec<(f64, f64)>,
-    admit_credit: f64,
-}
-
-struct Outcome {
-    ticks: Vec<Tick>,
-    /// Handler completions per phase.
-    completed: Vec<f64>,
-}
-
-fn config(sample: f64) -> ThrottlingConfig {
-    ThrottlingConfig {
-        sample_interval: Duration::from_secs_f64(sample),
-        process_memory: MemoryThreshold::Bytes((64.0 * MIB) as u64),
-        in_process_per_cpu: 1000,
-        database_size: 0,
-        ..ThrottlingConfig::default()
-    }
-}
-
-fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Outcome {
-    simulate_noisy(cfg, max, phases, 0.0)
-}
-
-/// [`simulate`] with a memory sensor that reads up to `noise` bytes off either way (the
-/// allocator's caches, other threads), from a fixed seed.
-fn simulate_noisy(cfg: ThrottlingConfig, max: u32, phases: &[Phase], noise: f64) -> Outcome {
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut jitter = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        noise * ((seed % 2001) as f64 / 1000.0 - 1.0)
-    };
-    let machine = MachineFacts {
-        total_memory: 1 << 34,
-        cpus: 1,
-    };
-    let sample = cfg.sample_interval.as_secs_f64();
-    let thresholds = Thresholds::resolve(&cfg, machine);
-    let mut c = Controller::new(cfg.clone(), thresholds);
-    let mut ceiling = Ceiling::default();
-    ceiling.arm(&thresholds, true, u64::from(max));
-    // The ceiling's clock: simulated seconds after this instant.
-    let origin = tokio::time::Instant::now();
-    let mut started = 0u64;
-    let mut held = false;
-    let mut plant = Plant {
-        base_memory: 16.0 * MIB,
-        backlog: 0.0,
-        running: Vec::new(),
-        admit_credit: 0.0,
-    };
-    let mut limit = max;
-    let mut delay = 0.0;
-    let mut t = 0.0;
-    let mut next_tick = 0.0;
-    let mut ticks = Vec::new();
-    let mut completed = Vec::new();
-    for phase in phases {
-        let end = t + phase.seconds;
-        let mut done = 0.0;
-        while t < end {
-            plant.backlog += phase.arrivals_per_sec * STEP;
-            let before = plant.running.len();
-            plant.running.retain_mut(|(left, _)| {
-                *left -= STEP;
-                *left > 0.0
-            });
-            done += (before - plant.running.len()) as f64;
-            // Receivers: each free slot starts a message, after waiting the delay.
-            let free = limit.saturating_sub(plant.running.len() as u32) as f64;
-            plant.admit_credit += if delay > 0.0 {
-                limit as f64 * STEP / (delay + phase.latency)
-            } else {
-                f64::MAX / 4.0
-            };
-            let memory =
-                plant.base_memory + plant.running.iter().map(|(_, m)| m).sum::<f64>() + jitter();
-            let usage = Usage {
-                process_memory: memory as u64,
-                in_process: plant.running.len() as u64,
-                threads: 10,
-                ..Usage::default()
-            };
-            let counts = AdmissionCounts {
-                started,
-                held,
-                ..AdmissionCounts::default()
-            };
-            let now = origin + Duration::from_secs_f64(t);
-            let allowance = ceiling
-                .enforce(now, usage, counts)
-                .map_or(f64::MAX, |a| a as f64);
-            let wanted = free
-                .min(plant.backlog.floor())
-                .min(plant.admit_credit.floor())
-                .max(0.0);
-            let starts = wanted.min(allowance);
-            held = starts < wanted;
-            started += starts as u64;
-            for _ in 0..starts as u32 {
-                plant
-                    .running
-                    .push((phase.latency, phase.memory_per_message));
-            }
-            plant.backlog -= starts;
-            plant.admit_credit = (plant.admit_credit - starts).min(limit as f64);
-            t += STEP;
-            if t + 1e-9 >= next_tick {
-                next_tick += sample;
-                let memory = plant.base_memory
-                    + plant.running.iter().map(|(_, m)| m).sum::<f64>()
-                    + jitter();
-                let in_flight = plant.running.len() as u32;
-                let readings = Readings {
-                    process_memory: memory as u64,
-                    in_process: in_flight as u64,
-                    threads: 10,
-                    held: ceiling.take_holds(),
-                    ..Readings::default()
-                };
-                let d = c.tick(
-                    Duration::from_secs_f64(t),
-                    &readings,
-                    &[QueueLoad {
-                        name: "q".into(),
-                        max,
-                        in_flight,
-                    }],
-                );
-                limit = d.queue_limits["q"];
-                ceiling.arm(&thresholds, true, u64::from(limit));
-                delay = d.delivery.effective_wait().as_secs_f64();
-                // Both directions are scored: publishing shows the memory condition too.
-                let readings = [&d.delivery, &d.publishing]
-                    .into_iter()
-                    .flat_map(|decision| {
-                        decision
-                            .conditions
-                            .iter()
-                            .filter(|s| {
-                                matches!(
-                                    s.condition,
-                                    Condition::ProcessMemory | Condition::InProcess
-                                )
-                            })
-                            .map(|s| Reading {
-                                condition: s.condition,
-                                direction: decision.direction,
-                                value: s.value,
-                                threshold: s.threshold,
-                                active: s.active,
-                            })
-                    })
-                    .collect();
-                ticks.push(Tick {
-                    t,
-                    states: [d.delivery.state, d.publishing.state],
-                    readings,
-                });
-            }
-        }
-        completed.push(done);
-    }
-    Outcome { ticks, completed }
-}
+use throttlehost::config::{MemoryThreshold, ThrottlingConfig};
 
 fn assert_controlled(outcome: &Outcome, peak: f64) {
     assert_controlled_with(outcome, peak, 0.9);
 }
 
+/// Both directions are scored: publishing shows the memory condition too.
 fn assert_controlled_with(outcome: &Outcome, peak: f64, resume_ratio: f64) {
-    let episodes = quality::episodes(&outcome.ticks, resume_ratio);
-    assert!(!episodes.is_empty(), "no episode");
-    for e in &episodes {
-        assert!(e.engage_samples.is_some_and(|n| n <= 2), "{e:?}");
-        assert!(e.peak_ratio <= peak, "{e:?}");
-        assert!(e.flips <= 2, "{e:?}");
-        assert!(e.recovery_seconds.is_some_and(|s| s <= 10.0), "{e:?}");
-    }
+    plant::assert_controlled(&outcome.episodes(resume_ratio), peak);
 }
 
 #[test]
 fn memory_per_message_rising_in_steps_is_held_at_its_threshold() {
-    // 80 msg/s, 1 s handlers; memory per message 0.5 -> 1 -> 1.5 -> 2 MiB, then off.
-    let step = |mib: f64| Phase {
-        seconds: 8.0,
-        arrivals_per_sec: 80.0,
-        latency: 1.0,
-        memory_per_message: mib * MIB,
-    };
+    // 80 msg/s, 1 s handlers; memory per message 0.25 -> 1.25 MiB, then off.
+    let step = |mib: f64| Phase::new(8.0, 80.0).latency(1.0).memory(mib * MIB);
     let phases = [
         step(0.25),
         step(0.5),
         step(0.75),
         step(1.0),
         step(1.25),
-        Phase {
-            seconds: 20.0,
-            arrivals_per_sec: 20.0,
-            latency: 0.05,
-            memory_per_message: 0.0,
-        },
+        Phase::new(20.0, 20.0),
     ];
     let outcome = simulate(config(0.1), 200, &phases);
     assert_controlled(&outcome, 1.15);
@@ -254,12 +54,7 @@ fn in_process_never_passes_its_threshold_by_more_than_one() {
     cfg.in_process_per_cpu = 50;
     let phases: Vec<Phase> = [0.05, 0.2, 0.5, 1.0, 2.0, 0.05]
         .iter()
-        .map(|&latency| Phase {
-            seconds: 6.0,
-            arrivals_per_sec: if latency < 0.1 { 40.0 } else { 100.0 },
-            latency,
-            memory_per_message: 0.0,
-        })
+        .map(|&latency| Phase::new(6.0, if latency < 0.1 { 40.0 } else { 100.0 }).latency(latency))
         .collect();
     let outcome = simulate(cfg, 200, &phases);
     assert_controlled(&outcome, 51.0 / 50.0);
@@ -267,17 +62,8 @@ fn in_process_never_passes_its_threshold_by_more_than_one() {
 
 #[test]
 fn a_cause_switching_on_and_off_every_three_seconds_flips_at_most_twice_per_episode() {
-    let on = Phase {
-        seconds: 3.0,
-        arrivals_per_sec: 60.0,
-        latency: 0.5,
-        memory_per_message: 2.0 * MIB,
-    };
-    let off = Phase {
-        memory_per_message: 0.0,
-        latency: 0.05,
-        ..on
-    };
+    let on = Phase::new(3.0, 60.0).latency(0.5).memory(2.0 * MIB);
+    let off = Phase::new(3.0, 60.0);
     let phases = [
         on,
         off,
@@ -288,10 +74,7 @@ fn a_cause_switching_on_and_off_every_three_seconds_flips_at_most_twice_per_epis
         on,
         off,
         on,
-        Phase {
-            seconds: 15.0,
-            ..off
-        },
+        Phase::new(15.0, 60.0),
     ];
     let outcome = simulate(config(0.25), 64, &phases);
     assert_controlled(&outcome, 1.15);
@@ -299,26 +82,187 @@ fn a_cause_switching_on_and_off_every_three_seconds_flips_at_most_twice_per_epis
 
 /// No hysteresis in value (`resume_ratio = 1.0`, as BizTalk has none): memory held at its
 /// threshold, read with 2 % noise, dips under it and passes it again sample after sample, and
-/// delivery still shows one episode within the bounds.
+/// each direction still shows one episode within the bounds.
 #[test]
 fn with_no_band_in_value_memory_held_at_its_threshold_is_one_episode() {
-    let on = Phase {
-        seconds: 15.0,
-        arrivals_per_sec: 60.0,
-        latency: 1.0,
-        memory_per_message: 1.5 * MIB,
-    };
-    let off = Phase {
-        seconds: 20.0,
-        arrivals_per_sec: 20.0,
-        latency: 0.05,
-        memory_per_message: 0.0,
-    };
+    let on = Phase::new(15.0, 60.0).latency(1.0).memory(1.5 * MIB);
+    let off = Phase::new(20.0, 20.0);
     let mut cfg = config(0.25);
     cfg.resume_ratio = 1.0;
     let outcome = simulate_noisy(cfg, 128, &[on, off], 0.02 * 64.0 * MIB);
     assert_controlled_with(&outcome, 1.15, 1.0);
-    assert_eq!(quality::episodes(&outcome.ticks, 1.0).len(), 1);
+    for direction in Direction::ALL {
+        assert_eq!(
+            outcome.episodes_in(direction, 1.0).len(),
+            1,
+            "{direction:?}"
+        );
+    }
+}
+
+/// Rate settings of the shipped rate scenarios: a 5 s window, 50 samples.
+fn rate_config() -> ThrottlingConfig {
+    let mut cfg = config(0.25);
+    cfg.in_process_per_cpu = 0;
+    for direction in [&mut cfg.delivery, &mut cfg.publishing] {
+        direction.sampling_window = std::time::Duration::from_secs(5);
+        direction.min_samples = 50;
+    }
+    cfg
+}
+
+/// Delivery rate (state 1): handlers turn slow (10 ms to 3 s) under 150 messages a second, so
+/// receives outrun completions. Receives are paced at the completions' rate x overdrive, and
+/// when the state clears the backlog is let in at that pace, not in one sample.
+fn delivery_rate_phases() -> [Phase; 3] {
+    [
+        Phase::new(5.0, 100.0).latency(0.01),
+        Phase::new(14.0, 150.0).latency(3.0),
+        Phase::new(20.0, 50.0).latency(0.01),
+    ]
+}
+
+#[test]
+fn a_delivery_rate_burst_is_paced_once_without_a_release_burst() {
+    let outcome = simulate(rate_config(), 500, &delivery_rate_phases());
+    let episodes = outcome.episodes_in(Direction::Delivery, 0.9);
+    plant::assert_controlled(&episodes, 1.15);
+    assert_eq!(episodes.len(), 1, "{episodes:?}");
+    // Settled: from 2 s after engaging until the state clears, messages start at most at
+    // the completions' rate x overdrive.
+    let state = |i: usize| outcome.ticks[i].states[0];
+    let engaged = (0..outcome.ticks.len())
+        .find(|&i| state(i) == 1)
+        .expect("engaged");
+    let cleared = (engaged..outcome.ticks.len())
+        .find(|&i| state(i) == 0)
+        .expect("cleared");
+    let settled = outcome.ticks[engaged].t + 2.0;
+    let ratio = outcome.delivery_ratio(settled, outcome.ticks[cleared].t);
+    assert!(ratio <= 1.25 * 1.05, "settled incoming/outgoing {ratio:.2}");
+    // No release burst: once engaged, in flight never more than doubles in one tick.
+    for pair in outcome.delivered[engaged..].windows(2) {
+        let (before, after) = (pair[0].2 as f64, pair[1].2 as f64);
+        assert!(
+            after <= (2.0 * before).max(before + 40.0),
+            "release burst: {before} -> {after}"
+        );
+    }
+}
+
+/// Publishing rate (state 2): sends jump tenfold for 2 s against a store of 100 inserts a
+/// second. Publishing is paced once and released; delivery keeps handling what is stored.
+#[test]
+fn a_publishing_rate_burst_against_a_slow_store_is_paced_once() {
+    let steady = Phase::new(8.0, 40.0).store(100.0);
+    let burst = Phase::new(2.0, 400.0).store(100.0);
+    let after = Phase::new(25.0, 40.0).store(100.0);
+    let outcome = simulate(rate_config(), 64, &[steady, burst, after]);
+    let episodes = outcome.episodes_in(Direction::Publishing, 0.9);
+    plant::assert_controlled(&episodes, 1.15);
+    // Delivery is not starved: what was stored during and after the burst was handled.
+    let handled: f64 = outcome.completed[1..].iter().sum();
+    let stored: f64 = outcome.stored[1..].iter().sum();
+    assert!(
+        handled >= stored - 64.0,
+        "handled {handled} of {stored} stored"
+    );
+    assert_eq!(outcome.left_unsent, 0, "every send stored in the end");
+}
+
+/// A backlog waiting at start and slow handlers: receives outrun completions before any
+/// message has completed; delivery's rate condition engages within 2 samples of the
+/// imbalance being judged possible.
+#[test]
+fn rate_imbalance_engages_at_a_cold_start_with_a_backlog() {
+    let outcome = simulate_with_backlog(
+        rate_config(),
+        500,
+        3000,
+        &[Phase::new(20.0, 20.0).latency(3.0), Phase::new(20.0, 0.0)],
+    );
+    plant::assert_controlled(&outcome.episodes_in(Direction::Delivery, 0.9), 1.15);
+}
+
+/// Database size (state 6), an open-loop publisher: the consumer drains 80 a second, sends
+/// come at 200 a second; publishing is paced against the drain so the depth stays at most
+/// 1.10 x its threshold, and the state clears within 10 s once the publisher slows.
+#[test]
+fn database_size_is_held_and_released_with_an_open_loop_publisher() {
+    let mut cfg = config(0.25);
+    cfg.database_size = 1500;
+    let slow = |seconds, rate| Phase::new(seconds, rate).latency(0.1);
+    let outcome = simulate(
+        cfg,
+        8,
+        &[slow(5.0, 40.0), slow(25.0, 200.0), slow(40.0, 20.0)],
+    );
+    plant::assert_controlled(&outcome.episodes(0.9), 1.10);
+}
+
+/// Two causes back to back: memory-hungry handlers, then slow cheap ones that fill the
+/// in-process count. Each cause is an episode of at most two state changes.
+#[test]
+fn memory_then_in_process_are_two_clean_episodes() {
+    let mut cfg = config(0.25);
+    cfg.in_process_per_cpu = 50;
+    let memory = Phase::new(10.0, 60.0).latency(1.0).memory(1.5 * MIB);
+    let in_process = Phase::new(10.0, 100.0).latency(1.0);
+    let outcome = simulate(cfg, 200, &[memory, in_process, Phase::new(20.0, 20.0)]);
+    assert_controlled(&outcome, 1.15);
+}
+
+/// Offered load pinned 2 % above the in-process threshold for 20 s: one episode, two flips.
+#[test]
+fn in_process_pinned_just_above_its_threshold_is_one_episode() {
+    let mut cfg = config(0.25);
+    cfg.in_process_per_cpu = 50;
+    // 51 a second for 1 s each: 51 in process if nothing held them.
+    let pinned = Phase::new(20.0, 51.0).latency(1.0);
+    let outcome = simulate(cfg, 200, &[pinned, Phase::new(20.0, 10.0)]);
+    assert_controlled(&outcome, 1.15);
+    assert_eq!(outcome.episodes_in(Direction::Delivery, 0.9).len(), 1);
+}
+
+/// System memory (state 5) rises with memory-hungry handlers as process memory does, read
+/// from the machine: held within 15 % of its threshold in both directions, and released.
+#[test]
+fn system_memory_is_held_at_its_threshold() {
+    let mut cfg = config(0.25);
+    cfg.process_memory = MemoryThreshold::Off;
+    cfg.system_memory = MemoryThreshold::Bytes((OTHERS_MEMORY + 64.0 * MIB) as u64);
+    let step = |mib: f64| Phase::new(8.0, 80.0).latency(1.0).memory(mib * MIB);
+    let phases = [step(0.5), step(1.0), step(1.5), Phase::new(20.0, 20.0)];
+    let outcome = simulate(cfg, 200, &phases);
+    assert_controlled(&outcome, 1.15);
+    let states: Vec<u8> = outcome.ticks.iter().map(|t| t.states[0]).collect();
+    assert!(states.contains(&5), "state 5 shown");
+}
+
+/// Slow, memory-hungry handlers push process memory and the in-process count at once:
+/// memory leads and is held, and in-process never passes 1.15 x its threshold either.
+#[test]
+fn two_causes_at_once_are_both_held() {
+    let mut cfg = config(0.25);
+    cfg.in_process_per_cpu = 50;
+    let both = Phase::new(12.0, 60.0).latency(2.0).memory(1.2 * MIB);
+    let outcome = simulate(
+        cfg,
+        200,
+        &[Phase::new(3.0, 20.0), both, Phase::new(20.0, 20.0)],
+    );
+    assert_controlled(&outcome, 1.15);
+    let in_process_peak = outcome
+        .ticks
+        .iter()
+        .flat_map(|t| &t.readings)
+        .filter(|r| r.condition == throttlehost::throttling::Condition::InProcess)
+        .map(|r| r.value / r.threshold)
+        .fold(0.0, f64::max);
+    assert!(
+        in_process_peak <= 1.15,
+        "in-process peaked at {in_process_peak:.2}"
+    );
 }
 
 proptest! {
@@ -333,18 +277,13 @@ proptest! {
         max in 16u32..256,
     ) {
         let phases: Vec<Phase> = (1..=6)
-            .map(|i| Phase {
-                seconds: 5.0,
-                arrivals_per_sec: rate,
-                latency,
-                memory_per_message: top_mib * MIB * i as f64 / 6.0,
-            })
-            .chain([Phase { seconds: 20.0, arrivals_per_sec: rate / 4.0, latency: 0.05, memory_per_message: 0.0 }])
+            .map(|i| Phase::new(5.0, rate).latency(latency).memory(top_mib * MIB * i as f64 / 6.0))
+            .chain([Phase::new(20.0, rate / 4.0)])
             .collect();
         let outcome = simulate(config(0.1), max, &phases);
-        for e in quality::episodes(&outcome.ticks, 0.9) {
+        for e in outcome.episodes(0.9) {
             prop_assert!(e.engage_samples.is_some_and(|n| n <= 2), "{:?}", e);
-            prop_assert!(e.peak_ratio <= 1.15, "{:?}", e);
+            prop_assert!(!quality::bounds_peak(e.condition) || e.peak_ratio <= 1.15, "{:?}", e);
             prop_assert!(e.recovery_seconds.is_some_and(|s| s <= 10.0), "{:?}", e);
         }
     }

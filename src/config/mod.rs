@@ -719,6 +719,11 @@ pub struct ThrottlingConfig {
     /// change per dip, even with `resume_ratio = 1.0`.
     #[serde(with = "units::duration")]
     pub resume_after: Duration,
+    /// A direction that throttled on a measured cause keeps showing it (recovering) until
+    /// the cause has been clear this long, so a cause that comes back within it (a sawtooth,
+    /// a periodic batch) is one state, not a flip each time. Overrides end at once.
+    #[serde(with = "units::duration")]
+    pub min_dwell: Duration,
     /// First delay when a resource condition begins.
     #[serde(with = "units::duration")]
     pub initial_delay: Duration,
@@ -762,6 +767,7 @@ impl Default for ThrottlingConfig {
             sample_interval: Duration::from_millis(500),
             resume_ratio: 0.9,
             resume_after: Duration::from_secs(1),
+            min_dwell: Duration::from_secs(3),
             initial_delay: Duration::from_millis(10),
             process_memory: MemoryThreshold::Percent(25.0),
             system_memory: MemoryThreshold::Off,

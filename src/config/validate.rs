@@ -471,6 +471,15 @@ fn validate_throttling(t: &ThrottlingConfig, add: &mut impl FnMut(String, String
     if t.sample_interval < Duration::from_millis(10) {
         add(key("sample_interval"), "must be at least 10ms".into());
     }
+    if t.min_dwell > std::time::Duration::from_secs(10) {
+        add(
+            key("min_dwell"),
+            format!(
+                "{} is longer than 10s: a direction must be back at state 0 within 10 s of its cause ending",
+                humantime::format_duration(t.min_dwell)
+            ),
+        );
+    }
     if !(t.resume_ratio > 0.0 && t.resume_ratio <= 1.0) {
         add(
             key("resume_ratio"),

@@ -8,6 +8,7 @@
 use serde::Serialize;
 
 use super::record::Sample;
+use crate::throttling::controller::Decision;
 use crate::throttling::{Condition, Direction};
 
 /// One condition at one tick.
@@ -36,20 +37,25 @@ pub struct Tick {
     pub readings: Vec<Reading>,
 }
 
-/// The conditions quality is measured for, and the direction each is judged in. For rate
-/// imbalance the value is the offered (incoming) rate, which pacing cannot lower, so its peak
-/// is reported but not bounded (see [`bounds_peak`]); engaging, flips and recovery are.
-pub const GUARDED: [(Condition, Direction); 8] = [
+/// The conditions quality is measured for, in every direction that shows them: each
+/// direction's state is scored against its own causes (publishing under memory pressure is held
+/// to the same bounds as delivery). For rate imbalance the value is the offered (incoming)
+/// rate, which pacing cannot lower, so its peak is reported but not bounded (see
+/// [`bounds_peak`]); engaging, flips and recovery are.
+pub const GUARDED: [(Condition, Direction); 12] = [
     (Condition::RateImbalance, Direction::Delivery),
     (Condition::RateImbalance, Direction::Publishing),
     (Condition::ProcessMemory, Direction::Delivery),
+    (Condition::ProcessMemory, Direction::Publishing),
     (Condition::SystemMemory, Direction::Delivery),
+    (Condition::SystemMemory, Direction::Publishing),
     (Condition::InProcess, Direction::Delivery),
     (Condition::Threads, Direction::Delivery),
+    (Condition::Threads, Direction::Publishing),
     (Condition::DatabaseSize, Direction::Publishing),
+    (Condition::DatabaseSessions, Direction::Delivery),
     (Condition::DatabaseSessions, Direction::Publishing),
 ];
-
 /// One episode of one condition.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Episode {
@@ -88,31 +94,34 @@ pub fn bounds_peak(condition: Condition) -> bool {
 pub fn ticks(samples: &[Sample]) -> Vec<Tick> {
     samples
         .iter()
-        .map(|s| {
-            let d = &s.snapshot.decision;
-            let readings = GUARDED
-                .iter()
-                .filter_map(|(condition, direction)| {
-                    d.direction(*direction)
-                        .conditions
-                        .iter()
-                        .find(|c| c.condition == *condition)
-                        .map(|c| Reading {
-                            condition: *condition,
-                            direction: *direction,
-                            value: c.value,
-                            threshold: c.threshold,
-                            active: c.active,
-                        })
-                })
-                .collect();
-            Tick {
-                t: s.t,
-                states: [d.delivery.state, d.publishing.state],
-                readings,
-            }
-        })
+        .map(|s| tick(s.t, &s.snapshot.decision))
         .collect()
+}
+
+/// One controller decision at `t` seconds as a tick: the states, and the guarded conditions
+/// of each direction.
+pub fn tick(t: f64, d: &Decision) -> Tick {
+    let readings = GUARDED
+        .iter()
+        .filter_map(|(condition, direction)| {
+            d.direction(*direction)
+                .conditions
+                .iter()
+                .find(|c| c.condition == *condition)
+                .map(|c| Reading {
+                    condition: *condition,
+                    direction: *direction,
+                    value: c.value,
+                    threshold: c.threshold,
+                    active: c.active,
+                })
+        })
+        .collect();
+    Tick {
+        t,
+        states: [d.delivery.state, d.publishing.state],
+        readings,
+    }
 }
 
 /// Every episode of every guarded condition in a timeline, in order of crossing.
@@ -160,9 +169,22 @@ fn next_episode(
     let mut engaged_now = engaged;
     // The slowest engagement of any crossing in the episode.
     let mut engage_samples = engaged.map(|e| (e - start) as u32);
+    let own = condition.state_code(direction);
+    // Another cause, active at that tick, showing in this direction: this one has handed over
+    // (memory, then slow handlers filling the in-process count, are two causes, and the first
+    // has recovered when the second shows).
+    let handed_over = |i: usize| {
+        let s = state(i);
+        s != 0
+            && Some(s) != own
+            && ticks[i].readings.iter().any(|r| {
+                r.direction == direction && r.active && r.condition.state_code(direction) == Some(s)
+            })
+    };
     let (end, last) = loop {
-        // This round ends at the first tick back at state 0 after engaging.
-        let end = engaged_now.and_then(|e| (e..ticks.len()).find(|&i| state(i) == 0));
+        // This round ends at the first tick back at state 0 after engaging, or handed over.
+        let end =
+            engaged_now.and_then(|e| (e..ticks.len()).find(|&i| state(i) == 0 || handed_over(i)));
         let last = end.unwrap_or(ticks.len() - 1);
         for (i, tick) in ticks.iter().enumerate().take(last + 1).skip(round) {
             if let Some(r) = reading(tick, condition, direction) {
@@ -194,7 +216,6 @@ fn next_episode(
     // Flips: the direction's state entering or leaving this condition's code. A hand-over to
     // a higher-ranked cause that goes on past this one (an operator's override taking over)
     // is one flip out, not a flap; a state swinging between causes counts every swing.
-    let own = condition.state_code(direction);
     let shows_own = |i: usize| Some(state(i)) == own;
     let first = start.saturating_sub(1);
     let flips = (first + 1..=last)
@@ -208,7 +229,8 @@ fn next_episode(
         engage_samples,
         peak_ratio: (peak * 1000.0).round() / 1000.0,
         flips,
-        recovery_seconds: end.map(|e| ((ticks[e].t - ticks[cause_end].t) * 10.0).round() / 10.0),
+        recovery_seconds: end
+            .map(|e| ((ticks[e].t - ticks[cause_end].t).max(0.0) * 10.0).round() / 10.0),
     })
 }
 
@@ -310,6 +332,29 @@ mod tests {
             &[0, 3, 4, 3, 4, 3, 0],
         );
         assert_eq!(episodes(&t, 0.9)[0].flips, 6);
+    }
+
+    #[test]
+    fn a_cause_that_hands_over_to_the_next_active_one_has_recovered() {
+        // In-process (3) is held, then process memory (4) becomes active and shows while
+        // in-process is still above its resume line: in-process recovered at the hand-over.
+        let mut t = timeline(
+            &[50.0, 120.0, 110.0, 105.0, 95.0, 40.0, 30.0],
+            &[0, 3, 3, 4, 4, 4, 0],
+        );
+        for tick in &mut t[3..6] {
+            tick.readings.push(Reading {
+                condition: Condition::ProcessMemory,
+                direction: Direction::Delivery,
+                value: 110.0,
+                threshold: 100.0,
+                active: true,
+            });
+        }
+        let e = &episodes(&t, 0.9)[0];
+        assert_eq!(e.condition, Condition::InProcess);
+        assert_eq!(e.flips, 2);
+        assert_eq!(e.recovery_seconds, Some(0.0));
     }
 
     #[test]

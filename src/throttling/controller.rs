@@ -354,6 +354,8 @@ struct DirectionState {
     pace_rate: Option<f64>,
     /// The condition whose actions are in effect (kept while they relax).
     cause: Option<Condition>,
+    /// Since when no condition has been active while `cause` is kept (see `min_dwell`).
+    cause_clear_since: Option<Duration>,
     state: u8,
     since: Duration,
 }
@@ -814,10 +816,17 @@ impl Controller {
                 // pass within a sample at the pace so far, the pace opens by itself: the drain
                 // is measured from what is let in, so with the backlog keeping up a pace capped
                 // at the drain would hardly grow and never end.
+                //
+                // Only after database size: the backlog is its resource. After memory or
+                // sessions, a backlog that grows because another cause holds delivery (slow
+                // handlers filling the in-process count) would keep publishing paced, and its
+                // state showing memory, for as long as that other cause lasts.
                 let relaxing_from = st.cause.and_then(|cause| {
-                    conditions
-                        .iter()
-                        .find(|c| c.condition == cause && tick.paced_by_drain(c))
+                    conditions.iter().find(|c| {
+                        c.condition == cause
+                            && cause == Condition::DatabaseSize
+                            && tick.paced_by_drain(c)
+                    })
                 });
                 if let (Some(c), Some(d)) = (relaxing_from, tick.drain)
                     && tick.backlog_growing
@@ -848,11 +857,22 @@ impl Controller {
         let (direction, now) = (tick.direction, tick.now);
         let st = &mut self.directions[direction.index()];
         let acting = !st.delay.is_zero() || pace.is_some() || limits_reduced;
+        // A measured cause is shown for `min_dwell` after it cleared, even with nothing left
+        // to relax: one that comes back meanwhile goes on in the same state. An override is
+        // an operator's word and ends when they say.
+        if top.is_some() || st.cause.is_none() {
+            st.cause_clear_since = None;
+        }
+        let dwelling = st.cause != Some(Condition::Override)
+            && now.saturating_sub(*st.cause_clear_since.get_or_insert(now)) < self.config.min_dwell;
         let (cause, recovering) = match top {
             Some(c) => (Some(c.condition), false),
-            None if tick.applies && acting && st.cause.is_some() => (st.cause, true),
+            None if tick.applies && st.cause.is_some() && (acting || dwelling) => (st.cause, true),
             None => (None, false),
         };
+        if cause.is_none() {
+            st.cause_clear_since = None;
+        }
         st.cause = cause;
         if cause.is_some_and(|c| c != Condition::RateImbalance) {
             st.rate_quiet_until = now + tick.config.sampling_window;

@@ -16,6 +16,9 @@
 //! Besides the sampling-window rates (BizTalk's, for the rate condition), each reading carries
 //! the rates over the last [`RECENT`] seconds: pacing is set from those, so a pace follows
 //! what the consumers do now, not a 15-second average.
+//!
+//! [`DrainMeter`] measures how fast the stored backlog drains (what publishing is paced
+//! against), from what was published and how the backlog grew.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,6 +132,34 @@ impl RateWindow {
     }
 }
 
+/// How far back the backlog's drain rate is measured.
+const DRAIN_WINDOW: Duration = Duration::from_secs(3);
+
+/// Estimates how fast the stored backlog drains: messages published minus growth of the
+/// backlog, over the last few seconds. It covers consumers in other hosts too.
+#[derive(Debug, Default)]
+pub struct DrainMeter {
+    history: VecDeque<(Duration, u64, u64)>,
+}
+
+impl DrainMeter {
+    /// `published`: publishing's outgoing total; `size`: the database size now.
+    pub fn record(&mut self, now: Duration, published: u64, size: u64) -> Option<f64> {
+        self.history.push_back((now, published, size));
+        while self.history.len() > 2 && self.history[1].0 + DRAIN_WINDOW <= now {
+            self.history.pop_front();
+        }
+        let (t0, p0, s0) = *self.history.front()?;
+        let elapsed = now.saturating_sub(t0).as_secs_f64();
+        if elapsed < 0.5 {
+            return None;
+        }
+        let inflow = published.saturating_sub(p0) as f64;
+        let growth = size as f64 - s0 as f64;
+        Some(((inflow - growth) / elapsed).max(0.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +225,24 @@ mod tests {
     fn first_snapshot_has_no_rate() {
         let mut w = RateWindow::default();
         assert_eq!(w.record(s(1.0), (5, 5), s(15.0)), RateReading::default());
+    }
+
+    #[test]
+    fn drain_is_inflow_minus_growth() {
+        let mut m = DrainMeter::default();
+        assert_eq!(m.record(s(0.0), 0, 1000), None);
+        // 600 published per second, backlog grows 300 per second: drain 300/s.
+        let mut last = None;
+        for i in 1..=8 {
+            let t = i as f64 * 0.5;
+            last = m.record(s(t), (t * 600.0) as u64, 1000 + (t * 300.0) as u64);
+        }
+        assert_eq!(last, Some(300.0));
+        // Nothing published, backlog shrinking 100/s: drain 100/s.
+        for i in 9..=16 {
+            let t = i as f64 * 0.5;
+            last = m.record(s(t), 2400, 2200 - ((t - 4.0) * 100.0) as u64);
+        }
+        assert_eq!(last, Some(100.0));
     }
 }

@@ -11,7 +11,6 @@
 //! implements the two narrow traits. It runs on a thread of its own (see
 //! [`crate::isolate::spawn_isolated`]), so handlers that saturate the worker threads cannot delay a tick.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,7 +23,7 @@ use super::ceiling::{AdmissionCounts, Ceiling, Usage};
 use super::controller::{
     CeilingHolds, Controller, Decision, MachineFacts, QueueLoad, Readings, Thresholds,
 };
-use super::rates::RateWindow;
+use super::rates::{DrainMeter, RateWindow};
 use super::sensors::ResourceSensor;
 use super::{Clock, Condition, Direction, Throttle};
 use crate::config::{OverrideMode, ThrottlingConfig};
@@ -166,35 +165,8 @@ pub struct ServiceParts {
     pub metrics: Metrics,
 }
 
-/// How far back the backlog's drain rate is measured.
-const DRAIN_WINDOW: Duration = Duration::from_secs(3);
 /// Database size is read fresh every tick once it is within this share of its threshold.
 const FRESH_DEPTH_SHARE: f64 = 0.8;
-
-/// Estimates how fast the stored backlog drains: messages published minus growth of the
-/// backlog, over the last few seconds. It covers consumers in other hosts too.
-#[derive(Debug, Default)]
-struct DrainMeter {
-    history: VecDeque<(Duration, u64, u64)>,
-}
-
-impl DrainMeter {
-    /// `published`: publishing's outgoing total; `size`: the database size now.
-    fn record(&mut self, now: Duration, published: u64, size: u64) -> Option<f64> {
-        self.history.push_back((now, published, size));
-        while self.history.len() > 2 && self.history[1].0 + DRAIN_WINDOW <= now {
-            self.history.pop_front();
-        }
-        let (t0, p0, s0) = *self.history.front()?;
-        let elapsed = now.saturating_sub(t0).as_secs_f64();
-        if elapsed < 0.5 {
-            return None;
-        }
-        let inflow = published.saturating_sub(p0) as f64;
-        let growth = size as f64 - s0 as f64;
-        Some(((inflow - growth) / elapsed).max(0.0))
-    }
-}
 
 /// Runs the loop until `stop` is cancelled.
 pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
@@ -440,30 +412,5 @@ fn export(metrics: &HostMetrics, snapshot: &Snapshot) {
     for (value, v, threshold, t) in pairs {
         value.set(v as f64);
         threshold.set(off(t));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn drain_is_inflow_minus_growth() {
-        let mut m = DrainMeter::default();
-        let s = Duration::from_secs_f64;
-        assert_eq!(m.record(s(0.0), 0, 1000), None);
-        // 600 published per second, backlog grows 300 per second: drain 300/s.
-        let mut last = None;
-        for i in 1..=8 {
-            let t = i as f64 * 0.5;
-            last = m.record(s(t), (t * 600.0) as u64, 1000 + (t * 300.0) as u64);
-        }
-        assert_eq!(last, Some(300.0));
-        // Nothing published, backlog shrinking 100/s: drain 100/s.
-        for i in 9..=16 {
-            let t = i as f64 * 0.5;
-            last = m.record(s(t), 2400, 2200 - ((t - 4.0) * 100.0) as u64);
-        }
-        assert_eq!(last, Some(100.0));
     }
 }

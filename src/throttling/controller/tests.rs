@@ -20,8 +20,11 @@ fn config() -> ThrottlingConfig {
         database_size: 50_000,
         database_sessions_per_cpu: 10,
         // The laws tick by tick: a condition clears at the first sample below its resume
-        // line. The time a cleared value must stay below it has tests of its own.
+        // line, and a direction shows a cause only while it acts. The time a cleared value
+        // must stay below its line, and the time a cleared cause is still shown, have tests
+        // of their own.
         resume_after: Duration::ZERO,
+        min_dwell: Duration::ZERO,
         ..ThrottlingConfig::default()
     }
 }
@@ -434,6 +437,43 @@ fn without_resume_after_a_value_at_a_line_with_no_band_flips_at_every_crossing()
     let mut tick = in_process_ticks(controller_with(cfg), 0.25);
     let actives: Vec<bool> = [1001, 990, 1002, 995].map(|v| tick(v).1).to_vec();
     assert_eq!(actives, vec![true, false, true, false]);
+}
+
+/// `min_dwell`: a cleared cause is still shown (recovering, nothing acting) until it has been
+/// clear that long, so one that comes back within it goes on in the same state; after it,
+/// state 0. An override ends at once.
+#[test]
+fn a_cleared_cause_is_shown_for_min_dwell_and_one_back_within_it_is_the_same_state() {
+    let mut cfg = config();
+    cfg.min_dwell = Duration::from_secs(2);
+    let mut tick = in_process_ticks(controller_with(cfg), 0.25);
+    assert_eq!(tick(1100).0.state, 3);
+    // Clear (and nothing left to relax within a few samples); back 1.5 s later: still 3.
+    let states: Vec<(u8, bool)> = (0..6)
+        .map(|_| tick(100))
+        .map(|(d, _)| (d.state, d.recovering))
+        .collect();
+    assert!(states.iter().all(|s| *s == (3, true)), "{states:?}");
+    assert_eq!(tick(1100).0.state, 3);
+    // Clear for good: state 0 once 2 s have passed since it cleared (8 samples).
+    let back = (0..20).position(|_| tick(100).0.state == 0).unwrap();
+    assert!((7..=8).contains(&back), "state 0 after {back} samples");
+
+    let mut cfg = config();
+    cfg.min_dwell = Duration::from_secs(2);
+    let mut c = controller_with(cfg);
+    c.set_override(Direction::Delivery, OverrideMode::Throttle);
+    assert_eq!(c.tick(secs(0.0), &quiet(), &queues()).delivery.state, 10);
+    c.set_override(Direction::Delivery, OverrideMode::None);
+    let mut t = 0.0;
+    let back = (0..20).position(|_| {
+        t += 0.25;
+        c.tick(secs(t), &quiet(), &queues()).delivery.state == 0
+    });
+    assert!(
+        back.is_some_and(|n| n < 8),
+        "an override is not dwelt on: {back:?}"
+    );
 }
 
 #[test]

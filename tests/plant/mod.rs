@@ -1,0 +1,429 @@
+//! A simulated host for the throttling policy (the "plant"), in simulated time.
+//!
+//! Sends are offered to a publisher, wait out publishing's delay and pace, and are stored at
+//! the rate the store allows; stored messages wait in a backlog; receivers take them as their
+//! queue's limit, delivery's delay and pace and the delivery ceiling allow; handlers run for a
+//! latency while holding memory, and finish. Time moves in 10 ms steps. The policy is the
+//! host's own: the [`Ceiling`] reads the usage at every step (as the service reads it every few
+//! milliseconds) and the [`Controller`] ticks every sample interval on readings built as the
+//! service builds them (the same [`RateWindow`]s and [`DrainMeter`]). Minutes of behaviour
+//! take milliseconds, and a run is the same every time.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use throttlehost::config::{MemoryThreshold, ThrottlingConfig};
+use throttlehost::load::quality::{self, Episode, Tick};
+use throttlehost::throttling::Direction;
+use throttlehost::throttling::ceiling::{AdmissionCounts, Ceiling, Usage};
+use throttlehost::throttling::controller::{
+    Controller, Decision, MachineFacts, QueueLoad, Readings, Thresholds,
+};
+use throttlehost::throttling::rates::{DrainMeter, RateWindow};
+
+pub const MIB: f64 = 1048576.0;
+const STEP: f64 = 0.01;
+/// What the rest of the machine uses: the simulated system memory is this plus the host's.
+pub const OTHERS_MEMORY: f64 = 64.0 * MIB;
+
+/// What the simulated world does in one phase.
+#[derive(Debug, Clone, Copy)]
+pub struct Phase {
+    pub seconds: f64,
+    /// Sends offered per second to publishing (counted when offered, as the host counts them).
+    pub offered_per_sec: f64,
+    /// Inserts the store completes per second at most.
+    pub store_per_sec: f64,
+    /// Handler latency, seconds.
+    pub latency: f64,
+    /// Memory a message holds while in its handler, bytes.
+    pub memory_per_message: f64,
+}
+
+impl Phase {
+    /// `seconds` of `offered_per_sec` sends, a fast store and 50 ms handlers holding nothing.
+    pub fn new(seconds: f64, offered_per_sec: f64) -> Self {
+        Phase {
+            seconds,
+            offered_per_sec,
+            store_per_sec: f64::INFINITY,
+            latency: 0.05,
+            memory_per_message: 0.0,
+        }
+    }
+
+    pub fn latency(self, latency: f64) -> Self {
+        Phase { latency, ..self }
+    }
+
+    pub fn memory(self, memory_per_message: f64) -> Self {
+        Phase {
+            memory_per_message,
+            ..self
+        }
+    }
+
+    pub fn store(self, store_per_sec: f64) -> Self {
+        Phase {
+            store_per_sec,
+            ..self
+        }
+    }
+}
+
+/// Settings for the simulated host: 64 MiB process memory threshold, no in-process or
+/// database size threshold, the sample interval given.
+pub fn config(sample: f64) -> ThrottlingConfig {
+    ThrottlingConfig {
+        sample_interval: Duration::from_secs_f64(sample),
+        process_memory: MemoryThreshold::Bytes((64.0 * MIB) as u64),
+        in_process_per_cpu: 1000,
+        database_size: 0,
+        ..ThrottlingConfig::default()
+    }
+}
+
+/// A run's record.
+pub struct Outcome {
+    pub ticks: Vec<Tick>,
+    pub decisions: Vec<Decision>,
+    /// Handler completions per phase.
+    pub completed: Vec<f64>,
+    /// At each tick: messages started and messages done so far, and messages in handlers.
+    pub delivered: Vec<(u64, u64, u64)>,
+    /// Inserts stored per phase.
+    pub stored: Vec<f64>,
+    /// The longest any send waited in publishing's admission, seconds.
+    pub longest_send_wait: f64,
+    /// Sends offered and never stored, and messages stored and never handled, at the end.
+    pub left_unsent: usize,
+    pub left_in_backlog: f64,
+}
+
+impl Outcome {
+    /// Every episode, scored as `throttlehost load` scores a run.
+    pub fn episodes(&self, resume_ratio: f64) -> Vec<Episode> {
+        quality::episodes(&self.ticks, resume_ratio)
+    }
+
+    /// Episodes judged in `direction`.
+    pub fn episodes_in(&self, direction: Direction, resume_ratio: f64) -> Vec<Episode> {
+        self.episodes(resume_ratio)
+            .into_iter()
+            .filter(|e| e.direction == direction)
+            .collect()
+    }
+
+    /// Messages started over messages done between the ticks at `from` and `to` seconds:
+    /// delivery's incoming over outgoing.
+    pub fn delivery_ratio(&self, from: f64, to: f64) -> f64 {
+        let at = |s: f64| {
+            let i = self
+                .ticks
+                .iter()
+                .position(|t| t.t >= s)
+                .unwrap_or(self.ticks.len() - 1);
+            self.delivered[i]
+        };
+        let (a, b) = (at(from), at(to));
+        (b.0 - a.0) as f64 / (b.1 - a.1).max(1) as f64
+    }
+
+    /// Seconds each direction spent in `state`.
+    pub fn seconds_in(&self, direction: Direction, state: u8, sample: f64) -> f64 {
+        self.ticks
+            .iter()
+            .filter(|t| t.states[direction.index()] == state)
+            .count() as f64
+            * sample
+    }
+}
+
+/// One direction's admission: the delay every admission waits and the pace between them.
+#[derive(Debug, Default)]
+struct Admission {
+    delay: f64,
+    pace: Option<f64>,
+    /// Admissions the pace has let accrue (at most one pace interval's worth when idle).
+    credit: f64,
+}
+
+impl Admission {
+    fn set(&mut self, delay: Duration, pace: Option<Duration>) {
+        self.delay = delay.as_secs_f64();
+        self.pace = pace.map(|p| p.as_secs_f64()).filter(|p| *p > 0.0);
+        if self.pace.is_none() {
+            self.credit = 0.0;
+        }
+    }
+
+    /// Admissions the pace allows this step, out of `wanted`.
+    fn paced(&mut self, wanted: f64) -> f64 {
+        match self.pace {
+            None => wanted,
+            Some(p) => {
+                self.credit = (self.credit + STEP / p).min(1.0 + STEP / p);
+                let n = wanted.min(self.credit.floor());
+                self.credit -= n;
+                n
+            }
+        }
+    }
+}
+
+/// The simulated host's state.
+struct World {
+    base_memory: f64,
+    /// Sends waiting in publishing's admission: when each was offered, and the delay then.
+    offered: VecDeque<(f64, f64)>,
+    offer_credit: f64,
+    /// Sends admitted, waiting for the store.
+    admitted: f64,
+    store_credit: f64,
+    backlog: f64,
+    /// Each running message's remaining seconds and its memory.
+    running: Vec<(f64, f64)>,
+    /// Receivers' start credit under a delivery delay.
+    receive_credit: f64,
+    offered_total: u64,
+    stored_total: u64,
+    started_total: u64,
+    done_total: u64,
+}
+
+impl World {
+    fn memory(&self) -> f64 {
+        self.base_memory + self.running.iter().map(|(_, m)| m).sum::<f64>()
+    }
+}
+
+/// Runs `phases` on a host with one queue of `max`.
+pub fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Outcome {
+    simulate_noisy(cfg, max, phases, 0.0)
+}
+
+/// [`simulate`] with a memory sensor that reads up to `noise` bytes off either way (the
+/// allocator's caches, other threads), from a fixed seed.
+pub fn simulate_noisy(cfg: ThrottlingConfig, max: u32, phases: &[Phase], noise: f64) -> Outcome {
+    run(cfg, max, 0, phases, noise)
+}
+
+/// [`simulate`] starting with `backlog` messages already stored.
+pub fn simulate_with_backlog(
+    cfg: ThrottlingConfig,
+    max: u32,
+    backlog: u64,
+    phases: &[Phase],
+) -> Outcome {
+    run(cfg, max, backlog, phases, 0.0)
+}
+
+fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f64) -> Outcome {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut jitter = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        noise * ((seed % 2001) as f64 / 1000.0 - 1.0)
+    };
+    let machine = MachineFacts {
+        total_memory: 1 << 34,
+        cpus: 1,
+    };
+    let sample = cfg.sample_interval.as_secs_f64();
+    let thresholds = Thresholds::resolve(&cfg, machine);
+    let mut controller = Controller::new(cfg.clone(), thresholds);
+    let mut ceiling = Ceiling::default();
+    ceiling.arm(&thresholds, true, u64::from(max));
+    // The ceiling's clock: simulated seconds after this instant.
+    let origin = tokio::time::Instant::now();
+    let mut windows: [RateWindow; 2] = Default::default();
+    let mut drain = DrainMeter::default();
+    let mut held = false;
+    let mut w = World {
+        base_memory: 16.0 * MIB,
+        offered: VecDeque::new(),
+        offer_credit: 0.0,
+        admitted: 0.0,
+        store_credit: 0.0,
+        backlog: backlog as f64,
+        running: Vec::new(),
+        receive_credit: 0.0,
+        offered_total: 0,
+        stored_total: 0,
+        started_total: 0,
+        done_total: 0,
+    };
+    let mut delivery = Admission::default();
+    let mut publishing = Admission::default();
+    let mut limit = max;
+    let (mut t, mut next_tick) = (0.0, 0.0);
+    let mut out = Outcome {
+        ticks: Vec::new(),
+        decisions: Vec::new(),
+        completed: Vec::new(),
+        delivered: Vec::new(),
+        stored: Vec::new(),
+        longest_send_wait: 0.0,
+        left_unsent: 0,
+        left_in_backlog: 0.0,
+    };
+    for phase in phases {
+        let end = t + phase.seconds;
+        let (done_before, stored_before) = (w.done_total, w.stored_total);
+        while t < end {
+            publish(
+                &mut w,
+                phase,
+                &mut publishing,
+                t,
+                &mut out.longest_send_wait,
+            );
+            // Handlers finish.
+            let before = w.running.len();
+            w.running.retain_mut(|(left, _)| {
+                *left -= STEP;
+                *left > 0.0
+            });
+            w.done_total += (before - w.running.len()) as u64;
+            // Receivers: each free slot starts a message once the admission lets it.
+            let free = limit.saturating_sub(w.running.len() as u32) as f64;
+            w.receive_credit += if delivery.delay > 0.0 {
+                limit as f64 * STEP / (delivery.delay + phase.latency)
+            } else {
+                f64::MAX / 4.0
+            };
+            let process_memory = w.memory() + jitter();
+            let usage = Usage {
+                process_memory: process_memory as u64,
+                system_memory_used: (OTHERS_MEMORY + process_memory) as u64,
+                in_process: w.running.len() as u64,
+                threads: 10,
+                ..Usage::default()
+            };
+            let counts = AdmissionCounts {
+                started: w.started_total,
+                held,
+                ..AdmissionCounts::default()
+            };
+            let now = origin + Duration::from_secs_f64(t);
+            let allowance = ceiling
+                .enforce(now, usage, counts)
+                .map_or(f64::MAX, |a| a as f64);
+            let wanted = free
+                .min(w.backlog.floor())
+                .min(w.receive_credit.floor())
+                .max(0.0);
+            let starts = delivery.paced(wanted.min(allowance));
+            held = starts < wanted && starts >= allowance;
+            w.started_total += starts as u64;
+            for _ in 0..starts as u32 {
+                w.running.push((phase.latency, phase.memory_per_message));
+            }
+            w.backlog -= starts;
+            w.receive_credit = (w.receive_credit - starts).min(limit as f64);
+            t += STEP;
+            if t + 1e-9 < next_tick {
+                continue;
+            }
+            next_tick += sample;
+            let now = Duration::from_secs_f64(t);
+            let process_memory = w.memory() + jitter();
+            let mut readings = Readings {
+                process_memory: process_memory as u64,
+                system_memory_used: (OTHERS_MEMORY + process_memory) as u64,
+                in_process: w.running.len() as u64,
+                threads: 10,
+                database_size: w.backlog as u64,
+                held: ceiling.take_holds(),
+                ..Readings::default()
+            };
+            readings.delivery = windows[0].record(
+                now,
+                (w.started_total, w.done_total),
+                cfg.delivery.sampling_window,
+            );
+            readings.delivery.waiting = (free - starts).min(w.backlog).max(0.0) as u64;
+            readings.publishing = windows[1].record(
+                now,
+                (w.offered_total, w.stored_total),
+                cfg.publishing.sampling_window,
+            );
+            readings.publishing.waiting = w.offered.len() as u64;
+            readings.database_drain_per_sec =
+                drain.record(now, w.stored_total, readings.database_size);
+            let d = controller.tick(
+                now,
+                &readings,
+                &[QueueLoad {
+                    name: "q".into(),
+                    max,
+                    in_flight: w.running.len() as u32,
+                }],
+            );
+            limit = d.queue_limits["q"];
+            ceiling.arm(&thresholds, true, u64::from(limit));
+            delivery.set(d.delivery.delay, d.delivery.pace);
+            publishing.set(d.publishing.delay, d.publishing.pace);
+            out.ticks.push(quality::tick(t, &d));
+            out.delivered
+                .push((w.started_total, w.done_total, w.running.len() as u64));
+            out.decisions.push(d);
+        }
+        out.completed.push((w.done_total - done_before) as f64);
+        out.stored.push((w.stored_total - stored_before) as f64);
+    }
+    out.left_unsent = w.offered.len();
+    out.left_in_backlog = w.backlog + w.admitted;
+    out
+}
+
+/// One step of the publisher: sends are offered, wait out the delay and the pace, and are
+/// stored as fast as the store allows.
+fn publish(w: &mut World, phase: &Phase, admission: &mut Admission, t: f64, longest: &mut f64) {
+    w.offer_credit += phase.offered_per_sec * STEP;
+    while w.offer_credit >= 1.0 {
+        w.offer_credit -= 1.0;
+        w.offered.push_back((t, admission.delay));
+        w.offered_total += 1;
+    }
+    // A send waits the delay in force when it asked, or less if the delay has relaxed since
+    // (waiters are woken when it does).
+    let ready = w
+        .offered
+        .iter()
+        .take_while(|(at, delay)| t - at >= delay.min(admission.delay))
+        .count() as f64;
+    let admitted = admission.paced(ready);
+    for _ in 0..admitted as usize {
+        if let Some((at, _)) = w.offered.pop_front() {
+            *longest = longest.max(t - at);
+        }
+    }
+    w.admitted += admitted;
+    // Capacity not used in a step is not saved up for later.
+    let capacity = phase.store_per_sec.min(1e9) * STEP;
+    w.store_credit = (w.store_credit + capacity).min(capacity + 1.0);
+    let stored = w.admitted.min(w.store_credit.floor());
+    w.admitted -= stored;
+    w.store_credit -= stored;
+    w.stored_total += stored as u64;
+    w.backlog += stored;
+}
+
+/// Every episode meets the control bounds: engaged within 2 samples, peak at most `peak` x
+/// its threshold (not for rate imbalance, whose value is the offered load), at most 2 state
+/// changes, state 0 within 10 s of the cause ending.
+pub fn assert_controlled(episodes: &[Episode], peak: f64) {
+    assert!(!episodes.is_empty(), "no episode");
+    for e in episodes {
+        assert!(e.engage_samples.is_some_and(|n| n <= 2), "{e:?}");
+        if quality::bounds_peak(e.condition) {
+            assert!(e.peak_ratio <= peak, "{e:?}");
+        }
+        assert!(e.flips <= 2, "{e:?}");
+        assert!(e.recovery_seconds.is_some_and(|s| s <= 10.0), "{e:?}");
+    }
+}

@@ -96,7 +96,7 @@ fn hostile_value() -> impl Strategy<Value = toml::Value> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(10_000))]
+    #![proptest_config(ProptestConfig::with_cases(4_000))]
 
     #[test]
     fn generated_configurations_never_panic(

@@ -239,6 +239,44 @@ fn system_memory_is_held_at_its_threshold() {
     assert!(states.contains(&5), "state 5 shown");
 }
 
+/// Blocking handlers hold a thread each (state 9): the thread count is held within 15 % of
+/// its threshold in both directions, and released.
+#[test]
+fn threads_held_by_blocking_handlers_are_held_at_their_threshold() {
+    let mut cfg = config(0.25);
+    cfg.threads_per_cpu = 60;
+    let blocking = Phase::new(12.0, 100.0).latency(1.0).threads(1.0);
+    let outcome = simulate(
+        cfg,
+        200,
+        &[Phase::new(3.0, 20.0), blocking, Phase::new(20.0, 20.0)],
+    );
+    assert_controlled(&outcome, 1.15);
+    assert!(
+        outcome.ticks.iter().any(|t| t.states == [9, 9]),
+        "state 9 both ways"
+    );
+}
+
+/// Each message holds its receive's connection (state 8, both directions): sessions in use
+/// are held within 15 % of their threshold, and released.
+#[test]
+fn database_sessions_held_by_receives_are_held_at_their_threshold() {
+    let mut cfg = config(0.25);
+    cfg.database_sessions_per_cpu = 20;
+    let holding = Phase::new(12.0, 80.0).latency(0.5).sessions(1.0);
+    let outcome = simulate(
+        cfg,
+        64,
+        &[Phase::new(3.0, 10.0), holding, Phase::new(20.0, 10.0)],
+    );
+    assert_controlled(&outcome, 1.15);
+    assert!(
+        outcome.ticks.iter().any(|t| t.states == [8, 8]),
+        "state 8 both ways"
+    );
+}
+
 /// Slow, memory-hungry handlers push process memory and the in-process count at once:
 /// memory leads and is held, and in-process never passes 1.15 x its threshold either.
 #[test]

@@ -40,6 +40,10 @@ pub struct Phase {
     pub latency: f64,
     /// Memory a message holds while in its handler, bytes.
     pub memory_per_message: f64,
+    /// Threads a message holds while in its handler (1: a blocking handler).
+    pub threads_per_message: f64,
+    /// Database sessions a message holds while in its handler (1: its receive's connection).
+    pub sessions_per_message: f64,
 }
 
 impl Phase {
@@ -51,6 +55,22 @@ impl Phase {
             store_per_sec: f64::INFINITY,
             latency: 0.05,
             memory_per_message: 0.0,
+            threads_per_message: 0.0,
+            sessions_per_message: 0.0,
+        }
+    }
+
+    pub fn threads(self, threads_per_message: f64) -> Self {
+        Phase {
+            threads_per_message,
+            ..self
+        }
+    }
+
+    pub fn sessions(self, sessions_per_message: f64) -> Self {
+        Phase {
+            sessions_per_message,
+            ..self
         }
     }
 
@@ -183,8 +203,8 @@ struct World {
     admitted: f64,
     store_credit: f64,
     backlog: f64,
-    /// Each running message's remaining seconds and its memory.
-    running: Vec<(f64, f64)>,
+    /// Each running message: its remaining seconds and what it holds.
+    running: Vec<Running>,
     /// Receivers' start credit under a delivery delay.
     receive_credit: f64,
     offered_total: u64,
@@ -193,9 +213,28 @@ struct World {
     done_total: u64,
 }
 
+/// A message in its handler.
+struct Running {
+    left: f64,
+    memory: f64,
+    threads: f64,
+    sessions: f64,
+}
+
+/// Threads the simulated process has with nothing running.
+const BASE_THREADS: f64 = 10.0;
+
 impl World {
     fn memory(&self) -> f64 {
-        self.base_memory + self.running.iter().map(|(_, m)| m).sum::<f64>()
+        self.base_memory + self.running.iter().map(|r| r.memory).sum::<f64>()
+    }
+
+    fn threads(&self) -> u64 {
+        (BASE_THREADS + self.running.iter().map(|r| r.threads).sum::<f64>()) as u64
+    }
+
+    fn sessions(&self) -> u64 {
+        self.running.iter().map(|r| r.sessions).sum::<f64>() as u64
     }
 }
 
@@ -283,9 +322,9 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
             );
             // Handlers finish.
             let before = w.running.len();
-            w.running.retain_mut(|(left, _)| {
-                *left -= STEP;
-                *left > 0.0
+            w.running.retain_mut(|r| {
+                r.left -= STEP;
+                r.left > 0.0
             });
             w.done_total += (before - w.running.len()) as u64;
             // Receivers: each free slot starts a message once the admission lets it.
@@ -300,8 +339,8 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
                 process_memory: process_memory as u64,
                 system_memory_used: (OTHERS_MEMORY + process_memory) as u64,
                 in_process: w.running.len() as u64,
-                threads: 10,
-                ..Usage::default()
+                threads: w.threads(),
+                database_sessions: w.sessions(),
             };
             let counts = AdmissionCounts {
                 started: w.started_total,
@@ -320,7 +359,12 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
             held = starts < wanted && starts >= allowance;
             w.started_total += starts as u64;
             for _ in 0..starts as u32 {
-                w.running.push((phase.latency, phase.memory_per_message));
+                w.running.push(Running {
+                    left: phase.latency,
+                    memory: phase.memory_per_message,
+                    threads: phase.threads_per_message,
+                    sessions: phase.sessions_per_message,
+                });
             }
             w.backlog -= starts;
             w.receive_credit = (w.receive_credit - starts).min(limit as f64);
@@ -335,7 +379,8 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
                 process_memory: process_memory as u64,
                 system_memory_used: (OTHERS_MEMORY + process_memory) as u64,
                 in_process: w.running.len() as u64,
-                threads: 10,
+                threads: w.threads(),
+                database_sessions: w.sessions(),
                 database_size: w.backlog as u64,
                 held: ceiling.take_holds(),
                 ..Readings::default()
@@ -418,6 +463,19 @@ fn publish(w: &mut World, phase: &Phase, admission: &mut Admission, t: f64, long
 /// changes, state 0 within 10 s of the cause ending.
 pub fn assert_controlled(episodes: &[Episode], peak: f64) {
     assert!(!episodes.is_empty(), "no episode");
+    // What each run measured, for `-- --nocapture` (a test's output shows only then).
+    for e in episodes {
+        println!(
+            "{:?} {:?}: crossed at {:.1} s, engaged after {:?} samples, peak {:.3}, {} flips, state 0 after {:?} s",
+            e.condition,
+            e.direction,
+            e.crossed_at,
+            e.engage_samples,
+            e.peak_ratio,
+            e.flips,
+            e.recovery_seconds
+        );
+    }
     for e in episodes {
         assert!(e.engage_samples.is_some_and(|n| n <= 2), "{e:?}");
         if quality::bounds_peak(e.condition) {

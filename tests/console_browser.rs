@@ -331,6 +331,20 @@ fn the_page_agrees_with_status_sets_overrides_and_survives_a_restart() {
         get_json(&format!("{base}/status")).unwrap()["throttling"]["delivery"]["override"],
         "throttle"
     );
+    // The fleet panel lists this instance, as /fleet does, with the state its heartbeat
+    // wrote (every 5 s; the panel asks every 5 s).
+    let fleet = get_json(&format!("{base}/fleet")).unwrap();
+    let me = fleet["this_process"].as_str().unwrap().to_string();
+    browser.wait_for(
+        &format!(
+            "(() => {{ const r = document.querySelector('#fleet tr[data-process=\"{me}\"]'); \
+               return r !== null && r.textContent.includes('(this)') && r.textContent.includes('this page') \
+                 && r.querySelector('[data-state=\"10\"]') !== null; }})()"
+        ),
+        Duration::from_secs(15),
+    );
+    let note = browser.eval("document.getElementById('fleet-note').textContent");
+    assert!(note.as_str().unwrap().contains("1 instance(s)"), "{note}");
     browser.drain_events();
     let before_restart: Vec<String> = browser.errors.drain(..).collect();
     assert!(

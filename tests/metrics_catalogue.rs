@@ -66,10 +66,12 @@ async fn every_design_metric_is_exported() {
     let path = dir.join("host.toml");
     std::fs::write(&path, "[host]\nadmin_address = 'off'\n").unwrap();
     let host = HostBuilder::new(config).start().await.unwrap();
-    for i in 0..40 {
-        host.send("orders", OutgoingMessage::new(format!("m{i}")))
-            .await
-            .unwrap();
+    // At once, not one after another: publishing is overridden to throttle, so each send
+    // waits the delay in force, which grows while the override lasts (one after another,
+    // the 40 took from under a second to over a minute, by when the first tick came).
+    let sends = (0..40).map(|i| host.send("orders", OutgoingMessage::new(format!("m{i}"))));
+    for sent in futures_util::future::join_all(sends).await {
+        sent.unwrap();
     }
     let _ = host.inner().reload_from(&path);
     tokio::time::sleep(Duration::from_millis(800)).await;

@@ -5,6 +5,8 @@
 "use strict";
 
 const POLL_MS = 1000;
+// The fleet changes at the instances' heartbeats (5 s by default): no need to ask faster.
+const FLEET_POLL_MS = 5000;
 const WINDOW_MS = 600 * 1000;
 const SVG = "http://www.w3.org/2000/svg";
 const DIRECTIONS = ["delivery", "publishing"];
@@ -419,6 +421,72 @@ function loop() {
   poll().finally(() => setTimeout(loop, POLL_MS));
 }
 
+// ---------- the fleet ----------
+
+// An admin address another machine can open: one bound to every interface says which port,
+// not where; it is shown, not linked.
+function consoleLink(address) {
+  if (!address) return "–";
+  if (/^(0\.0\.0\.0|\[::\]):/.test(address)) return address;
+  return el("a", { href: `http://${address}/` }, address);
+}
+
+function directionCell(d) {
+  if (!d) return "–";
+  const text = `${d.state} ${d.state_name}${d.recovering ? " (recovering)" : ""}`;
+  return el("span", { class: `state-text ${severity(d.state)}`, "data-state": String(d.state) }, text);
+}
+
+function renderFleet(fleet) {
+  const note = document.getElementById("fleet-note");
+  note.textContent = fleet.heartbeat_error
+    ? `this host's heartbeat is failing: ${fleet.heartbeat_error}`
+    : `${fleet.instances.length} instance(s); gone after ${fixed(fleet.gone_after_seconds, 0)} s without a heartbeat`;
+  const body = document.querySelector("#fleet tbody");
+  body.replaceChildren(
+    ...fleet.instances.map((m) => {
+      const t = (m.summary && m.summary.throttling) || {};
+      const delivery = t.delivery;
+      const seen = m.gone ? `gone (${fixed(m.seen_seconds_ago, 0)} s ago)` : `${fixed(m.seen_seconds_ago, 1)} s ago`;
+      const tr = row([
+        `${m.instance_id}${m.this ? " (this)" : ""}`,
+        m.host_name,
+        m.version,
+        directionCell(delivery),
+        directionCell(t.publishing),
+        m.summary && m.summary.in_process !== undefined ? plain(m.summary.in_process) : "–",
+        delivery ? fixed(delivery.outgoing_per_second, 1) : "–",
+        seen,
+        m.this ? "this page" : consoleLink(m.admin_address),
+      ]);
+      tr.setAttribute("data-process", m.process_id);
+      if (m.gone) tr.className = "gone";
+      return tr;
+    }),
+  );
+}
+
+async function pollFleet() {
+  if (view.paused) return;
+  const note = document.getElementById("fleet-note");
+  try {
+    const response = await fetch("/fleet", { cache: "no-store", signal: AbortSignal.timeout(3000) });
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) {
+      note.textContent = body.error || `no fleet view (HTTP ${response.status})`;
+      document.querySelector("#fleet tbody").replaceChildren();
+      return;
+    }
+    renderFleet(body);
+  } catch (error) {
+    note.textContent = `no fleet view (${error.message})`;
+  }
+}
+
+function fleetLoop() {
+  pollFleet().finally(() => setTimeout(fleetLoop, FLEET_POLL_MS));
+}
+
 // ---------- controls ----------
 
 async function applyOverride(direction, mode) {
@@ -482,6 +550,7 @@ function start() {
     document.body.setAttribute("data-paused", String(view.paused));
   });
   loop();
+  fleetLoop();
 }
 
 document.addEventListener("DOMContentLoaded", start);

@@ -8,6 +8,12 @@
 //! [`FORGET_EVERY`] heartbeats the instance also deletes the rows of instances gone for longer
 //! than `fleet.forget_after`, so a crashed host's row does not stay for ever. A stopping host
 //! removes its own row.
+//!
+//! The fleet's orders ride on the same statement: a fleet-wide override is written into the
+//! registry as a [`FleetOrder`] (one row per direction), every heartbeat reads the orders
+//! back, and each instance applies an order it has not applied yet, so an override reaches
+//! the whole fleet within one heartbeat. A local override set afterwards on one instance
+//! holds there until the next fleet order.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,7 +22,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::FleetConfig;
+use crate::config::{FleetConfig, OverrideMode};
+use crate::throttling::Direction;
 use crate::transport::{Heartbeat, InstanceRecord, Transport, TransportError};
 
 /// Every this many heartbeats an instance forgets the long-gone rows.
@@ -59,30 +66,101 @@ impl HeartbeatHealth {
     }
 }
 
-/// Writes `me`'s heartbeat every `fleet.heartbeat_interval` (as `settings` says now) with the
-/// summary `summary` gives, until `stop`; then removes its row.
-pub async fn run_heartbeat(
+/// A fleet-wide override, as the registry keeps it (the `summary` of its direction's order
+/// row, see `transport::FLEET_ORDER_ROWS`).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct FleetOrder {
+    /// The direction it overrides.
+    pub direction: Direction,
+    /// The override every instance applies.
+    pub mode: OverrideMode,
+    /// The instance it was given on.
+    pub set_by: String,
+    /// New at every order: an instance applies each revision once, so a local override set
+    /// after it holds until the next order.
+    pub revision: Uuid,
+}
+
+impl FleetOrder {
+    /// The orders among `summaries` (the order rows' text); a row that is not an order (written
+    /// by another version, or by hand) is skipped and said.
+    pub fn parse_all(summaries: &[String]) -> Vec<FleetOrder> {
+        summaries
+            .iter()
+            .filter_map(|text| match serde_json::from_str::<FleetOrder>(text) {
+                Ok(order) => Some(order),
+                Err(e) => {
+                    tracing::warn!(error = %e, row = %text, "a fleet order in the instance registry is not one this version reads; ignored");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The heartbeat that writes this order into its direction's row.
+    pub fn as_heartbeat(&self, host_name: &str) -> Heartbeat {
+        Heartbeat {
+            process_id: crate::transport::FLEET_ORDER_ROWS[self.direction.index()],
+            host_name: host_name.to_string(),
+            instance_id: format!("fleet order ({})", self.direction),
+            version: crate::VERSION.to_string(),
+            admin_address: None,
+            summary: serde_json::to_string(self).unwrap_or_default(),
+        }
+    }
+}
+
+/// Why a fleet-wide override was not given.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FleetOrderError {
+    /// This host has no instance registry to send it through (`fleet.enabled = false`, or a
+    /// transport without one).
+    #[error("{0}")]
+    NoRegistry(String),
+    /// The registry did not take it.
+    #[error("cannot write the fleet-wide override: {0}")]
+    NotWritten(String),
+}
+
+/// What the heartbeat loop reads and reports besides its row.
+pub struct HeartbeatHooks<S, C, O> {
+    /// This host's throttling summary now.
+    pub summary: S,
+    /// The `[fleet]` settings now.
+    pub settings: C,
+    /// Called with the fleet's orders after every heartbeat that was written.
+    pub orders: O,
+}
+
+/// Writes `me`'s heartbeat every `fleet.heartbeat_interval` (as the settings say now) with
+/// the summary the hooks give, hands them the fleet's orders each time, until `stop`; then
+/// removes its row.
+pub async fn run_heartbeat<S, C, O>(
     transport: Arc<dyn Transport>,
     mut me: Heartbeat,
-    summary: impl Fn() -> String + Send + 'static,
-    settings: impl Fn() -> FleetConfig + Send + 'static,
+    hooks: HeartbeatHooks<S, C, O>,
     health: Arc<HeartbeatHealth>,
     stop: CancellationToken,
-) {
+) where
+    S: Fn() -> String + Send + 'static,
+    C: Fn() -> FleetConfig + Send + 'static,
+    O: Fn(Vec<FleetOrder>) + Send + 'static,
+{
     let Some(registry) = transport.instance_registry() else {
         return;
     };
     let mut created = false;
     let mut beats = 0u32;
     loop {
-        let config = settings();
-        me.summary = summary();
+        let config = (hooks.settings)();
+        me.summary = (hooks.summary)();
         let outcome = async {
             if !created {
                 registry.create_registry().await?;
                 created = true;
             }
-            registry.heartbeat(&me).await?;
+            let orders = registry.heartbeat(&me).await?;
+            (hooks.orders)(FleetOrder::parse_all(&orders));
             if beats.is_multiple_of(FORGET_EVERY) {
                 registry.forget(config.forget_after).await?;
             }
@@ -112,6 +190,8 @@ pub struct FleetView {
     pub gone_after_seconds: f64,
     /// Why this host's own heartbeat is failing, if it is.
     pub heartbeat_error: Option<String>,
+    /// The fleet-wide overrides in force (as this host's last heartbeat read them).
+    pub orders: Vec<FleetOrder>,
     /// Every registered instance, most recently seen first.
     pub instances: Vec<FleetMember>,
 }
@@ -148,6 +228,7 @@ impl FleetView {
         this_process: Uuid,
         config: &FleetConfig,
         heartbeat_error: Option<String>,
+        orders: Vec<FleetOrder>,
     ) -> Self {
         let gone_after = config.gone_after.as_secs_f64();
         let instances = records
@@ -173,6 +254,7 @@ impl FleetView {
             this_process,
             gone_after_seconds: gone_after,
             heartbeat_error,
+            orders,
             instances,
         }
     }
@@ -209,6 +291,7 @@ mod tests {
             me,
             &FleetConfig::default(),
             None,
+            Vec::new(),
         );
         let flags: Vec<(bool, bool)> = view.instances.iter().map(|m| (m.this, m.gone)).collect();
         assert_eq!(flags, [(true, false), (false, false), (false, true)]);

@@ -7,7 +7,9 @@ use std::fmt;
 use serde::Serialize;
 
 /// One of the two directions BizTalk throttles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize, PartialOrd, Ord,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
     /// Queue -> handler (BizTalk "message delivery", outbound).

@@ -85,6 +85,8 @@ pub struct DirectionStatus {
     /// User override.
     #[serde(rename = "override")]
     pub override_mode: OverrideMode,
+    /// Where the override came from: the configuration, this instance, or the fleet.
+    pub override_scope: OverrideScope,
     /// Active conditions with value and threshold.
     pub active_conditions: Vec<ConditionStatus>,
     /// Incoming rate, messages/s.
@@ -93,6 +95,19 @@ pub struct DirectionStatus {
     pub outgoing_per_second: f64,
     /// Incoming messages in the sampling window.
     pub samples: u64,
+}
+
+/// Where a direction's override came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverrideScope {
+    /// The configuration file (`override` of the direction; none unless set there).
+    #[default]
+    Configured,
+    /// `PUT /throttling/{direction}/override` on this instance.
+    Local,
+    /// A fleet order (`?scope=fleet` on any instance), applied at a heartbeat.
+    Fleet,
 }
 
 /// One sensor.

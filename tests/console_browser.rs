@@ -375,14 +375,19 @@ fn the_page_agrees_with_status_sets_overrides_and_survives_a_restart() {
         Duration::from_secs(15),
     );
     browser.eval("document.getElementById('token').value = ''");
+    // For the whole fleet this time (a fleet of one: the memory transport's registry).
+    browser.eval(
+        "document.querySelector('#dir-publishing [data-role=override-fleet]').checked = true",
+    );
     apply_override(&mut browser, "publishing", "throttle");
     let accepted = override_message(&mut browser);
     assert!(
-        accepted.contains("publishing override set to throttle"),
+        accepted.contains("publishing override set to throttle on every instance"),
         "{accepted}"
     );
     browser.wait_for(
-        "document.querySelector('#dir-publishing [data-role=state]').dataset.state === '11'",
+        "document.querySelector('#dir-publishing [data-role=state]').dataset.state === '11' \
+           && document.querySelector('#dir-publishing [data-path=\"throttling.publishing.override\"]').textContent === 'throttle (fleet-wide)'",
         Duration::from_secs(10),
     );
     let _ = std::fs::remove_dir_all(&dir);

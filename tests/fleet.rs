@@ -1,17 +1,20 @@
 //! The instance registry on PostgreSQL: hosts on one schema see each other through their
 //! heartbeats, a stopping host leaves, a silent one shows as gone and is forgotten, a host
 //! whose heartbeat fails keeps receiving and says so, and `throttlehost status --fleet` shows
-//! every instance.
+//! every instance, and an override given for the fleet reaches every instance within one
+//! heartbeat.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{PgSchema, Probe, ProbeHandler, wait_until};
-use throttlehost::config::{ConcurrencyModel, Config, TransactionMode};
+use throttlehost::config::{ConcurrencyModel, Config, OverrideMode, TransactionMode};
 use throttlehost::fleet::FleetView;
 use throttlehost::host::{Host, HostBuilder};
 use throttlehost::message::OutgoingMessage;
+use throttlehost::status::OverrideScope;
+use throttlehost::throttling::Direction;
 use throttlehost::transport::{Heartbeat, Transport};
 
 /// A host on `schema` whose heartbeat comes every 200 ms and that calls an instance gone
@@ -247,6 +250,131 @@ async fn status_fleet_lists_every_instance() {
     asked.shutdown().await;
 }
 
+/// `host`'s delivery override in force and where it came from (as `/status` shows them from
+/// the next tick on).
+fn delivery_override(host: &Host) -> (OverrideMode, OverrideScope) {
+    let inner = host.inner();
+    (
+        inner.control().config().delivery.override_mode,
+        inner.override_scope(Direction::Delivery),
+    )
+}
+
+/// Waits (10 s at most) until `host` has `expected` as its delivery override.
+async fn override_becomes(host: &Host, expected: (OverrideMode, OverrideScope)) {
+    wait_until(Duration::from_secs(10), "the override applied", || {
+        delivery_override(host) == expected
+    })
+    .await;
+}
+
+/// A fleet-wide override given on one instance is applied by every instance at its next
+/// heartbeat and shown as the fleet's; a local override on one instance holds there until the
+/// next fleet order; a host that starts later applies the order in force; `/fleet` lists it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_override_reaches_every_instance_and_a_local_one_holds_until_the_next() {
+    let schema = PgSchema::new();
+    let a = start(config(&schema, "a")).await.0;
+    let b = start(config(&schema, "b")).await.0;
+    view_when(&a, "both seen", |v| live(v) == ["a", "b"]).await;
+    let fleet_throttle = (OverrideMode::Throttle, OverrideScope::Fleet);
+    a.inner()
+        .set_fleet_override(Direction::Delivery, OverrideMode::Throttle)
+        .await
+        .unwrap();
+    assert_eq!(delivery_override(&a), fleet_throttle, "at once where given");
+    override_becomes(&b, fleet_throttle).await;
+    let orders = view(&b).await.orders;
+    assert_eq!(orders.len(), 1, "{orders:?}");
+    assert_eq!(orders[0].set_by, "a");
+    assert_eq!(
+        live(&view(&a).await),
+        ["a", "b"],
+        "orders are not listed as instances"
+    );
+
+    // A local override on b holds over the order b has applied...
+    b.inner()
+        .set_override(Direction::Delivery, OverrideMode::None);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        delivery_override(&b),
+        (OverrideMode::None, OverrideScope::Local)
+    );
+    assert_eq!(delivery_override(&a), fleet_throttle);
+    // ... and a host that starts now applies the order in force.
+    let c = start(config(&schema, "c")).await.0;
+    override_becomes(&c, fleet_throttle).await;
+
+    // The next order reaches all three, b included.
+    a.inner()
+        .set_fleet_override(Direction::Delivery, OverrideMode::None)
+        .await
+        .unwrap();
+    for host in [&a, &b, &c] {
+        override_becomes(host, (OverrideMode::None, OverrideScope::Fleet)).await;
+    }
+    for host in [c, b, a] {
+        host.shutdown().await;
+    }
+}
+
+/// Over HTTP: `?scope=fleet` answers the scope, an unknown scope is refused naming it, and a
+/// host without the registry refuses a fleet order, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_override_route_takes_a_fleet_scope_and_refuses_what_it_cannot_do() {
+    let schema = PgSchema::new();
+    let mut with_admin = config(&schema, "a");
+    with_admin.host.admin_address = "127.0.0.1:0".into();
+    let a = start(with_admin).await.0;
+    let url = format!(
+        "http://{}/throttling/delivery/override",
+        a.admin_address().unwrap()
+    );
+    let put = |query: &str| {
+        let url = format!("{url}{query}");
+        tokio::task::spawn_blocking(move || common::http("PUT", &url, b"throttle", &[]))
+    };
+    let (status, body, _) = put("?scope=fleet").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"scope\":\"fleet\""), "{body}");
+    // /status shows it, and where it came from, from the next tick on.
+    wait_until(
+        Duration::from_secs(10),
+        "/status shows the fleet's override",
+        || {
+            a.inner().status().throttling.is_some_and(|t| {
+                t.delivery.override_mode == OverrideMode::Throttle
+                    && t.delivery.override_scope == OverrideScope::Fleet
+            })
+        },
+    )
+    .await;
+    let (status, body, _) = put("?scope=everywhere").await.unwrap();
+    assert_eq!(status, 400);
+    assert!(
+        body.contains("everywhere") && body.contains("fleet"),
+        "{body}"
+    );
+    a.shutdown().await;
+
+    let mut off = config(&schema, "off");
+    off.fleet.enabled = false;
+    off.host.admin_address = "127.0.0.1:0".into();
+    let off = start(off).await.0;
+    let url = format!(
+        "http://{}/throttling/delivery/override?scope=fleet",
+        off.admin_address().unwrap()
+    );
+    let (status, body, _) =
+        tokio::task::spawn_blocking(move || common::http("PUT", &url, b"throttle", &[]))
+            .await
+            .unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("fleet.enabled = false"), "{body}");
+    off.shutdown().await;
+}
+
 /// The registry's statements on SQL Server: created once (a second creation is harmless), a
 /// first heartbeat inserts and the next one updates, the server's clock measures ages, a
 /// forget removes only what is older, a leave removes the row; two hosts see each other.
@@ -301,6 +429,14 @@ async fn sqlserver_keeps_the_instance_registry() {
     let a = start(host_config("a")).await.0;
     let b = start(host_config("b")).await.0;
     view_when(&a, "both seen", |v| live(v) == ["a", "b"]).await;
+    // A fleet order given on a reaches b at its next heartbeat, and is no instance.
+    a.inner()
+        .set_fleet_override(Direction::Delivery, OverrideMode::Throttle)
+        .await
+        .unwrap();
+    override_becomes(&b, (OverrideMode::Throttle, OverrideScope::Fleet)).await;
+    assert_eq!(live(&view(&b).await), ["a", "b"]);
+    assert_eq!(view(&b).await.orders.len(), 1);
     b.shutdown().await;
     a.shutdown().await;
 }

@@ -10,7 +10,8 @@
 //! | `GET /readyz` | 200 when the transport answers and every queue's receiver runs, else 503 naming what is not |
 //! | `POST /queues/{name}/messages` | ingest one message (the body) through the throttled publish path |
 //! | `POST /queues/{name}/batch` | ingest a JSON array of messages, stored with multi-row inserts |
-//! | `PUT /throttling/{direction}/override` | `none`, `throttle` or `never` |
+//! | `PUT /throttling/{direction}/override` | `none`, `throttle` or `never`; `?scope=fleet`: every instance on the database, through the instance registry |
+//! | `GET /fleet` | every instance on the database, and the fleet-wide overrides in force |
 //!
 //! Mutating routes need `Authorization: Bearer <admin.token>` when a token is set (compared in
 //! constant time). Every error is a JSON body `{"error": "..."}` with a 4xx/5xx status.
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, to_bytes};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -35,7 +36,7 @@ use crate::console::{self, History};
 mod console_routes;
 mod ingest;
 
-use crate::fleet::FleetView;
+use crate::fleet::{FleetOrderError, FleetView};
 use crate::isolate::on_host;
 use crate::publish::Publisher;
 use crate::status::HostStatus;
@@ -70,8 +71,16 @@ pub trait AdminState: Send + Sync + 'static {
     fn accepts(&self, queue: &QueueName) -> bool;
     /// The throttled publisher ingest stores through.
     fn publisher(&self) -> Arc<Publisher>;
-    /// Sets a direction's override until the next reload.
+    /// Sets a direction's override on this instance until the next reload or fleet order.
     fn set_override(&self, direction: Direction, mode: OverrideMode);
+    /// Orders every instance on the database to override `direction` (see `crate::fleet`);
+    /// Err says why it could not be written. Writes the database: run it on
+    /// [`AdminState::runtime`].
+    fn set_fleet_override(
+        &self,
+        direction: Direction,
+        mode: OverrideMode,
+    ) -> futures_util::future::BoxFuture<'_, Result<(), crate::fleet::FleetOrderError>>;
     /// Every instance on the database (`/fleet`); Err says why there is no view. Reads the
     /// database: run it on [`AdminState::runtime`].
     fn fleet(&self) -> futures_util::future::BoxFuture<'_, Result<FleetView, String>>;
@@ -319,15 +328,34 @@ struct OverrideBody {
     mode: OverrideMode,
 }
 
+/// `?scope=` of the override route.
+#[derive(Debug, Deserialize)]
+struct OverrideQuery {
+    scope: Option<String>,
+}
+
 async fn set_override(
     State(host): State<Shared>,
     Path(direction): Path<String>,
+    Query(query): Query<OverrideQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     if let Err(denied) = authorize(host.as_ref(), &headers) {
         return *denied;
     }
+    let fleet = match query.scope.as_deref() {
+        None | Some("local") => false,
+        Some("fleet") => true,
+        Some(other) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "unknown scope `{other}`; use local (this instance, the default) or fleet (every instance on the database)"
+                ),
+            );
+        }
+    };
     let Some(direction) = Direction::parse(&direction) else {
         return error(
             StatusCode::NOT_FOUND,
@@ -357,6 +385,37 @@ async fn set_override(
             ),
         );
     };
-    host.set_override(direction, mode);
-    axum::Json(json!({ "direction": direction.name(), "override": mode })).into_response()
+    if !fleet {
+        host.set_override(direction, mode);
+        return axum::Json(
+            json!({ "direction": direction.name(), "override": mode, "scope": "local" }),
+        )
+        .into_response();
+    }
+    let runtime = host.runtime();
+    let write = on_host(&runtime, async move {
+        host.set_fleet_override(direction, mode).await
+    });
+    match tokio::time::timeout(READY_TIMEOUT, write).await {
+        Ok(Some(Ok(()))) => {
+            axum::Json(json!({ "direction": direction.name(), "override": mode, "scope": "fleet" }))
+                .into_response()
+        }
+        // No registry: the request cannot be done as asked on this host.
+        Ok(Some(Err(why @ FleetOrderError::NoRegistry(_)))) => {
+            error(StatusCode::CONFLICT, why.to_string())
+        }
+        Ok(Some(Err(why))) => error(StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
+        Ok(None) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the host runtime is stopping",
+        ),
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the instance registry did not answer within {}s; the fleet-wide override may or may not have been written",
+                READY_TIMEOUT.as_secs()
+            ),
+        ),
+    }
 }

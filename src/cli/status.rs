@@ -160,6 +160,14 @@ fn render_fleet(f: &Value) -> String {
             },
         ));
     }
+    for order in f["orders"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "fleet-wide override: {} {} (given on {})\n",
+            order["direction"].as_str().unwrap_or("?"),
+            order["mode"].as_str().unwrap_or("?"),
+            order["set_by"].as_str().unwrap_or("?"),
+        ));
+    }
     if let Some(e) = f["heartbeat_error"].as_str() {
         out.push_str(&format!("this host's heartbeat is failing: {e}\n"));
     }

@@ -100,7 +100,8 @@ function renderDirection(name, d, resources) {
     el("dt", {}, "incoming"), el("dd", {}, number(`${base}.incoming_per_second`, d.incoming_per_second, (v) => `${fixed(v, 1)} msg/s`)),
     el("dt", {}, "outgoing"), el("dd", {}, number(`${base}.outgoing_per_second`, d.outgoing_per_second, (v) => `${fixed(v, 1)} msg/s`)),
     el("dt", {}, "in state for"), el("dd", {}, number(`${base}.state_duration_seconds`, d.state_duration_seconds, (v) => `${fixed(v, 0)} s`)),
-    el("dt", {}, "override"), el("dd", { "data-path": `${base}.override`, "data-value": d.override }, d.override),
+    el("dt", {}, "override"), el("dd", { "data-path": `${base}.override`, "data-value": d.override },
+      d.override + (d.override_scope && d.override_scope !== "configured" ? ` (${d.override_scope === "fleet" ? "fleet-wide" : "this instance"})` : "")),
   );
 
   const explanation = card.querySelector("[data-role=explanation]");
@@ -489,18 +490,20 @@ function fleetLoop() {
 
 // ---------- controls ----------
 
-async function applyOverride(direction, mode) {
+async function applyOverride(direction, mode, fleet) {
   const message = document.getElementById("override-message");
   const token = document.getElementById("token").value.trim();
   sessionStorage.setItem("throttlehost-token", token);
   const headers = { "Content-Type": "text/plain" };
   if (token) headers.Authorization = `Bearer ${token}`;
   try {
-    const response = await fetch(`/throttling/${direction}/override`, { method: "PUT", headers, body: mode });
+    const scope = fleet ? "?scope=fleet" : "";
+    const response = await fetch(`/throttling/${direction}/override${scope}`, { method: "PUT", headers, body: mode });
     const body = await response.json().catch(() => ({}));
     if (response.ok) {
       message.className = "accepted";
-      message.textContent = `${direction} override set to ${body.override || mode}`;
+      const where = body.scope === "fleet" ? " on every instance (the others at their next heartbeat)" : "";
+      message.textContent = `${direction} override set to ${body.override || mode}${where}`;
     } else {
       message.className = "refused";
       const hint = response.status === 401 || response.status === 403 ? " Enter the admin token above." : "";
@@ -539,7 +542,11 @@ function start() {
     const card = document.getElementById(`dir-${name}`);
     card.querySelector("[data-role=override]").addEventListener("submit", (event) => {
       event.preventDefault();
-      applyOverride(name, card.querySelector("[data-role=override-mode]").value);
+      applyOverride(
+        name,
+        card.querySelector("[data-role=override-mode]").value,
+        card.querySelector("[data-role=override-fleet]").checked,
+      );
     });
   }
   const pause = document.getElementById("pause");

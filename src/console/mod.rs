@@ -243,6 +243,7 @@ mod tests {
             explanation: None,
             state_duration_seconds: 1.0,
             override_mode: OverrideMode::None,
+            override_scope: Default::default(),
             active_conditions: vec![],
             incoming_per_second: 10.0,
             outgoing_per_second: 9.0,

@@ -78,4 +78,16 @@ impl AdminState for HostInner {
     fn set_override(&self, direction: Direction, mode: OverrideMode) {
         HostInner::set_override(self, direction, mode)
     }
+
+    fn set_fleet_override(
+        &self,
+        direction: Direction,
+        mode: OverrideMode,
+    ) -> futures_util::future::BoxFuture<'_, Result<(), crate::fleet::FleetOrderError>> {
+        Box::pin(async move {
+            HostInner::set_fleet_override(self, direction, mode)
+                .await
+                .map(|_| ())
+        })
+    }
 }

@@ -13,6 +13,7 @@
 //! ```
 
 mod admin_state;
+mod overrides;
 mod probe;
 mod status;
 
@@ -228,6 +229,7 @@ impl HostBuilder {
             started: Instant::now(),
             process_id: uuid::Uuid::new_v4(),
             fleet_health: Arc::default(),
+            overrides: Default::default(),
         });
 
         let admin = if self.serve_admin {
@@ -693,12 +695,16 @@ fn start_heartbeat(inner: &Arc<HostInner>, admin: Option<SocketAddr>) {
         admin_address: admin.map(|a| format!("http://{a}")),
         summary: String::new(),
     };
-    let (for_summary, for_settings) = (inner.clone(), inner.clone());
+    let (for_summary, for_settings, for_orders) = (inner.clone(), inner.clone(), inner.clone());
+    let hooks = crate::fleet::HeartbeatHooks {
+        summary: move || status::fleet_summary(&for_summary).to_string(),
+        settings: move || for_settings.config().fleet.clone(),
+        orders: move |orders| for_orders.apply_fleet_orders(orders),
+    };
     inner.receive_ctx.tasks.spawn(crate::fleet::run_heartbeat(
         inner.transport.clone(),
         me,
-        move || status::fleet_summary(&for_summary).to_string(),
-        move || for_settings.config().fleet.clone(),
+        hooks,
         inner.fleet_health.clone(),
         inner.receive_ctx.stop.clone(),
     ));
@@ -727,6 +733,8 @@ pub struct HostInner {
     process_id: uuid::Uuid,
     /// Whether its heartbeat is written.
     fleet_health: Arc<crate::fleet::HeartbeatHealth>,
+    /// Where each direction's override came from; the fleet's orders.
+    overrides: overrides::Overrides,
 }
 
 impl HostInner {
@@ -827,13 +835,76 @@ impl HostInner {
             self.process_id,
             &config.fleet,
             self.fleet_health.failing(),
+            self.overrides.orders(),
         ))
     }
 
-    /// Sets a direction's override until the next reload.
+    /// Sets a direction's override on this instance until the next reload or fleet order.
     pub fn set_override(&self, direction: Direction, mode: crate::config::OverrideMode) {
         tracing::info!(%direction, mode = ?mode, "throttling override set");
         self.control.set_override(direction, mode);
+        self.overrides.set_locally(direction);
+    }
+
+    /// Where `direction`'s override in force came from.
+    pub fn override_scope(&self, direction: Direction) -> crate::status::OverrideScope {
+        self.overrides.scope(direction)
+    }
+
+    /// Orders every instance on the database to override `direction` (this one at once, the
+    /// others at their next heartbeat): the order is written into the instance registry.
+    pub async fn set_fleet_override(
+        &self,
+        direction: Direction,
+        mode: crate::config::OverrideMode,
+    ) -> Result<crate::fleet::FleetOrder, crate::fleet::FleetOrderError> {
+        use crate::fleet::FleetOrderError;
+        let config = self.config();
+        if !config.fleet.enabled {
+            return Err(FleetOrderError::NoRegistry(
+                "a fleet-wide override goes through the instance registry, which is off (fleet.enabled = false)"
+                    .into(),
+            ));
+        }
+        let Some(registry) = self.transport.instance_registry() else {
+            return Err(FleetOrderError::NoRegistry(format!(
+                "the {} transport keeps no instance registry to send a fleet-wide override through",
+                self.transport.describe()
+            )));
+        };
+        let order = crate::fleet::FleetOrder {
+            direction,
+            mode,
+            set_by: self.instance.clone(),
+            revision: uuid::Uuid::new_v4(),
+        };
+        let write = async {
+            registry.create_registry().await?;
+            registry
+                .heartbeat(&order.as_heartbeat(&config.host.name))
+                .await
+        };
+        write
+            .await
+            .map_err(|e| FleetOrderError::NotWritten(e.to_string()))?;
+        let mut orders: Vec<_> = self
+            .overrides
+            .orders()
+            .into_iter()
+            .filter(|o| o.direction != direction)
+            .collect();
+        orders.push(order.clone());
+        self.apply_fleet_orders(orders);
+        Ok(order)
+    }
+
+    /// Applies the fleet's orders this instance has not applied yet.
+    fn apply_fleet_orders(&self, orders: Vec<crate::fleet::FleetOrder>) {
+        for order in self.overrides.to_apply(orders) {
+            tracing::info!(direction = %order.direction, mode = ?order.mode, set_by = %order.set_by,
+                "fleet-wide throttling override applied");
+            self.control.set_override(order.direction, order.mode);
+        }
     }
 
     /// Applies a new configuration without restarting: throttling settings, queue
@@ -896,6 +967,7 @@ impl HostInner {
             }
         }
         self.control.reconfigure(new.throttling.clone());
+        self.overrides.reloaded();
         self.config.store(Arc::new(new));
         needs_restart.sort();
         needs_restart.dedup();

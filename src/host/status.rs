@@ -13,6 +13,7 @@ fn direction_status(
     rates: crate::throttling::rates::RateReading,
     resume_ratio: f64,
     limits: &BTreeMap<String, (u32, u32)>,
+    override_scope: crate::status::OverrideScope,
 ) -> DirectionStatus {
     DirectionStatus {
         state: d.state,
@@ -24,6 +25,7 @@ fn direction_status(
         explanation: explain(d, resume_ratio, limits),
         state_duration_seconds: d.state_duration.as_secs_f64(),
         override_mode: d.override_mode,
+        override_scope,
         active_conditions: d.active().copied().collect(),
         incoming_per_second: rates.incoming_per_sec,
         outgoing_per_second: rates.outgoing_per_sec,
@@ -73,12 +75,14 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
                 s.readings.delivery,
                 resume_ratio,
                 &limits,
+                host.override_scope(Direction::Delivery),
             ),
             publishing: direction_status(
                 d.direction(Direction::Publishing),
                 s.readings.publishing,
                 resume_ratio,
                 &limits,
+                host.override_scope(Direction::Publishing),
             ),
             resources,
         }

@@ -25,7 +25,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use super::delayed::{DelayedDelivery, Moved, delayed_headers};
-use super::fleet::{Heartbeat, InstanceRecord, InstanceRegistry};
+use super::fleet::{FLEET_ORDER_ROWS, Heartbeat, InstanceRecord, InstanceRegistry};
 use super::{
     ArrivalSink, HeldKey, Payload, QueueAdmin, QueueName, Received, Transport, TransportError,
 };
@@ -715,21 +715,26 @@ impl InstanceRegistry for MemoryTransport {
         Ok(())
     }
 
-    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), TransportError> {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<String>, TransportError> {
         let now = tokio::time::Instant::now();
-        lock(&self.shared.instances)
+        let mut instances = lock(&self.shared.instances);
+        instances
             .entry(beat.process_id)
             .and_modify(|(last, _, seen)| {
                 *last = beat.clone();
                 *seen = now;
             })
             .or_insert_with(|| (beat.clone(), now, now));
-        Ok(())
+        Ok(FLEET_ORDER_ROWS
+            .iter()
+            .filter_map(|id| instances.get(id).map(|(order, _, _)| order.summary.clone()))
+            .collect())
     }
 
     async fn instances(&self) -> Result<Vec<InstanceRecord>, TransportError> {
         let mut all: Vec<InstanceRecord> = lock(&self.shared.instances)
             .values()
+            .filter(|(beat, _, _)| !FLEET_ORDER_ROWS.contains(&beat.process_id))
             .map(|(beat, started, seen)| InstanceRecord {
                 heartbeat: beat.clone(),
                 up_seconds: started.elapsed().as_secs_f64(),
@@ -743,7 +748,9 @@ impl InstanceRegistry for MemoryTransport {
     async fn forget(&self, older_than: Duration) -> Result<u64, TransportError> {
         let mut instances = lock(&self.shared.instances);
         let before = instances.len();
-        instances.retain(|_, (_, _, seen)| seen.elapsed() <= older_than);
+        instances.retain(|id, (_, _, seen)| {
+            FLEET_ORDER_ROWS.contains(id) || seen.elapsed() <= older_than
+        });
         Ok((before - instances.len()) as u64)
     }
 

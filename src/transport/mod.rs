@@ -33,7 +33,7 @@ use uuid::Uuid;
 use crate::config::{OrderingConfig, TransactionMode, TransportConfig, TransportKind};
 use crate::message::{Message, OutgoingMessage};
 pub use delayed::{DelayedDelivery, Moved};
-pub use fleet::{Heartbeat, InstanceRecord, InstanceRegistry};
+pub use fleet::{FLEET_ORDER_ROWS, Heartbeat, InstanceRecord, InstanceRegistry};
 pub use names::QueueName;
 
 /// What went wrong talking to the queues.

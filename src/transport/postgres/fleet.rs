@@ -8,7 +8,9 @@ use uuid::Uuid;
 
 use super::{PostgresTransport, create_under_lock, map_error, quote_ident};
 use crate::transport::TransportError;
-use crate::transport::fleet::{Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry};
+use crate::transport::fleet::{
+    FLEET_ORDER_ROWS, Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry,
+};
 
 /// Every statement of the registry in one schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,9 +20,10 @@ pub struct RegistryStatements {
     /// Creates the schema and the table when missing.
     pub create: String,
     /// `$1` process id, `$2` host name, `$3` instance id, `$4` version, `$5` admin address
-    /// (NULL: none), `$6` summary.
+    /// (NULL: none), `$6` summary; answers the summaries of the fleet's order rows (as they
+    /// were before this statement).
     pub heartbeat: String,
-    /// Every row, with seconds up and seconds since seen by the server's clock.
+    /// Every instance's row, with seconds up and seconds since seen by the server's clock.
     pub list: String,
     /// `$1`: seconds; removes the rows not seen for longer.
     pub forget: String,
@@ -28,9 +31,19 @@ pub struct RegistryStatements {
     pub leave: String,
 }
 
+/// The fleet's order rows as an SQL list: `'0000...0001', '0000...0002'`.
+pub(crate) fn order_rows() -> String {
+    FLEET_ORDER_ROWS
+        .iter()
+        .map(|id| format!("'{id}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The registry's statements in `schema` (unquoted).
 pub fn registry_statements(schema: &str) -> RegistryStatements {
     let table = format!("{}.{}", quote_ident(schema), quote_ident(INSTANCES_TABLE));
+    let orders = order_rows();
     RegistryStatements {
         create: format!(
             "CREATE SCHEMA IF NOT EXISTS {schema};
@@ -47,21 +60,26 @@ CREATE TABLE IF NOT EXISTS {table} (
             schema = quote_ident(schema)
         ),
         heartbeat: format!(
-            "INSERT INTO {table} (process_id, host_name, instance_id, version, admin_address, summary)
-VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (process_id) DO UPDATE SET
-    host_name = EXCLUDED.host_name, instance_id = EXCLUDED.instance_id,
-    version = EXCLUDED.version, admin_address = EXCLUDED.admin_address,
-    summary = EXCLUDED.summary, last_seen = now()"
+            "WITH beat AS (
+    INSERT INTO {table} (process_id, host_name, instance_id, version, admin_address, summary)
+    VALUES ($1, $2, $3, $4, $5, $6)
+    ON CONFLICT (process_id) DO UPDATE SET
+        host_name = EXCLUDED.host_name, instance_id = EXCLUDED.instance_id,
+        version = EXCLUDED.version, admin_address = EXCLUDED.admin_address,
+        summary = EXCLUDED.summary, last_seen = now()
+)
+SELECT summary FROM {table} WHERE process_id IN ({orders}) ORDER BY process_id"
         ),
         list: format!(
             "SELECT process_id, host_name, instance_id, version, admin_address, summary,
     EXTRACT(EPOCH FROM now() - started_at)::float8,
     EXTRACT(EPOCH FROM now() - last_seen)::float8
-FROM {table} ORDER BY last_seen DESC, host_name, instance_id"
+FROM {table} WHERE process_id NOT IN ({orders})
+ORDER BY last_seen DESC, host_name, instance_id"
         ),
         forget: format!(
-            "DELETE FROM {table} WHERE last_seen < now() - make_interval(secs => $1)"
+            "DELETE FROM {table} WHERE last_seen < now() - make_interval(secs => $1)
+    AND process_id NOT IN ({orders})"
         ),
         leave: format!("DELETE FROM {table} WHERE process_id = $1"),
         table,
@@ -94,14 +112,14 @@ impl InstanceRegistry for PostgresTransport {
             .map_err(|e| registry_error(e, &st.table))
     }
 
-    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), TransportError> {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<String>, TransportError> {
         let st = self.registry();
         let client = self.inner.client().await?;
         let (_, done) = self
             .inner
             .answered("a heartbeat", client, async |c| {
                 let stmt = c.prepare_cached(&st.heartbeat).await?;
-                c.execute(
+                c.query(
                     &stmt,
                     &[
                         &beat.process_id,
@@ -115,7 +133,8 @@ impl InstanceRegistry for PostgresTransport {
                 .await
             })
             .await?;
-        done.map(|_| ()).map_err(|e| registry_error(e, &st.table))
+        let rows = done.map_err(|e| registry_error(e, &st.table))?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
     async fn instances(&self) -> Result<Vec<InstanceRecord>, TransportError> {

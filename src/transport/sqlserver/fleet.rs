@@ -9,7 +9,9 @@ use uuid::Uuid;
 use super::statements::{bracket, created_under_lock};
 use super::{SqlServerTransport, map_error};
 use crate::transport::TransportError;
-use crate::transport::fleet::{Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry};
+use crate::transport::fleet::{
+    FLEET_ORDER_ROWS, Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry,
+};
 
 /// Every statement of the registry in one schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,9 +21,10 @@ pub struct RegistryStatements {
     /// Creates the schema and the table when missing, under the schema's creation lock.
     pub create: String,
     /// `@P1` process id, `@P2` host name, `@P3` instance id, `@P4` version, `@P5` admin
-    /// address (empty: none, stored as NULL), `@P6` summary.
+    /// address (empty: none, stored as NULL), `@P6` summary; then selects the summaries of
+    /// the fleet's order rows (one batch, one round trip).
     pub heartbeat: String,
-    /// Every row, with seconds up and seconds since seen by the server's clock.
+    /// Every instance's row, with seconds up and seconds since seen by the server's clock.
     pub list: String,
     /// `@P1`: whole seconds; removes the rows not seen for longer and answers how many (the
     /// session runs with NOCOUNT on, so the count is selected).
@@ -40,9 +43,19 @@ fn seconds_since(column: &str) -> String {
     )
 }
 
+/// The fleet's order rows as an SQL list: `N'0000...0001', N'0000...0002'`.
+fn order_rows() -> String {
+    FLEET_ORDER_ROWS
+        .iter()
+        .map(|id| format!("N'{id}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The registry's statements in `schema` (unquoted).
 pub fn registry_statements(schema: &str) -> RegistryStatements {
     let table = format!("{}.{}", bracket(schema), bracket(INSTANCES_TABLE));
+    let orders = order_rows();
     RegistryStatements {
         create: created_under_lock(
             schema,
@@ -67,17 +80,20 @@ END"
 WHERE process_id = @P1;
 IF @@ROWCOUNT = 0
     INSERT INTO {table} (process_id, host_name, instance_id, version, admin_address, summary)
-    VALUES (@P1, @P2, @P3, @P4, NULLIF(@P5, N''), @P6);"
+    VALUES (@P1, @P2, @P3, @P4, NULLIF(@P5, N''), @P6);
+SELECT summary FROM {table} WHERE process_id IN ({orders}) ORDER BY process_id;"
         ),
         list: format!(
             "SELECT process_id, host_name, instance_id, version, admin_address, summary,
     {}, {}
-FROM {table} ORDER BY last_seen DESC, host_name, instance_id;",
+FROM {table} WHERE process_id NOT IN ({orders})
+ORDER BY last_seen DESC, host_name, instance_id;",
             seconds_since("started_at"),
             seconds_since("last_seen"),
         ),
         forget: format!(
-            "DELETE FROM {table} WHERE last_seen < DATEADD(second, -@P1, SYSUTCDATETIME());
+            "DELETE FROM {table} WHERE last_seen < DATEADD(second, -@P1, SYSUTCDATETIME())
+    AND process_id NOT IN ({orders});
 SELECT CAST(@@ROWCOUNT AS bigint);"
         ),
         leave: format!("DELETE FROM {table} WHERE process_id = @P1;"),
@@ -119,13 +135,13 @@ impl InstanceRegistry for SqlServerTransport {
         }
     }
 
-    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), TransportError> {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<String>, TransportError> {
         let st = self.registry();
         let mut conn = self.inner.conn().await?;
         // Not a NULL parameter: Babelfish refuses one sent without a type (TDS type 0x1F).
         let admin = beat.admin_address.as_deref().unwrap_or("");
-        let result = conn
-            .execute(
+        let result = async {
+            conn.query(
                 st.heartbeat.as_str(),
                 &[
                     &beat.process_id,
@@ -136,11 +152,21 @@ impl InstanceRegistry for SqlServerTransport {
                     &beat.summary.as_str(),
                 ],
             )
-            .await;
-        result.map(|_| ()).map_err(|e| {
-            conn.broken = true;
-            registry_error(e, &st.table)
-        })
+            .await?
+            .into_first_result()
+            .await
+        }
+        .await;
+        match result {
+            Ok(rows) => Ok(rows
+                .iter()
+                .filter_map(|row| row.get::<&str, _>(0).map(str::to_owned))
+                .collect()),
+            Err(e) => {
+                conn.broken = true;
+                Err(registry_error(e, &st.table))
+            }
+        }
     }
 
     async fn instances(&self) -> Result<Vec<InstanceRecord>, TransportError> {

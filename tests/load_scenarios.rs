@@ -250,7 +250,7 @@ fn override_never() {
 }
 
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; memory's bounds are checked in simulated time by tests/throttling_simulation.rs, a hand-over to an override by quality's unit tests and override_delivery (run: cargo test --test load_scenarios -- --ignored)"]
 fn mixed() {
     let s = scenario("mixed", 0.6);
     // In-process (3) cannot show here: its exact ceiling keeps it at the threshold while

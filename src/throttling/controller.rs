@@ -863,7 +863,8 @@ impl Controller {
         if top.is_some() || st.cause.is_none() {
             st.cause_clear_since = None;
         }
-        let dwelling = st.cause != Some(Condition::Override)
+        let dwelling = top.is_none()
+            && st.cause.is_some_and(|c| c != Condition::Override)
             && now.saturating_sub(*st.cause_clear_since.get_or_insert(now)) < self.config.min_dwell;
         let (cause, recovering) = match top {
             Some(c) => (Some(c.condition), false),

@@ -266,13 +266,14 @@ async fn without_the_notification_a_message_is_found_by_peeking() {
     config.host.create_queues = false;
     config.queues[0].concurrency.peek_interval = Duration::from_millis(300);
     let (host, probe) = probed_host(config, None).await;
-    setup
-        .send(&q("quiet"), &OutgoingMessage::new(vec![1]))
-        .await
-        .unwrap();
-    wait_until(Duration::from_secs(10), "found by a peek", || {
-        probe.handled() >= 1
-    })
+    // Found by a peek: the bound is a peek's, not a notification's.
+    let (queue, message) = (q("quiet"), OutgoingMessage::new(vec![1]));
+    picked_up_within(
+        Duration::from_secs(10),
+        &probe,
+        1,
+        setup.send(&queue, &message),
+    )
     .await;
     let triggers: i64 = client
         .query_one(
@@ -297,13 +298,13 @@ async fn with_notify_on_insert_off_nothing_is_added_and_peeks_find_messages() {
     config.queues[0].concurrency.peek_interval = Duration::from_millis(300);
     let (host, probe) = probed_host(config, None).await;
     let sender = schema.transport(TransactionMode::ReceiveOnly, 1).await;
-    sender
-        .send(&q("plain"), &OutgoingMessage::new(vec![1]))
-        .await
-        .unwrap();
-    wait_until(Duration::from_secs(10), "found by a peek", || {
-        probe.handled() >= 1
-    })
+    let (queue, message) = (q("plain"), OutgoingMessage::new(vec![1]));
+    picked_up_within(
+        Duration::from_secs(10),
+        &probe,
+        1,
+        sender.send(&queue, &message),
+    )
     .await;
     let client = schema.client().await;
     let triggers: i64 = client
@@ -414,13 +415,13 @@ async fn an_idle_queue_costs_at_most_one_statement_per_second_with_listening() {
     // The count is of this host's statements: its receive of a message is seen. (How soon it
     // is received is the other tests' business; here a peek every second may find it first.)
     let sender = schema.transport(TransactionMode::ReceiveOnly, 1).await;
-    sender
-        .send(&q("idle"), &OutgoingMessage::new(vec![1]))
-        .await
-        .unwrap();
-    wait_until(Duration::from_secs(10), "the message handled", || {
-        probe.handled() >= 1
-    })
+    let (queue, message) = (q("idle"), OutgoingMessage::new(vec![1]));
+    picked_up_within(
+        Duration::from_secs(10),
+        &probe,
+        1,
+        sender.send(&queue, &message),
+    )
     .await;
     assert!(
         proxy.statements.load(std::sync::atomic::Ordering::SeqCst) > before + idle,

@@ -28,6 +28,13 @@ fn config(schema: &PgSchema, instance: &str) -> Config {
     config
 }
 
+/// [`config`] with an admin endpoint on a free loopback port.
+fn config_with_admin(schema: &PgSchema, instance: &str) -> Config {
+    let mut config = config(schema, instance);
+    config.host.admin_address = "127.0.0.1:0".into();
+    config
+}
+
 async fn start(config: Config) -> (Host, std::sync::Arc<Probe>) {
     let probe = Probe::new(Duration::ZERO);
     let host = HostBuilder::new(config)
@@ -208,9 +215,7 @@ async fn a_host_whose_heartbeat_fails_keeps_receiving_and_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_fleet_lists_every_instance() {
     let schema = PgSchema::new();
-    let mut asked = config(&schema, "asked");
-    asked.host.admin_address = "127.0.0.1:0".into();
-    let asked = start(asked).await.0;
+    let asked = start(config_with_admin(&schema, "asked")).await.0;
     let others = [
         start(config(&schema, "second")).await.0,
         start(config(&schema, "third")).await.0,
@@ -324,9 +329,7 @@ async fn a_fleet_override_reaches_every_instance_and_a_local_one_holds_until_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_override_route_takes_a_fleet_scope_and_refuses_what_it_cannot_do() {
     let schema = PgSchema::new();
-    let mut with_admin = config(&schema, "a");
-    with_admin.host.admin_address = "127.0.0.1:0".into();
-    let a = start(with_admin).await.0;
+    let a = start(config_with_admin(&schema, "a")).await.0;
     let url = format!(
         "http://{}/throttling/delivery/override",
         a.admin_address().unwrap()
@@ -358,9 +361,8 @@ async fn the_override_route_takes_a_fleet_scope_and_refuses_what_it_cannot_do() 
     );
     a.shutdown().await;
 
-    let mut off = config(&schema, "off");
+    let mut off = config_with_admin(&schema, "off");
     off.fleet.enabled = false;
-    off.host.admin_address = "127.0.0.1:0".into();
     let off = start(off).await.0;
     let url = format!(
         "http://{}/throttling/delivery/override?scope=fleet",

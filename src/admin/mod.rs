@@ -254,24 +254,37 @@ async fn healthz() -> Response {
     axum::Json(json!({ "status": "ok" })).into_response()
 }
 
-/// `GET /fleet`: every instance on this host's database (see `crate::fleet`).
-async fn fleet(State(host): State<Shared>) -> Response {
-    let runtime = host.runtime();
-    let read = on_host(&runtime, async move { host.fleet().await });
-    match tokio::time::timeout(READY_TIMEOUT, read).await {
-        Ok(Some(Ok(view))) => axum::Json(view).into_response(),
-        Ok(Some(Err(why))) => error(StatusCode::SERVICE_UNAVAILABLE, why),
-        Ok(None) => error(
+/// Runs `call` (a use of the instance registry) on the host's runtime and waits
+/// [`READY_TIMEOUT`] for it; a runtime that is stopping or a registry that does not answer
+/// is a 503 (`unanswered` says what that leaves undecided).
+async fn on_registry<T: Send + 'static>(
+    host: &Shared,
+    call: impl std::future::Future<Output = T> + Send + 'static,
+    unanswered: &str,
+) -> Result<T, Response> {
+    match tokio::time::timeout(READY_TIMEOUT, on_host(&host.runtime(), call)).await {
+        Ok(Some(answer)) => Ok(answer),
+        Ok(None) => Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
             "the host runtime is stopping",
-        ),
-        Err(_) => error(
+        )),
+        Err(_) => Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "the instance registry did not answer within {}s",
+                "the instance registry did not answer within {}s{unanswered}",
                 READY_TIMEOUT.as_secs()
             ),
-        ),
+        )),
+    }
+}
+
+/// `GET /fleet`: every instance on this host's database (see `crate::fleet`).
+async fn fleet(State(host): State<Shared>) -> Response {
+    let reader = host.clone();
+    match on_registry(&host, async move { reader.fleet().await }, "").await {
+        Ok(Ok(view)) => axum::Json(view).into_response(),
+        Ok(Err(why)) => error(StatusCode::SERVICE_UNAVAILABLE, why),
+        Err(unanswered) => unanswered,
     }
 }
 
@@ -392,30 +405,19 @@ async fn set_override(
         )
         .into_response();
     }
-    let runtime = host.runtime();
-    let write = on_host(&runtime, async move {
-        host.set_fleet_override(direction, mode).await
-    });
-    match tokio::time::timeout(READY_TIMEOUT, write).await {
-        Ok(Some(Ok(()))) => {
+    let writer = host.clone();
+    let write = async move { writer.set_fleet_override(direction, mode).await };
+    let unanswered = "; the fleet-wide override may or may not have been written";
+    match on_registry(&host, write, unanswered).await {
+        Ok(Ok(())) => {
             axum::Json(json!({ "direction": direction.name(), "override": mode, "scope": "fleet" }))
                 .into_response()
         }
         // No registry: the request cannot be done as asked on this host.
-        Ok(Some(Err(why @ FleetOrderError::NoRegistry(_)))) => {
+        Ok(Err(why @ FleetOrderError::NoRegistry(_))) => {
             error(StatusCode::CONFLICT, why.to_string())
         }
-        Ok(Some(Err(why))) => error(StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
-        Ok(None) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the host runtime is stopping",
-        ),
-        Err(_) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the instance registry did not answer within {}s; the fleet-wide override may or may not have been written",
-                READY_TIMEOUT.as_secs()
-            ),
-        ),
+        Ok(Err(why)) => error(StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
+        Err(unanswered) => unanswered,
     }
 }

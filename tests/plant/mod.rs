@@ -9,8 +9,6 @@
 //! service builds them (the same [`RateWindow`]s and [`DrainMeter`]). Minutes of behaviour
 //! take milliseconds, and a run is the same every time.
 
-#![allow(dead_code)]
-
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -19,7 +17,7 @@ use throttlehost::load::quality::{self, Episode, Tick};
 use throttlehost::throttling::Direction;
 use throttlehost::throttling::ceiling::{AdmissionCounts, Ceiling, Usage};
 use throttlehost::throttling::controller::{
-    Controller, Decision, MachineFacts, QueueLoad, Readings, Thresholds,
+    Controller, MachineFacts, QueueLoad, Readings, Thresholds,
 };
 use throttlehost::throttling::rates::{DrainMeter, RateWindow};
 
@@ -108,18 +106,14 @@ pub fn config(sample: f64) -> ThrottlingConfig {
 /// A run's record.
 pub struct Outcome {
     pub ticks: Vec<Tick>,
-    pub decisions: Vec<Decision>,
     /// Handler completions per phase.
     pub completed: Vec<f64>,
     /// At each tick: messages started and messages done so far, and messages in handlers.
     pub delivered: Vec<(u64, u64, u64)>,
     /// Inserts stored per phase.
     pub stored: Vec<f64>,
-    /// The longest any send waited in publishing's admission, seconds.
-    pub longest_send_wait: f64,
-    /// Sends offered and never stored, and messages stored and never handled, at the end.
+    /// Sends still waiting in publishing's admission at the end.
     pub left_unsent: usize,
-    pub left_in_backlog: f64,
 }
 
 impl Outcome {
@@ -149,15 +143,6 @@ impl Outcome {
         };
         let (a, b) = (at(from), at(to));
         (b.0 - a.0) as f64 / (b.1 - a.1).max(1) as f64
-    }
-
-    /// Seconds each direction spent in `state`.
-    pub fn seconds_in(&self, direction: Direction, state: u8, sample: f64) -> f64 {
-        self.ticks
-            .iter()
-            .filter(|t| t.states[direction.index()] == state)
-            .count() as f64
-            * sample
     }
 }
 
@@ -301,25 +286,16 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
     let (mut t, mut next_tick) = (0.0, 0.0);
     let mut out = Outcome {
         ticks: Vec::new(),
-        decisions: Vec::new(),
         completed: Vec::new(),
         delivered: Vec::new(),
         stored: Vec::new(),
-        longest_send_wait: 0.0,
         left_unsent: 0,
-        left_in_backlog: 0.0,
     };
     for phase in phases {
         let end = t + phase.seconds;
         let (done_before, stored_before) = (w.done_total, w.stored_total);
         while t < end {
-            publish(
-                &mut w,
-                phase,
-                &mut publishing,
-                t,
-                &mut out.longest_send_wait,
-            );
+            publish(&mut w, phase, &mut publishing, t);
             // Handlers finish.
             let before = w.running.len();
             w.running.retain_mut(|r| {
@@ -415,19 +391,17 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
             out.ticks.push(quality::tick(t, &d));
             out.delivered
                 .push((w.started_total, w.done_total, w.running.len() as u64));
-            out.decisions.push(d);
         }
         out.completed.push((w.done_total - done_before) as f64);
         out.stored.push((w.stored_total - stored_before) as f64);
     }
     out.left_unsent = w.offered.len();
-    out.left_in_backlog = w.backlog + w.admitted;
     out
 }
 
 /// One step of the publisher: sends are offered, wait out the delay and the pace, and are
 /// stored as fast as the store allows.
-fn publish(w: &mut World, phase: &Phase, admission: &mut Admission, t: f64, longest: &mut f64) {
+fn publish(w: &mut World, phase: &Phase, admission: &mut Admission, t: f64) {
     w.offer_credit += phase.offered_per_sec * STEP;
     while w.offer_credit >= 1.0 {
         w.offer_credit -= 1.0;
@@ -442,11 +416,7 @@ fn publish(w: &mut World, phase: &Phase, admission: &mut Admission, t: f64, long
         .take_while(|(at, delay)| t - at >= delay.min(admission.delay))
         .count() as f64;
     let admitted = admission.paced(ready);
-    for _ in 0..admitted as usize {
-        if let Some((at, _)) = w.offered.pop_front() {
-            *longest = longest.max(t - at);
-        }
-    }
+    w.offered.drain(..admitted as usize);
     w.admitted += admitted;
     // Capacity not used in a step is not saved up for later.
     let capacity = phase.store_per_sec.min(1e9) * STEP;

@@ -117,6 +117,19 @@ fn registry_error(e: tiberius::error::Error, table: &str) -> TransportError {
     }
 }
 
+/// `result` as the registry answers it: a statement that failed leaves its connection marked
+/// broken (the pool drops it) and is named as the registry's.
+fn settle<T>(
+    broken: &mut bool,
+    result: Result<T, tiberius::error::Error>,
+    table: &str,
+) -> Result<T, TransportError> {
+    result.map_err(|e| {
+        *broken = true;
+        registry_error(e, table)
+    })
+}
+
 #[async_trait]
 impl InstanceRegistry for SqlServerTransport {
     async fn create_registry(&self) -> Result<(), TransportError> {
@@ -157,28 +170,18 @@ impl InstanceRegistry for SqlServerTransport {
             .await
         }
         .await;
-        match result {
-            Ok(rows) => Ok(rows
-                .iter()
-                .filter_map(|row| row.get::<&str, _>(0).map(str::to_owned))
-                .collect()),
-            Err(e) => {
-                conn.broken = true;
-                Err(registry_error(e, &st.table))
-            }
-        }
+        let rows = settle(&mut conn.broken, result, &st.table)?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| row.get::<&str, _>(0).map(str::to_owned))
+            .collect())
     }
 
     async fn instances(&self) -> Result<Vec<InstanceRecord>, TransportError> {
         let st = self.registry();
         let mut conn = self.inner.conn().await?;
-        let rows = match conn.first_result(&st.list).await {
-            Ok(rows) => rows,
-            Err(e) => {
-                conn.broken = true;
-                return Err(registry_error(e, &st.table));
-            }
-        };
+        let result = conn.first_result(&st.list).await;
+        let rows = settle(&mut conn.broken, result, &st.table)?;
         let text = |row: &tiberius::Row, i: usize| -> String {
             row.get::<&str, _>(i).unwrap_or_default().to_owned()
         };
@@ -212,26 +215,16 @@ impl InstanceRegistry for SqlServerTransport {
                 .await
         }
         .await;
-        match answer {
-            Ok(row) => Ok(row
-                .and_then(|r| r.get::<i64, _>(0))
-                .map_or(0, |n| n.max(0) as u64)),
-            Err(e) => {
-                conn.broken = true;
-                Err(registry_error(e, &st.table))
-            }
-        }
+        let row = settle(&mut conn.broken, answer, &st.table)?;
+        Ok(row
+            .and_then(|r| r.get::<i64, _>(0))
+            .map_or(0, |n| n.max(0) as u64))
     }
 
     async fn leave(&self, process_id: Uuid) -> Result<(), TransportError> {
         let st = self.registry();
         let mut conn = self.inner.conn().await?;
-        match conn.execute(st.leave.as_str(), &[&process_id]).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                conn.broken = true;
-                Err(registry_error(e, &st.table))
-            }
-        }
+        let result = conn.execute(st.leave.as_str(), &[&process_id]).await;
+        settle(&mut conn.broken, result, &st.table).map(|_| ())
     }
 }

@@ -209,6 +209,13 @@ pub const METRICS: &[MetricDef] = &[
         "Effective concurrency limit of the queue (<= max)",
     ),
     def(
+        "fleet_share",
+        G,
+        None,
+        &["queue"],
+        "This instance's share of the queue's fleet-wide limit (fleet_max), as its last share round set it",
+    ),
+    def(
         "concurrency_max",
         G,
         None,
@@ -549,6 +556,7 @@ impl Metrics {
             handler_duration: self.histogram("handler_duration_seconds", &q),
             concurrency_limit: self.gauge("concurrency_limit", &q),
             concurrency_max: self.gauge("concurrency_max", &q),
+            fleet_share: self.gauge("fleet_share", &q),
             in_flight: self.gauge("in_flight", &q),
             receive_loops: self.gauge("receive_loops", &q),
             queue_depth: self.gauge("queue_depth", &q),
@@ -711,6 +719,8 @@ pub struct QueueMetrics {
     pub concurrency_limit: Gauge,
     /// Configured max.
     pub concurrency_max: Gauge,
+    /// This instance's share of the fleet-wide limit.
+    pub fleet_share: Gauge,
     /// Running now.
     pub in_flight: Gauge,
     /// Loops or peekers.

@@ -129,6 +129,15 @@ pub struct ResourceStatus {
     pub text: String,
 }
 
+/// A queue's fleet-wide limit as this instance holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FleetShareStatus {
+    /// `concurrency.fleet_max`: in flight across every instance at most.
+    pub fleet_max: u32,
+    /// What this instance may have in flight of it now (0 until its first share round).
+    pub share: u32,
+}
+
 /// One receiving queue.
 #[derive(Debug, Clone, Serialize)]
 pub struct QueueStatus {
@@ -138,8 +147,11 @@ pub struct QueueStatus {
     pub model: ConcurrencyModel,
     /// Configured MaximumConcurrencyLevel.
     pub max: u32,
-    /// Effective limit now (throttling may shrink it).
+    /// Effective limit now (throttling, the downstream guards and a fleet share may shrink it).
     pub limit: u32,
+    /// The queue's fleet-wide limit (`concurrency.fleet_max`) and this instance's share of it
+    /// now; None without one.
+    pub fleet: Option<FleetShareStatus>,
     /// Receives and handlers running now.
     pub in_flight: u32,
     /// Most in flight at once since start.

@@ -92,3 +92,13 @@ fn sqlserver_instances_sql_is_what_the_registry_creates() {
     let code = throttlehost::transport::sqlserver::fleet::registry_statements("dbo").create;
     assert_eq!(normalize(&file), normalize(&code));
 }
+
+#[test]
+fn shares_sql_is_what_a_fleet_wide_limit_creates() {
+    let file = std::fs::read_to_string("sql/postgres/shares.sql").unwrap();
+    let code = throttlehost::transport::postgres::fleet::share_statements("public").create;
+    assert_eq!(normalize(&file), normalize(&code));
+    let file = std::fs::read_to_string("sql/sqlserver/shares.sql").unwrap();
+    let code = throttlehost::transport::sqlserver::fleet::share_statements("dbo").create;
+    assert_eq!(normalize(&file), normalize(&code));
+}

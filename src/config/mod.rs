@@ -139,6 +139,10 @@ pub struct FleetConfig {
     /// The row of an instance not seen for this long is deleted (by any instance).
     #[serde(with = "units::duration")]
     pub forget_after: Duration,
+    /// How often this host takes its share of each fleet-wide limit (`fleet_max`) again:
+    /// a few statements per fleet-limited queue each time (sooner while shares move).
+    #[serde(with = "units::duration")]
+    pub share_interval: Duration,
 }
 
 impl Default for FleetConfig {
@@ -148,6 +152,7 @@ impl Default for FleetConfig {
             heartbeat_interval: Duration::from_secs(5),
             gone_after: Duration::from_secs(20),
             forget_after: Duration::from_secs(3600),
+            share_interval: Duration::from_secs(1),
         }
     }
 }
@@ -492,6 +497,10 @@ pub struct ConcurrencyConfig {
     /// and only while delivery is not throttled; it commits once, after every message of it
     /// has ended, and a crash returns all of it (duplicates after a crash: up to this many).
     pub receive_batch: u32,
+    /// The most messages of this queue in flight across every instance on the database at
+    /// once (unset: no fleet-wide limit). The instances share it by demand through the
+    /// database (`[fleet]`); each one's own `max` still bounds it.
+    pub fleet_max: Option<u32>,
 }
 
 impl Default for ConcurrencyConfig {
@@ -503,6 +512,7 @@ impl Default for ConcurrencyConfig {
             ramp_up_after: 5,
             ramp_down_after: 2,
             receive_batch: 1,
+            fleet_max: None,
         }
     }
 }

@@ -34,6 +34,12 @@ pub fn validate(config: &Config) -> Problems {
         validate_queue(i, q, &instance, &mut names, &mut add);
         validate_ordering(i, config, &mut add);
         validate_recoverability(i, config, &mut add);
+        if q.concurrency.fleet_max.is_some() && !config.fleet.enabled {
+            add(
+                format!("queues[{i}].concurrency.fleet_max"),
+                "needs fleet.enabled = true: the instances share the limit through the instance registry".into(),
+            );
+        }
         if q.concurrency.receive_batch > 1
             && config.transport.transaction_mode == TransactionMode::None
         {
@@ -65,6 +71,15 @@ fn validate_fleet(f: &super::FleetConfig, add: &mut impl FnMut(String, String)) 
             format!(
                 "{:?} must be at least twice fleet.heartbeat_interval ({:?}): a host that missed one heartbeat is not gone",
                 f.gone_after, f.heartbeat_interval
+            ),
+        );
+    }
+    if f.share_interval < Duration::from_millis(50) || f.share_interval > f.heartbeat_interval {
+        add(
+            "fleet.share_interval".into(),
+            format!(
+                "{:?} must be between 50ms and fleet.heartbeat_interval ({:?}): an idle instance gives its share back within one heartbeat",
+                f.share_interval, f.heartbeat_interval
             ),
         );
     }
@@ -400,6 +415,12 @@ fn validate_queue(
             format!("{} is more than 10000 messages in flight per queue", c.max),
         );
     }
+    if let Some(fleet_max) = c.fleet_max.filter(|n| !(1..=100_000).contains(n)) {
+        add(
+            key("concurrency.fleet_max"),
+            format!("{fleet_max} is not between 1 and 100000"),
+        );
+    }
     if !(1..=1000).contains(&c.receive_batch) {
         add(
             key("concurrency.receive_batch"),
@@ -584,6 +605,29 @@ mod tests {
         assert!(
             p.iter()
                 .any(|m| m.contains("transport.notify_on_insert") && m.contains("PostgreSQL")),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_fleet_max_needs_the_registry_and_a_share_interval_within_a_heartbeat() {
+        let queue = "[[queues]]\nname = \"q\"\n[queues.concurrency]\n";
+        assert!(problems(&format!("{queue}fleet_max = 12\n")).is_empty());
+        let p = problems(&format!("{queue}fleet_max = 0\n"));
+        assert!(
+            p.iter().any(|m| m.contains("queues[0].concurrency.fleet_max")
+                && m.contains("between 1 and 100000")),
+            "{p:?}"
+        );
+        let p = problems(&format!("[fleet]\nenabled = false\n{queue}fleet_max = 12\n"));
+        assert!(
+            p.iter().any(|m| m.contains("queues[0].concurrency.fleet_max")
+                && m.contains("fleet.enabled")),
+            "{p:?}"
+        );
+        let p = problems("[fleet]\nheartbeat_interval = \"1s\"\nshare_interval = \"2s\"\n");
+        assert!(
+            p.iter().any(|m| m.contains("fleet.share_interval")),
             "{p:?}"
         );
     }

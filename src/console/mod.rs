@@ -292,6 +292,7 @@ mod tests {
                 model: ConcurrencyModel::Fixed,
                 max: 8,
                 limit: 4,
+                fleet: None,
                 in_flight: 3,
                 peak_in_flight: 8,
                 depth,

@@ -327,19 +327,21 @@ fn plan_queues(
         to_create.push(name.clone());
         to_create.push(error_queue.clone());
         error_queues.insert(error_queue.clone());
-        let mut receivers = vec![(name.clone(), qc.concurrency.max)];
+        let shared = QueueSettings::from_config(qc, qc.concurrency.max, mode);
+        let mut receivers = vec![(name.clone(), shared)];
         if qc.instance_queue.enabled {
             let instance_queue = QueueName::new(&qc.instance_queue_name(instance))?;
             to_create.push(instance_queue.clone());
-            receivers.push((instance_queue, qc.instance_queue.max_concurrency));
+            let own = QueueSettings::from_config(qc, qc.instance_queue.max_concurrency, mode);
+            receivers.push((instance_queue, own.local_only()));
         }
-        for (queue_name, max) in receivers {
+        for (queue_name, settings) in receivers {
             let runtime = QueueRuntime::new(
                 queue_name.clone(),
                 error_queue.clone(),
                 error_depths.entry(error_queue.clone()).or_default().clone(),
                 qc.concurrency.model,
-                QueueSettings::from_config(qc, max, mode),
+                settings,
                 handler.clone(),
                 metrics.queue(queue_name.as_str()),
             )
@@ -439,6 +441,23 @@ fn known_queues(
     known
 }
 
+/// Refuses a fleet-wide limit the transport cannot share (no shares table, or no registry to
+/// tell the living instances from the gone), naming the queue's key.
+fn check_fleet_limits(config: &Config, transport: &dyn Transport) -> Result<(), HostError> {
+    let able = transport.fleet_shares().is_some() && transport.instance_registry().is_some();
+    match config
+        .queues
+        .iter()
+        .position(|q| q.concurrency.fleet_max.is_some())
+    {
+        Some(i) if !able => Err(HostError::Config(format!(
+            "queues[{i}].concurrency.fleet_max: the {} transport cannot share a limit between instances (it keeps no instance registry or shares table)",
+            transport.describe()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Creates the queues (when configured), runs the transport's start-up checks, warns about
 /// settings that cannot work well, and purges expired messages (when configured).
 /// Creates the delayed table of every queue with delayed delivery on.
@@ -470,6 +489,7 @@ async fn prepare_transport(
     queues: &[Arc<QueueRuntime>],
 ) -> Result<(), HostError> {
     let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
+    check_fleet_limits(config, transport)?;
     // Before anything is created: a start that is refused leaves no tables behind.
     let server_warnings = transport
         .server_checks()
@@ -696,11 +716,27 @@ fn start_heartbeat(inner: &Arc<HostInner>, admin: Option<SocketAddr>) {
         summary: String::new(),
     };
     let (for_summary, for_settings, for_orders) = (inner.clone(), inner.clone(), inner.clone());
+    let (written, shares_released) = (CancellationToken::new(), CancellationToken::new());
     let hooks = crate::fleet::HeartbeatHooks {
         summary: move || status::fleet_summary(&for_summary).to_string(),
         settings: move || for_settings.config().fleet.clone(),
         orders: move |orders| for_orders.apply_fleet_orders(orders),
+        written: written.clone(),
+        shares_released: shares_released.clone(),
     };
+    let for_shares = inner.clone();
+    inner
+        .receive_ctx
+        .tasks
+        .spawn(crate::fleet::share::run_shares(
+            inner.transport.clone(),
+            inner.queues.clone(),
+            inner.process_id,
+            move || for_shares.config().fleet.clone(),
+            written,
+            inner.receive_ctx.stop.clone(),
+            shares_released,
+        ));
     inner.receive_ctx.tasks.spawn(crate::fleet::run_heartbeat(
         inner.transport.clone(),
         me,
@@ -941,19 +977,17 @@ impl HostInner {
                 ));
             }
             let instance_queue = format!("{}.{}", qc.name, self.instance);
+            let mode = new.transport.transaction_mode;
             for q in self.queues.iter() {
-                let max = if q.name.as_str() == qc.name {
-                    qc.concurrency.max
+                let settings = if q.name.as_str() == qc.name {
+                    QueueSettings::from_config(qc, qc.concurrency.max, mode)
                 } else if qc.instance_queue.enabled && q.name.as_str() == instance_queue {
-                    qc.instance_queue.max_concurrency
+                    QueueSettings::from_config(qc, qc.instance_queue.max_concurrency, mode)
+                        .local_only()
                 } else {
                     continue;
                 };
-                q.reconfigure(QueueSettings::from_config(
-                    qc,
-                    max,
-                    new.transport.transaction_mode,
-                ));
+                q.reconfigure(settings);
                 let sim = self.simulated.iter().find(|(name, _)| *name == q.name);
                 match (&qc.handler, sim.map(|(_, sim)| sim)) {
                     (Some(HandlerConfig::Simulate(knobs)), Some(sim)) => {

@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use super::HostInner;
-use crate::status::{DirectionStatus, HostStatus, QueueStatus, ResourceStatus, ThrottlingStatus};
+use crate::status::{
+    DirectionStatus, FleetShareStatus, HostStatus, QueueStatus, ResourceStatus, ThrottlingStatus,
+};
 use crate::throttling::controller::DirectionDecision;
 use crate::throttling::explain::{describe_condition, explain};
 use crate::throttling::{Condition, Direction};
@@ -108,6 +110,10 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
                     model: q.model,
                     max: settings.max,
                     limit: q.gate.effective(),
+                    fleet: settings.fleet_max.map(|fleet_max| FleetShareStatus {
+                        fleet_max,
+                        share: q.gate.fleet_share().min(fleet_max),
+                    }),
                     in_flight: q.gate.in_flight(),
                     peak_in_flight: q.gate.peak(),
                     depth: q.depth.get(),

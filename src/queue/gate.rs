@@ -1,8 +1,10 @@
-//! A queue's concurrency gate: at most `min(max, limit, guard)` permits out at once, where
-//! `max` is the configured MaximumConcurrencyLevel (changed by a config reload), `limit` is the
-//! throttling controller's current limit and `guard` the limit the queue's downstream guards
-//! set (outage mode, the latency-aware limit; see `queue::downstream`). Either may change at any moment: a lower value
-//! stops new permits at once while held ones run to completion; a higher value wakes waiters.
+//! A queue's concurrency gate: at most `min(max, limit, guard, fleet)` permits out at once,
+//! where `max` is the configured MaximumConcurrencyLevel (changed by a config reload), `limit`
+//! is the throttling controller's current limit, `guard` the limit the queue's downstream
+//! guards set (outage mode, the latency-aware limit; see `queue::downstream`) and `fleet` this
+//! instance's share of the queue's fleet-wide limit (`fleet_max`, see `fleet::share`; the only
+//! one that may be 0). Any may change at any moment: a lower value stops new permits at once
+//! while held ones run to completion; a higher value wakes waiters.
 //!
 //! The permits are a tokio [`Semaphore`], so waiters are served first come, first served and
 //! an acquire that is cancelled leaves the queue. The semaphore is resized as vector's
@@ -20,9 +22,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Debug)]
 pub struct ConcurrencyGate {
     permits: Arc<Semaphore>,
-    /// `(max, limit, guard)`; resizing happens under this lock so two changes cannot both
-    /// apply the same difference.
-    sizes: Mutex<(u32, u32, u32)>,
+    /// The four sizes; resizing happens under this lock so two changes cannot both apply the
+    /// same difference.
+    sizes: Mutex<Sizes>,
     /// The effective limit, readable without the lock.
     effective: AtomicU32,
     /// Held permits to forget on release instead of returning them (a shrink that found too
@@ -38,7 +40,12 @@ impl ConcurrencyGate {
         let max = max.max(1);
         ConcurrencyGate {
             permits: Arc::new(Semaphore::new(max as usize)),
-            sizes: Mutex::new((max, u32::MAX, u32::MAX)),
+            sizes: Mutex::new(Sizes {
+                max,
+                limit: u32::MAX,
+                guard: u32::MAX,
+                fleet: u32::MAX,
+            }),
             effective: AtomicU32::new(max),
             owed: AtomicU32::new(0),
             in_flight: AtomicU32::new(0),
@@ -48,7 +55,13 @@ impl ConcurrencyGate {
 
     /// The configured maximum.
     pub fn max(&self) -> u32 {
-        self.lock_sizes().0
+        self.lock_sizes().max
+    }
+
+    /// The limit this instance sets itself, without its fleet share: `min(max, limit, guard)`
+    /// (what it would take of a fleet-wide limit if the others let it).
+    pub fn local_limit(&self) -> u32 {
+        self.lock_sizes().local()
     }
 
     /// The permits available in total right now: `min(max, limit, guard)`.
@@ -73,23 +86,34 @@ impl ConcurrencyGate {
 
     /// Changes the configured maximum.
     pub fn set_max(&self, max: u32) {
-        let mut sizes = self.lock_sizes();
-        sizes.0 = max.max(1);
-        self.resize(sizes.0.min(sizes.1).min(sizes.2));
+        self.change(|sizes| sizes.max = max.max(1));
     }
 
     /// Changes the throttling limit.
     pub fn set_limit(&self, limit: u32) {
-        let mut sizes = self.lock_sizes();
-        sizes.1 = limit.max(1);
-        self.resize(sizes.0.min(sizes.1).min(sizes.2));
+        self.change(|sizes| sizes.limit = limit.max(1));
     }
 
     /// Changes the downstream guards' limit (`u32::MAX`: none).
     pub fn set_guard_limit(&self, limit: u32) {
+        self.change(|sizes| sizes.guard = limit.max(1));
+    }
+
+    /// Changes this instance's share of the fleet-wide limit (`u32::MAX`: none; 0: no
+    /// permit at all until the share grows).
+    pub fn set_fleet_share(&self, share: u32) {
+        self.change(|sizes| sizes.fleet = share);
+    }
+
+    /// This instance's share of the fleet-wide limit (`u32::MAX`: none).
+    pub fn fleet_share(&self) -> u32 {
+        self.lock_sizes().fleet
+    }
+
+    fn change(&self, set: impl FnOnce(&mut Sizes)) {
         let mut sizes = self.lock_sizes();
-        sizes.2 = limit.max(1);
-        self.resize(sizes.0.min(sizes.1).min(sizes.2));
+        set(&mut sizes);
+        self.resize(sizes.local().min(sizes.fleet));
     }
 
     /// Takes a permit if one is free now (never ahead of a waiter: tokio hands returned
@@ -146,9 +170,24 @@ impl ConcurrencyGate {
         taken
     }
 
-    fn lock_sizes(&self) -> std::sync::MutexGuard<'_, (u32, u32, u32)> {
-        // Two integers cannot be left half-written: a poisoned lock is still consistent.
+    fn lock_sizes(&self) -> std::sync::MutexGuard<'_, Sizes> {
+        // Integers cannot be left half-written: a poisoned lock is still consistent.
         self.sizes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What bounds the gate (see the module documentation).
+#[derive(Debug)]
+struct Sizes {
+    max: u32,
+    limit: u32,
+    guard: u32,
+    fleet: u32,
+}
+
+impl Sizes {
+    fn local(&self) -> u32 {
+        self.max.min(self.limit).min(self.guard)
     }
 }
 
@@ -235,9 +274,10 @@ mod tests {
             seed % n
         };
         for _ in 0..20_000 {
-            match next(4) {
+            match next(5) {
                 0 => g.set_limit(1 + next(12) as u32),
                 1 => g.set_max(1 + next(12) as u32),
+                4 => g.set_fleet_share(next(13) as u32),
                 2 if !held.is_empty() => {
                     let at = next(held.len() as u64) as usize;
                     held.swap_remove(at);
@@ -258,6 +298,29 @@ mod tests {
         held.clear();
         assert_eq!(g.permits.available_permits() as u32, g.effective());
         assert_eq!(g.owed.load(Ordering::Relaxed), 0);
+    }
+
+    /// A fleet share of 0 closes the gate (no other size can), a share above the local limit
+    /// does not widen it, and the local limit leaves the share out.
+    #[test]
+    fn a_fleet_share_bounds_the_gate_down_to_zero() {
+        let g = Arc::new(ConcurrencyGate::new(4));
+        g.set_fleet_share(0);
+        assert!(g.try_acquire().is_none(), "share 0: nothing");
+        assert_eq!((g.effective(), g.local_limit()), (0, 4));
+        g.set_fleet_share(2);
+        let held: Vec<_> = (0..4).filter_map(|_| g.try_acquire()).collect();
+        assert_eq!(held.len(), 2);
+        g.set_fleet_share(0);
+        drop(held);
+        assert!(g.try_acquire().is_none(), "the returned permits were owed");
+        g.set_fleet_share(10);
+        assert_eq!(g.effective(), 4, "the max still bounds it");
+        g.set_limit(3);
+        assert_eq!(
+            (g.effective(), g.local_limit(), g.fleet_share()),
+            (3, 3, 10)
+        );
     }
 
     // Paused time: the sleeps below only let the waiters run and park, in no wall time.

@@ -107,6 +107,8 @@ pub struct QueueSettings {
     pub outage: OutageConfig,
     /// Latency-aware limit settings.
     pub latency_limit: LatencyLimitConfig,
+    /// The queue's fleet-wide limit, shared with the other instances (`fleet::share`).
+    pub fleet_max: Option<u32>,
 }
 
 impl QueueSettings {
@@ -138,6 +140,16 @@ impl QueueSettings {
             immediate_retries: config.immediate_retries,
             handler_timeout: config.handler_timeout,
             receive_batch: config.concurrency.receive_batch,
+            fleet_max: config.concurrency.fleet_max,
+        }
+    }
+
+    /// The same settings for a queue only this instance receives from (an instance queue):
+    /// no fleet-wide limit.
+    pub fn local_only(self) -> Self {
+        QueueSettings {
+            fleet_max: None,
+            ..self
         }
     }
 }
@@ -188,6 +200,7 @@ pub struct QueueRuntime {
     pub delayed_waiting: Arc<AtomicU64>,
     reconfigured: Notify,
     arrivals: Notify,
+    share_wanted: Notify,
     receiver_alive: AtomicBool,
 }
 
@@ -206,6 +219,11 @@ impl QueueRuntime {
     ) -> Self {
         metrics.concurrency_max.set(settings.max as f64);
         metrics.concurrency_limit.set(settings.max as f64);
+        let gate = ConcurrencyGate::new(settings.max);
+        if settings.fleet_max.is_some() {
+            // Nothing is received before the first share round grants some of the limit.
+            gate.set_fleet_share(0);
+        }
         QueueRuntime {
             downstream: DownstreamGuard::new(
                 &settings.outage,
@@ -216,7 +234,7 @@ impl QueueRuntime {
             delayed_batch: 100,
             delayed_waiting: Arc::default(),
             breaker: CircuitBreaker::new(name.as_str(), metrics.circuit_breaker_open.clone()),
-            gate: Arc::new(ConcurrencyGate::new(settings.max)),
+            gate: Arc::new(gate),
             name,
             error_queue,
             model,
@@ -232,6 +250,7 @@ impl QueueRuntime {
             single_receives: SingleReceives::default(),
             reconfigured: Notify::new(),
             arrivals: Notify::new(),
+            share_wanted: Notify::new(),
             receiver_alive: AtomicBool::new(false),
         }
     }
@@ -266,6 +285,11 @@ impl QueueRuntime {
     /// Applies new settings (config reload): a new max reaches the gate at once.
     pub fn reconfigure(&self, settings: QueueSettings) {
         self.gate.set_max(settings.max);
+        match (self.settings().fleet_max, settings.fleet_max) {
+            (None, Some(_)) => self.gate.set_fleet_share(0),
+            (Some(_), None) => self.gate.set_fleet_share(u32::MAX),
+            _ => {}
+        }
         self.downstream
             .reconfigure(&settings.outage, &settings.latency_limit, settings.max);
         self.gate.set_guard_limit(self.downstream.limit());
@@ -284,6 +308,13 @@ impl QueueRuntime {
     /// not lost.
     pub fn arrived(&self) {
         self.arrivals.notify_one();
+        self.share_wanted.notify_one();
+    }
+
+    /// Completes at the next arrival, for the loop that shares fleet-wide limits (an idle
+    /// instance holds no share and asks for one when messages come).
+    pub fn share_wanted(&self) -> tokio::sync::futures::Notified<'_> {
+        self.share_wanted.notified()
     }
 
     /// Completes at the next arrival ([`QueueRuntime::arrived`]), or at once for one that came

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::TransportError;
+use super::{QueueName, TransportError};
 
 /// The registry table's name in the queue schema.
 pub const INSTANCES_TABLE: &str = "throttlehost_instances";
@@ -78,4 +78,57 @@ pub trait InstanceRegistry: Send + Sync {
 
     /// Removes this process's row (it is stopping).
     async fn leave(&self, process_id: Uuid) -> Result<(), TransportError>;
+}
+
+/// The shares table's name in the queue schema: a row per instance and queue with a
+/// fleet-wide limit (`fleet_max`), saying how much of it the instance wants and holds.
+pub const SHARES_TABLE: &str = "throttlehost_shares";
+
+/// One instance's row of a queue's fleet-wide limit, as a share round reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareRow {
+    /// The instance's process.
+    pub process_id: Uuid,
+    /// What it asked for at its last round.
+    pub wanted: u32,
+    /// What it may hold: never less than it had in flight when it wrote the row.
+    pub granted: u32,
+    /// Its registry row was seen within `gone_after` (by the database's clock). The grant of
+    /// an instance that is not alive is free for the others.
+    pub alive: bool,
+}
+
+/// What a share round writes as this instance's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ShareClaim {
+    /// What this instance would use now.
+    pub wanted: u32,
+    /// What it holds from now on.
+    pub granted: u32,
+}
+
+/// A transport that can share a queue's fleet-wide limit among the instances on its
+/// database: rounds that never interleave for one queue, each reading every instance's row
+/// and writing one (see `fleet::share`, which decides what a round writes).
+#[async_trait]
+pub trait FleetShares: Send + Sync {
+    /// Creates the shares table when it is missing (safe when hosts do it at once).
+    async fn create_shares(&self) -> Result<(), TransportError>;
+
+    /// One round for `queue` and this process (`me`), in one transaction under a lock of the
+    /// queue's share that only one round holds at a time: reads every instance's row of the
+    /// queue (alive when its registry row was seen within `gone_after`), asks `decide` for
+    /// this process's row, writes it, removes the rows of instances the registry no longer
+    /// lists, and commits. Returns what was written. `decide` runs while the lock is held, so
+    /// what it reads of the others stays true until the commit.
+    async fn share_round(
+        &self,
+        queue: &QueueName,
+        me: Uuid,
+        gone_after: Duration,
+        decide: &mut (dyn for<'r> FnMut(&'r [ShareRow]) -> ShareClaim + Send),
+    ) -> Result<ShareClaim, TransportError>;
+
+    /// Removes this process's rows (it is stopping: what it held is free at once).
+    async fn drop_shares(&self, me: Uuid) -> Result<(), TransportError>;
 }

@@ -25,7 +25,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use super::delayed::{DelayedDelivery, Moved, delayed_headers};
-use super::fleet::{FLEET_ORDER_ROWS, Heartbeat, InstanceRecord, InstanceRegistry};
+use super::fleet::{
+    FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry, ShareClaim,
+    ShareRow,
+};
 use super::{
     ArrivalSink, HeldKey, Payload, QueueAdmin, QueueName, Received, Transport, TransportError,
 };
@@ -191,6 +194,8 @@ struct Shared {
     arrivals: Mutex<Option<Arc<dyn ArrivalSink>>>,
     /// The instance registry: each host process's last heartbeat, when it first and last beat.
     instances: Mutex<BTreeMap<Uuid, (Heartbeat, tokio::time::Instant, tokio::time::Instant)>>,
+    /// The shares of fleet-wide limits: (queue, process) to (wanted, granted).
+    shares: Mutex<BTreeMap<(QueueName, Uuid), (u32, u32)>>,
 }
 
 impl Shared {
@@ -444,6 +449,10 @@ impl Transport for MemoryTransport {
     }
 
     fn instance_registry(&self) -> Option<&dyn InstanceRegistry> {
+        Some(self)
+    }
+
+    fn fleet_shares(&self) -> Option<&dyn FleetShares> {
         Some(self)
     }
 
@@ -756,6 +765,48 @@ impl InstanceRegistry for MemoryTransport {
 
     async fn leave(&self, process_id: Uuid) -> Result<(), TransportError> {
         lock(&self.shared.instances).remove(&process_id);
+        Ok(())
+    }
+}
+
+/// Shares of fleet-wide limits among hosts sharing this transport (in one process). The
+/// shares' lock is the round's lock; the registry's is taken inside it, never the other way.
+#[async_trait]
+impl FleetShares for MemoryTransport {
+    async fn create_shares(&self) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    async fn share_round(
+        &self,
+        queue: &QueueName,
+        me: Uuid,
+        gone_after: Duration,
+        decide: &mut (dyn for<'r> FnMut(&'r [ShareRow]) -> ShareClaim + Send),
+    ) -> Result<ShareClaim, TransportError> {
+        let mut shares = lock(&self.shared.shares);
+        let seen: BTreeMap<Uuid, Duration> = lock(&self.shared.instances)
+            .iter()
+            .map(|(id, (_, _, seen))| (*id, seen.elapsed()))
+            .collect();
+        shares.retain(|(q, id), _| q != queue || *id == me || seen.contains_key(id));
+        let rows: Vec<ShareRow> = shares
+            .iter()
+            .filter(|((q, _), _)| q == queue)
+            .map(|((_, id), (wanted, granted))| ShareRow {
+                process_id: *id,
+                wanted: *wanted,
+                granted: *granted,
+                alive: seen.get(id).is_some_and(|ago| *ago <= gone_after),
+            })
+            .collect();
+        let claim = decide(&rows);
+        shares.insert((queue.clone(), me), (claim.wanted, claim.granted));
+        Ok(claim)
+    }
+
+    async fn drop_shares(&self, me: Uuid) -> Result<(), TransportError> {
+        lock(&self.shared.shares).retain(|(_, id), _| *id != me);
         Ok(())
     }
 }

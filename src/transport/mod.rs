@@ -33,7 +33,10 @@ use uuid::Uuid;
 use crate::config::{OrderingConfig, TransactionMode, TransportConfig, TransportKind};
 use crate::message::{Message, OutgoingMessage};
 pub use delayed::{DelayedDelivery, Moved};
-pub use fleet::{FLEET_ORDER_ROWS, Heartbeat, InstanceRecord, InstanceRegistry};
+pub use fleet::{
+    FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry, ShareClaim,
+    ShareRow,
+};
 pub use names::QueueName;
 
 /// What went wrong talking to the queues.
@@ -496,6 +499,12 @@ pub trait Transport: QueueAdmin {
     /// The instance registry, when this transport can keep one ([`InstanceRegistry`]); None
     /// when it cannot, and the host then shows only itself.
     fn instance_registry(&self) -> Option<&dyn InstanceRegistry> {
+        None
+    }
+
+    /// Shares of fleet-wide limits, when this transport can keep them ([`FleetShares`]);
+    /// None when it cannot, and a configuration with `fleet_max` is then refused.
+    fn fleet_shares(&self) -> Option<&dyn FleetShares> {
         None
     }
 

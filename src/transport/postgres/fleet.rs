@@ -7,10 +7,11 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::{PostgresTransport, create_under_lock, map_error, quote_ident};
-use crate::transport::TransportError;
 use crate::transport::fleet::{
-    FLEET_ORDER_ROWS, Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry,
+    FLEET_ORDER_ROWS, FleetShares, Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry,
+    SHARES_TABLE, ShareClaim, ShareRow,
 };
+use crate::transport::{QueueName, TransportError};
 
 /// Every statement of the registry in one schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,9 +87,156 @@ ORDER BY last_seen DESC, host_name, instance_id"
     }
 }
 
+/// Every statement of the fleet-wide limits' shares in one schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareStatements {
+    /// The table, quoted: `"schema"."throttlehost_shares"`.
+    pub table: String,
+    /// Creates the schema and the table when missing.
+    pub create: String,
+    /// `$1`: the lock's key (the table and the queue); held to the end of the transaction.
+    pub lock: String,
+    /// `$1` queue, `$2` gone after (seconds): every instance's row of the queue with whether
+    /// it is alive and whether the registry still lists it.
+    pub read: String,
+    /// `$1` queue, `$2` process id, `$3` wanted, `$4` granted.
+    pub write: String,
+    /// `$1` queue, `$2` this process: removes the rows of instances the registry no longer
+    /// lists (left, or forgotten).
+    pub forget_unlisted: String,
+    /// `$1`: process id; removes its rows.
+    pub drop: String,
+}
+
+/// The shares' statements in `schema` (unquoted).
+pub fn share_statements(schema: &str) -> ShareStatements {
+    let table = format!("{}.{}", quote_ident(schema), quote_ident(SHARES_TABLE));
+    let instances = registry_statements(schema).table;
+    ShareStatements {
+        create: format!(
+            "CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {table} (
+    queue text NOT NULL,
+    process_id uuid NOT NULL,
+    wanted integer NOT NULL,
+    granted integer NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, process_id)
+);",
+            schema = quote_ident(schema)
+        ),
+        lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))".to_string(),
+        read: format!(
+            "SELECT s.process_id, s.wanted, s.granted,
+    COALESCE(i.last_seen >= now() - make_interval(secs => $2), false),
+    i.process_id IS NOT NULL
+FROM {table} s LEFT JOIN {instances} i ON i.process_id = s.process_id
+WHERE s.queue = $1"
+        ),
+        write: format!(
+            "INSERT INTO {table} (queue, process_id, wanted, granted) VALUES ($1, $2, $3, $4)
+ON CONFLICT (queue, process_id) DO UPDATE SET
+    wanted = EXCLUDED.wanted, granted = EXCLUDED.granted, updated_at = now()"
+        ),
+        forget_unlisted: format!(
+            "DELETE FROM {table} s WHERE s.queue = $1 AND s.process_id <> $2
+    AND NOT EXISTS (SELECT 1 FROM {instances} i WHERE i.process_id = s.process_id)"
+        ),
+        drop: format!("DELETE FROM {table} WHERE process_id = $1"),
+        table,
+    }
+}
+
 impl PostgresTransport {
     fn registry(&self) -> RegistryStatements {
         registry_statements(&self.inner.schema)
+    }
+}
+
+/// A shares error in words: a missing table is named as the shares table.
+fn shares_error(e: tokio_postgres::Error, table: &str) -> TransportError {
+    match map_error(e, None) {
+        TransportError::QueueNotFound(_) => {
+            TransportError::QueueNotFound(format!("{table} (the fleet-wide limits' shares)"))
+        }
+        other => other,
+    }
+}
+
+/// A count as the table keeps it (integer).
+fn count(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+#[async_trait]
+impl FleetShares for PostgresTransport {
+    async fn create_shares(&self) -> Result<(), TransportError> {
+        let st = share_statements(&self.inner.schema);
+        let mut client = self.inner.client().await?;
+        create_under_lock(&mut client, &st.table, &[&st.create])
+            .await
+            .map_err(|e| shares_error(e, &st.table))
+    }
+
+    async fn share_round(
+        &self,
+        queue: &QueueName,
+        me: Uuid,
+        gone_after: Duration,
+        decide: &mut (dyn for<'r> FnMut(&'r [ShareRow]) -> ShareClaim + Send),
+    ) -> Result<ShareClaim, TransportError> {
+        let st = share_statements(&self.inner.schema);
+        let client = self.inner.client().await?;
+        let key = format!("{}/{}", st.table, queue.as_str());
+        let gone = gone_after.as_secs_f64();
+        let (_, done) = self
+            .inner
+            .answered_mut("a round of a fleet-wide limit", client, async |c| {
+                let tx = c.transaction().await?;
+                tx.execute(&st.lock, &[&key]).await?;
+                let read = tx.prepare_cached(&st.read).await?;
+                let found = tx.query(&read, &[&queue.as_str(), &gone]).await?;
+                let rows: Vec<ShareRow> = found
+                    .iter()
+                    .map(|r| ShareRow {
+                        process_id: r.get(0),
+                        wanted: r.get::<_, i32>(1).max(0) as u32,
+                        granted: r.get::<_, i32>(2).max(0) as u32,
+                        alive: r.get(3),
+                    })
+                    .collect();
+                let claim = decide(&rows);
+                let write = tx.prepare_cached(&st.write).await?;
+                tx.execute(
+                    &write,
+                    &[
+                        &queue.as_str(),
+                        &me,
+                        &count(claim.wanted),
+                        &count(claim.granted),
+                    ],
+                )
+                .await?;
+                if found.iter().any(|r| !r.get::<_, bool>(4)) {
+                    tx.execute(&st.forget_unlisted, &[&queue.as_str(), &me])
+                        .await?;
+                }
+                tx.commit().await.map(|()| claim)
+            })
+            .await?;
+        done.map_err(|e| shares_error(e, &st.table))
+    }
+
+    async fn drop_shares(&self, me: Uuid) -> Result<(), TransportError> {
+        let st = share_statements(&self.inner.schema);
+        let client = self.inner.client().await?;
+        let (_, done) = self
+            .inner
+            .answered("a give-back of fleet-wide limits", client, async |c| {
+                c.execute(&st.drop, &[&me]).await
+            })
+            .await?;
+        done.map(|_| ()).map_err(|e| shares_error(e, &st.table))
     }
 }
 

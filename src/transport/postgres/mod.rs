@@ -294,8 +294,19 @@ impl Inner {
         client: Object,
         work: impl AsyncFnOnce(&Object) -> T,
     ) -> Result<(Object, T), TransportError> {
+        self.answered_mut(what, client, async |c: &mut Object| work(c).await)
+            .await
+    }
+
+    /// [`Inner::answered`] for work that needs the connection mutably (a transaction).
+    async fn answered_mut<T>(
+        &self,
+        what: &'static str,
+        mut client: Object,
+        work: impl AsyncFnOnce(&mut Object) -> T,
+    ) -> Result<(Object, T), TransportError> {
         let ticket = self.silence.ask();
-        match tokio::time::timeout(self.answer_deadline, work(&client)).await {
+        match tokio::time::timeout(self.answer_deadline, work(&mut client)).await {
             Ok(answer) => {
                 ticket.answered();
                 Ok((client, answer))
@@ -958,6 +969,10 @@ impl Transport for PostgresTransport {
     }
 
     fn instance_registry(&self) -> Option<&dyn crate::transport::InstanceRegistry> {
+        Some(self)
+    }
+
+    fn fleet_shares(&self) -> Option<&dyn crate::transport::FleetShares> {
         Some(self)
     }
 

@@ -8,10 +8,11 @@ use uuid::Uuid;
 
 use super::statements::{bracket, created_under_lock};
 use super::{SqlServerTransport, map_error};
-use crate::transport::TransportError;
 use crate::transport::fleet::{
-    FLEET_ORDER_ROWS, Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry,
+    FLEET_ORDER_ROWS, FleetShares, Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry,
+    SHARES_TABLE, ShareClaim, ShareRow,
 };
+use crate::transport::{QueueName, TransportError};
 
 /// Every statement of the registry in one schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,17 +102,178 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
     }
 }
 
+/// Every statement of the fleet-wide limits' shares in one schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareStatements {
+    /// The table, bracket-quoted: `[schema].[throttlehost_shares]`.
+    pub table: String,
+    /// Creates the schema and the table when missing, under the schema's creation lock.
+    pub create: String,
+    /// Opens the round's transaction and takes the queue's lock (`@P1`, waiting up to 10 s),
+    /// then selects whether it was granted and, when it was, every instance's row of queue
+    /// `@P2` with whether it is alive (its registry row seen within `@P3` milliseconds).
+    pub read: String,
+    /// `@P1` queue, `@P2` process id, `@P3` wanted, `@P4` granted; also removes the rows of
+    /// instances the registry no longer lists, and commits.
+    pub write: String,
+    /// `@P1`: process id; removes its rows.
+    pub drop: String,
+}
+
+/// The shares' statements in `schema` (unquoted).
+pub fn share_statements(schema: &str) -> ShareStatements {
+    let table = format!("{}.{}", bracket(schema), bracket(SHARES_TABLE));
+    let instances = format!("{}.{}", bracket(schema), bracket(INSTANCES_TABLE));
+    ShareStatements {
+        create: created_under_lock(
+            schema,
+            &format!("OBJECT_ID(N'{table}', N'U') IS NULL"),
+            &format!(
+                "    CREATE TABLE {table} (
+        queue nvarchar(400) NOT NULL,
+        process_id uniqueidentifier NOT NULL,
+        wanted int NOT NULL,
+        granted int NOT NULL,
+        updated_at datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
+        PRIMARY KEY (queue, process_id)
+    );
+END"
+            ),
+        ),
+        read: format!(
+            "SET XACT_ABORT ON;
+BEGIN TRAN;
+DECLARE @got int;
+EXEC @got = sp_getapplock @Resource = @P1, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 10000;
+SELECT @got;
+SELECT s.process_id, s.wanted, s.granted,
+    CASE WHEN i.last_seen >= DATEADD(millisecond, -@P3, SYSUTCDATETIME()) THEN 1 ELSE 0 END
+FROM {table} s LEFT JOIN {instances} i ON i.process_id = s.process_id
+WHERE s.queue = @P2 AND @got >= 0;"
+        ),
+        write: format!(
+            "UPDATE {table} SET wanted = @P3, granted = @P4, updated_at = SYSUTCDATETIME()
+WHERE queue = @P1 AND process_id = @P2;
+IF @@ROWCOUNT = 0
+    INSERT INTO {table} (queue, process_id, wanted, granted) VALUES (@P1, @P2, @P3, @P4);
+DELETE FROM {table} WHERE queue = @P1 AND process_id <> @P2
+    AND process_id NOT IN (SELECT process_id FROM {instances});
+COMMIT TRAN;"
+        ),
+        drop: format!("DELETE FROM {table} WHERE process_id = @P1;"),
+        table,
+    }
+}
+
+/// A count as the table keeps it (int).
+fn count(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+#[async_trait]
+impl FleetShares for SqlServerTransport {
+    async fn create_shares(&self) -> Result<(), TransportError> {
+        let st = share_statements(&self.inner.schema);
+        let mut conn = self.inner.conn().await?;
+        match conn.run_batch(&st.create).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                conn.broken = true;
+                match e {
+                    // Created by another host at the same moment.
+                    tiberius::error::Error::Server(t) if matches!(t.code(), 2714 | 1913) => Ok(()),
+                    e => Err(registry_error(e, &st.table)),
+                }
+            }
+        }
+    }
+
+    async fn share_round(
+        &self,
+        queue: &QueueName,
+        me: Uuid,
+        gone_after: Duration,
+        decide: &mut (dyn for<'r> FnMut(&'r [ShareRow]) -> ShareClaim + Send),
+    ) -> Result<ShareClaim, TransportError> {
+        let st = share_statements(&self.inner.schema);
+        let mut conn = self.inner.conn().await?;
+        let key = format!("throttlehost_share_{}", queue.as_str());
+        let gone_ms = i32::try_from(gone_after.as_millis()).unwrap_or(i32::MAX);
+        let read = async {
+            conn.query(
+                st.read.as_str(),
+                &[&key.as_str(), &queue.as_str(), &gone_ms],
+            )
+            .await?
+            .into_results()
+            .await
+        }
+        .await;
+        // Any failure from here on leaves a transaction open: the connection is dropped, and
+        // the server rolls it back.
+        let results = settle(&mut conn.broken, read, &st.table)?;
+        let granted = results
+            .first()
+            .and_then(|rows| rows.first())
+            .and_then(|row| row.get::<i32, _>(0))
+            .is_some_and(|got| got >= 0);
+        if !granted {
+            conn.broken = true;
+            return Err(TransportError::Unanswered {
+                what: "the lock of a fleet-wide limit",
+                after: Duration::from_secs(10),
+            });
+        }
+        let rows: Vec<ShareRow> = results
+            .get(1)
+            .map(|rows| {
+                rows.iter()
+                    .filter_map(|r| {
+                        Some(ShareRow {
+                            process_id: r.get::<Uuid, _>(0)?,
+                            wanted: r.get::<i32, _>(1)?.max(0) as u32,
+                            granted: r.get::<i32, _>(2)?.max(0) as u32,
+                            alive: r.get::<i32, _>(3)? == 1,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let claim = decide(&rows);
+        let (wanted, granted) = (count(claim.wanted), count(claim.granted));
+        let written = conn
+            .execute(
+                st.write.as_str(),
+                &[&queue.as_str(), &me, &wanted, &granted],
+            )
+            .await;
+        settle(&mut conn.broken, written, &st.table).map(|_| claim)
+    }
+
+    async fn drop_shares(&self, me: Uuid) -> Result<(), TransportError> {
+        let st = share_statements(&self.inner.schema);
+        let mut conn = self.inner.conn().await?;
+        let result = conn.execute(st.drop.as_str(), &[&me]).await;
+        settle(&mut conn.broken, result, &st.table).map(|_| ())
+    }
+}
+
 impl SqlServerTransport {
     fn registry(&self) -> RegistryStatements {
         registry_statements(&self.inner.schema)
     }
 }
 
-/// A registry error in words: a missing table is named as the registry's.
+/// A registry error in words: a missing table is named as the registry's (or, for the shares
+/// table, as the fleet-wide limits').
 fn registry_error(e: tiberius::error::Error, table: &str) -> TransportError {
+    let what = match table.contains(SHARES_TABLE) {
+        true => "the fleet-wide limits' shares",
+        false => "the instance registry",
+    };
     match &e {
         tiberius::error::Error::Server(t) if t.code() == 208 => {
-            TransportError::QueueNotFound(format!("{table} (the instance registry)"))
+            TransportError::QueueNotFound(format!("{table} ({what})"))
         }
         _ => map_error(e, None),
     }

@@ -890,6 +890,10 @@ impl Transport for SqlServerTransport {
         Some(self)
     }
 
+    fn fleet_shares(&self) -> Option<&dyn crate::transport::FleetShares> {
+        Some(self)
+    }
+
     /// SQL Server does not notify: only this process's own sends wake (when they commit);
     /// messages of other senders are found at the next peek.
     fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) {

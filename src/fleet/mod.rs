@@ -26,6 +26,8 @@ use crate::config::{FleetConfig, OverrideMode};
 use crate::throttling::Direction;
 use crate::transport::{Heartbeat, InstanceRecord, Transport, TransportError};
 
+pub mod share;
+
 /// Every this many heartbeats an instance forgets the long-gone rows.
 pub const FORGET_EVERY: u32 = 12;
 /// How long a stopping host waits to remove its row.
@@ -130,6 +132,12 @@ pub struct HeartbeatHooks<S, C, O> {
     pub settings: C,
     /// Called with the fleet's orders after every heartbeat that was written.
     pub orders: O,
+    /// Cancelled once the first heartbeat is written (the others count this host as alive
+    /// from then on: its share rounds may start).
+    pub written: CancellationToken,
+    /// Awaited (up to the shutdown's own bounds) before the row is removed: this host's
+    /// fleet shares are given back first, so nobody takes them while its messages run.
+    pub shares_released: CancellationToken,
 }
 
 /// Writes `me`'s heartbeat every `fleet.heartbeat_interval` (as the settings say now) with
@@ -160,6 +168,7 @@ pub async fn run_heartbeat<S, C, O>(
                 created = true;
             }
             let orders = registry.heartbeat(&me).await?;
+            hooks.written.cancel();
             (hooks.orders)(FleetOrder::parse_all(&orders));
             if beats.is_multiple_of(FORGET_EVERY) {
                 registry.forget(config.forget_after).await?;
@@ -174,6 +183,7 @@ pub async fn run_heartbeat<S, C, O>(
             _ = tokio::time::sleep(config.heartbeat_interval) => {}
         }
     }
+    hooks.shares_released.cancelled().await;
     match tokio::time::timeout(LEAVE_TIMEOUT, registry.leave(me.process_id)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::debug!(error = %e, "could not remove this host's registry row"),

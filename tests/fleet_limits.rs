@@ -1,0 +1,155 @@
+//! Fleet-wide limits on PostgreSQL (`concurrency.fleet_max`): hosts on one queue never have
+//! more in flight together than the limit, share it by demand, give it back when idle (and
+//! take it again when messages come), and take a dead instance's share once it counts as gone.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{PgSchema, Probe, ProbeHandler, wait_until};
+use throttlehost::config::{ConcurrencyModel, Config, TransactionMode};
+use throttlehost::host::{Host, HostBuilder};
+use throttlehost::message::OutgoingMessage;
+use throttlehost::transport::{Heartbeat, QueueName, ShareClaim, Transport};
+
+/// A host on `schema` receiving `orders` (at most 4 here, 4 across the fleet), heartbeats
+/// every 200 ms, gone after 1 s, a share round every 200 ms.
+fn config(schema: &PgSchema, instance: &str, model: ConcurrencyModel) -> Config {
+    let mut config = common::pg_config(schema, "orders", model, 4);
+    config.host.instance_id = instance.into();
+    config.queues[0].concurrency.fleet_max = Some(4);
+    config.fleet.heartbeat_interval = Duration::from_millis(200);
+    config.fleet.share_interval = Duration::from_millis(200);
+    config.fleet.gone_after = Duration::from_secs(1);
+    config.fleet.forget_after = Duration::from_secs(60);
+    config
+}
+
+async fn start(config: Config, probe: &Arc<Probe>) -> Host {
+    HostBuilder::new(config)
+        .handler("orders", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap()
+}
+
+/// This host's share of `orders`' fleet-wide limit, as `/status` shows it.
+fn share(host: &Host) -> u32 {
+    let status = host.status();
+    status.queues[0]
+        .fleet
+        .expect("orders has a fleet_max")
+        .share
+}
+
+/// Three hosts (one of each model) on one queue with `fleet_max = 4` and handlers of 20 ms:
+/// the calls running at once across all three (one probe counts them) never pass 4, every
+/// host takes part, and the shares never add up to more than 4. Once the queue is empty every
+/// host gives its share back, and a message sent then is still picked up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_share_the_fleet_max_and_give_it_back_when_idle() {
+    let schema = PgSchema::new();
+    let probe = Probe::new(Duration::from_millis(20));
+    let mut hosts = Vec::new();
+    for (name, model) in [
+        ("a", ConcurrencyModel::Fixed),
+        ("b", ConcurrencyModel::Adaptive),
+        ("c", ConcurrencyModel::Monitor),
+    ] {
+        hosts.push(start(config(&schema, name, model), &probe).await);
+    }
+    let orders = QueueName::new("orders").unwrap();
+    let messages: Vec<OutgoingMessage> = (0..150)
+        .map(|i| OutgoingMessage::new(format!("m{i}")))
+        .collect();
+    hosts[0]
+        .inner()
+        .transport()
+        .send_batch(&orders, &messages)
+        .await
+        .unwrap();
+    let mut most_shared = 0;
+    for _ in 0..600 {
+        let shared: u32 = hosts.iter().map(share).sum();
+        most_shared = most_shared.max(shared);
+        if probe.handled() == 150 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(probe.handled(), 150, "every message handled within 15 s");
+    let peak = probe.peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(peak <= 4, "{peak} ran at once across the fleet, limit 4");
+    assert!(most_shared <= 4, "the shares added up to {most_shared}");
+    for host in &hosts {
+        let status = host.status();
+        let instance = &host.inner().config().host.instance_id;
+        assert!(status.queues[0].succeeded_total > 0, "{instance} took part");
+    }
+    wait_until(Duration::from_secs(5), "every share given back", || {
+        hosts.iter().all(|h| share(h) == 0)
+    })
+    .await;
+    hosts[1]
+        .send("orders", OutgoingMessage::new("after the quiet"))
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(5), "the late message handled", || {
+        probe.handled() == 151
+    })
+    .await;
+    for host in hosts {
+        host.shutdown().await;
+    }
+}
+
+/// An instance that died holding the whole limit (a registry row and a share row it never
+/// writes again): a host started beside it gets nothing while it still counts as alive, and
+/// takes the limit once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_instances_share_is_taken_once_it_counts_as_gone() {
+    let schema = PgSchema::new();
+    let transport = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    let registry = transport.instance_registry().unwrap();
+    registry.create_registry().await.unwrap();
+    let dead = uuid::Uuid::new_v4();
+    let beat = Heartbeat {
+        process_id: dead,
+        host_name: "throttlehost".into(),
+        instance_id: "killed".into(),
+        version: throttlehost::VERSION.into(),
+        admin_address: None,
+        summary: "{}".into(),
+    };
+    let shares = transport.fleet_shares().unwrap();
+    shares.create_shares().await.unwrap();
+    let orders = QueueName::new("orders").unwrap();
+    registry.heartbeat(&beat).await.unwrap();
+    let last_beat = tokio::time::Instant::now();
+    let claim = ShareClaim {
+        wanted: 4,
+        granted: 4,
+    };
+    shares
+        .share_round(&orders, dead, Duration::from_secs(1), &mut |_| claim)
+        .await
+        .unwrap();
+
+    let probe = Probe::new(Duration::ZERO);
+    let host = start(config(&schema, "alive", ConcurrencyModel::Fixed), &probe).await;
+    host.send("orders", OutgoingMessage::new("waits"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if last_beat.elapsed() < Duration::from_millis(900) {
+        assert_eq!(share(&host), 0, "the dead instance still counts as alive");
+        assert_eq!(probe.handled(), 0);
+    }
+    wait_until(Duration::from_secs(5), "the message handled", || {
+        probe.handled() == 1
+    })
+    .await;
+    assert_eq!(share(&host), 4, "the whole limit, the dead one's included");
+    host.shutdown().await;
+}

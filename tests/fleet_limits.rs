@@ -16,7 +16,11 @@ use throttlehost::transport::{Heartbeat, QueueName, ShareClaim, Transport};
 /// A host on `schema` receiving `orders` (at most 4 here, 4 across the fleet), heartbeats
 /// every 200 ms, gone after 1 s, a share round every 200 ms.
 fn config(schema: &PgSchema, instance: &str, model: ConcurrencyModel) -> Config {
-    let mut config = common::pg_config(schema, "orders", model, 4);
+    fleet_limited(common::pg_config(schema, "orders", model, 4), instance)
+}
+
+/// `config` with the settings of [`config`]'s fleet.
+fn fleet_limited(mut config: Config, instance: &str) -> Config {
     config.host.instance_id = instance.into();
     config.queues[0].concurrency.fleet_max = Some(4);
     config.fleet.heartbeat_interval = Duration::from_millis(200);
@@ -50,6 +54,10 @@ fn share(host: &Host) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hosts_share_the_fleet_max_and_give_it_back_when_idle() {
     let schema = PgSchema::new();
+    share_and_give_back(|name, model| config(&schema, name, model)).await;
+}
+
+async fn share_and_give_back(config: impl Fn(&str, ConcurrencyModel) -> Config) {
     let probe = Probe::new(Duration::from_millis(20));
     let mut hosts = Vec::new();
     for (name, model) in [
@@ -57,7 +65,7 @@ async fn hosts_share_the_fleet_max_and_give_it_back_when_idle() {
         ("b", ConcurrencyModel::Adaptive),
         ("c", ConcurrencyModel::Monitor),
     ] {
-        hosts.push(start(config(&schema, name, model), &probe).await);
+        hosts.push(start(config(name, model), &probe).await);
     }
     let orders = QueueName::new("orders").unwrap();
     let messages: Vec<OutgoingMessage> = (0..150)
@@ -111,6 +119,10 @@ async fn hosts_share_the_fleet_max_and_give_it_back_when_idle() {
 async fn a_dead_instances_share_is_taken_once_it_counts_as_gone() {
     let schema = PgSchema::new();
     let transport = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    dead_share_taken(&transport, config(&schema, "alive", ConcurrencyModel::Fixed)).await;
+}
+
+async fn dead_share_taken(transport: &dyn Transport, config: Config) {
     let registry = transport.instance_registry().unwrap();
     registry.create_registry().await.unwrap();
     let dead = uuid::Uuid::new_v4();
@@ -137,7 +149,7 @@ async fn a_dead_instances_share_is_taken_once_it_counts_as_gone() {
         .unwrap();
 
     let probe = Probe::new(Duration::ZERO);
-    let host = start(config(&schema, "alive", ConcurrencyModel::Fixed), &probe).await;
+    let host = start(config, &probe).await;
     host.send("orders", OutgoingMessage::new("waits"))
         .await
         .unwrap();
@@ -152,4 +164,28 @@ async fn a_dead_instances_share_is_taken_once_it_counts_as_gone() {
     .await;
     assert_eq!(share(&host), 4, "the whole limit, the dead one's included");
     host.shutdown().await;
+}
+
+/// SQL Server: three hosts share the limit and give it back; a dead holder's share is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_shares_the_fleet_max() {
+    let schema = common::mssql::Schema::new();
+    let config = |name: &str, model| {
+        let transport = schema.transport_config(TransactionMode::ReceiveOnly, 8);
+        fleet_limited(common::host_config(transport, "orders", model, 4), name)
+    };
+    share_and_give_back(config).await;
+    let other = common::mssql::Schema::new();
+    let transport = other.transport(TransactionMode::ReceiveOnly, 2).await;
+    let config = fleet_limited(
+        common::host_config(
+            other.transport_config(TransactionMode::ReceiveOnly, 8),
+            "orders",
+            ConcurrencyModel::Fixed,
+            4,
+        ),
+        "alive",
+    );
+    dead_share_taken(&*transport, config).await;
 }

@@ -119,7 +119,11 @@ async fn share_and_give_back(config: impl Fn(&str, ConcurrencyModel) -> Config) 
 async fn a_dead_instances_share_is_taken_once_it_counts_as_gone() {
     let schema = PgSchema::new();
     let transport = schema.transport(TransactionMode::ReceiveOnly, 2).await;
-    dead_share_taken(&transport, config(&schema, "alive", ConcurrencyModel::Fixed)).await;
+    dead_share_taken(
+        &transport,
+        config(&schema, "alive", ConcurrencyModel::Fixed),
+    )
+    .await;
 }
 
 async fn dead_share_taken(transport: &dyn Transport, config: Config) {

@@ -674,3 +674,42 @@ fn the_latency_aware_limit_settles_near_the_best_concurrency_of_a_sweep() {
         "a fixed 8x capacity queues: {s:#}"
     );
 }
+
+/// A fleet-wide limit across processes: three host processes share `fleet_max = 12` over a
+/// 5 000-message backlog of 50 ms handlers. The ledger, fed by all three, never sees more than
+/// 12 running at once; the first phase (all three alive) drains at >= 90 % of one host with
+/// max 12; peer 1 is killed after 10 s and its place is filled again within the gone timeout
+/// + 1 s (the scenario's expectations fail the run otherwise); nothing is lost.
+#[test]
+#[ignore = "wall-clock, about 50 s; the limit itself is checked in tests/fleet_limits.rs (run: cargo test --test load_scenarios -- --ignored)"]
+fn three_host_processes_share_a_fleet_wide_limit_and_survive_a_kill() {
+    let alone = pg_scenario("fleet-one-host", 1.0);
+    let fleet = pg_scenario("fleet-three-hosts", 1.0);
+    assert_eq!(fleet["messages_lost"], 0);
+    assert_eq!(fleet["messages_processed"], 5000);
+    let peak = fleet["fleet_in_flight"]["peak"].as_u64().unwrap();
+    assert!(peak <= 12, "{peak} in flight across the processes");
+    let refill = fleet["fleet_in_flight"]["refilled_after_kill_seconds"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        refill <= 4.0,
+        "the killed peer's place filled after {refill} s"
+    );
+    let one = alone["throughput_per_second"].as_f64().unwrap();
+    let three = fleet["phases"][0]["done_per_second"].as_f64().unwrap();
+    assert!(
+        three >= 0.9 * one,
+        "three hosts sharing 12: {three} msg/s, one host with 12: {one} msg/s"
+    );
+    let done: Vec<u64> = fleet["messages_done_by_process"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert!(
+        done.iter().all(|&n| n > 0),
+        "every process took part: {done:?}"
+    );
+}

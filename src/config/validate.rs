@@ -615,14 +615,18 @@ mod tests {
         assert!(problems(&format!("{queue}fleet_max = 12\n")).is_empty());
         let p = problems(&format!("{queue}fleet_max = 0\n"));
         assert!(
-            p.iter().any(|m| m.contains("queues[0].concurrency.fleet_max")
-                && m.contains("between 1 and 100000")),
+            p.iter()
+                .any(|m| m.contains("queues[0].concurrency.fleet_max")
+                    && m.contains("between 1 and 100000")),
             "{p:?}"
         );
-        let p = problems(&format!("[fleet]\nenabled = false\n{queue}fleet_max = 12\n"));
+        let p = problems(&format!(
+            "[fleet]\nenabled = false\n{queue}fleet_max = 12\n"
+        ));
         assert!(
-            p.iter().any(|m| m.contains("queues[0].concurrency.fleet_max")
-                && m.contains("fleet.enabled")),
+            p.iter()
+                .any(|m| m.contains("queues[0].concurrency.fleet_max")
+                    && m.contains("fleet.enabled")),
             "{p:?}"
         );
         let p = problems("[fleet]\nheartbeat_interval = \"1s\"\nshare_interval = \"2s\"\n");

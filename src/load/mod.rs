@@ -3,6 +3,7 @@
 //! scenario `load/demo.toml` the same way, with a live table instead of files.
 
 pub mod chart;
+pub mod in_flight;
 pub mod options;
 pub mod peer;
 pub mod quality;

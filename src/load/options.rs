@@ -136,6 +136,7 @@ pub fn host_config(
         transport,
         queues: scenario.queues.clone(),
         throttling,
+        fleet: scenario.fleet.clone(),
         ..Config::default()
     }
 }

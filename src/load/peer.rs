@@ -174,6 +174,8 @@ pub async fn serve(scenario: &Scenario, options: &LoadOptions) -> Result<(), Loa
 pub struct Peers {
     children: Vec<(Child, Option<ChildStdin>)>,
     readers: Vec<tokio::task::JoinHandle<()>>,
+    /// The peers killed on purpose (a phase's `kill_peer`), by number.
+    killed: Vec<usize>,
 }
 
 impl Peers {
@@ -191,6 +193,7 @@ impl Peers {
         let mut peers = Peers {
             children: Vec::new(),
             readers: Vec::new(),
+            killed: Vec::new(),
         };
         for number in 1..=count as usize {
             let mut command = Command::new(&program);
@@ -224,6 +227,20 @@ impl Peers {
         Ok(peers)
     }
 
+    /// Kills peer `number` (1 and up) with SIGKILL, as `kill -9` would: it finishes nothing,
+    /// and the database rolls back what it held.
+    pub fn kill(&mut self, number: usize) -> Result<(), String> {
+        let (child, _) = number
+            .checked_sub(1)
+            .and_then(|i| self.children.get_mut(i))
+            .ok_or_else(|| format!("there is no peer {number}"))?;
+        child
+            .start_kill()
+            .map_err(|e| format!("peer {number} could not be killed: {e}"))?;
+        self.killed.push(number);
+        Ok(())
+    }
+
     /// Stops every peer: closes its standard input, waits for it to finish its messages in
     /// flight and exit (killing it after [`STOP_TIMEOUT`]), and reads the last of its events.
     /// Returns the peers that did not exit cleanly, in words.
@@ -234,6 +251,10 @@ impl Peers {
         }
         for (number, (mut child, _)) in self.children.into_iter().enumerate() {
             let number = number + 1;
+            if self.killed.contains(&number) {
+                let _ = child.wait().await;
+                continue;
+            }
             match tokio::time::timeout(STOP_TIMEOUT, child.wait()).await {
                 Ok(Ok(status)) if status.success() => {}
                 Ok(Ok(status)) => problems.push(format!("peer {number} exited with {status}")),

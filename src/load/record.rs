@@ -75,6 +75,8 @@ pub struct Accounting {
     pub done_by_process: Vec<u64>,
     /// Peer processes that failed to run or stop cleanly, in words.
     pub peer_failures: Vec<String>,
+    /// Messages in flight across the processes (kept when a queue has a fleet-wide limit).
+    pub fleet_in_flight: Option<super::in_flight::FleetInFlight>,
 }
 
 /// Everything a run produced.

@@ -77,6 +77,10 @@ pub struct Summary {
     /// Peer processes that failed to run or stop cleanly, in words.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub peer_failures: Vec<String>,
+    /// Messages in flight across the processes (a queue with a fleet-wide limit): the most at
+    /// once, and the refill after a killed peer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet_in_flight: Option<super::in_flight::FleetInFlight>,
     /// Messages done per second from the first phase to the last message done.
     pub throughput_per_second: f64,
     /// Seconds from the first phase's start to the last message done.
@@ -204,7 +208,8 @@ pub fn summarize(run: &RunResult) -> Summary {
     };
     let expectations_met = missing.is_empty() && unexpected.is_empty();
     let episodes = quality::episodes(&quality::ticks(&run.samples), run.resume_ratio);
-    let control_violations = control_violations(&run.expect, &episodes);
+    let mut control_violations = control_violations(&run.expect, &episodes);
+    control_violations.extend(fleet_violations(&run.expect, a.fleet_in_flight.as_ref()));
     Summary {
         scenario: run.scenario.clone(),
         transport: run.transport.clone(),
@@ -236,6 +241,7 @@ pub fn summarize(run: &RunResult) -> Summary {
         send_failures: a.send_failures,
         messages_done_by_process: a.done_by_process.clone(),
         peer_failures: a.peer_failures.clone(),
+        fleet_in_flight: a.fleet_in_flight.clone(),
         throughput_per_second: throughput.round(),
         busy_seconds: round1(run.busy_seconds),
         min_concurrency_limit: min_limit,
@@ -303,6 +309,36 @@ impl Observed {
             min_limit,
         }
     }
+}
+
+/// The fleet-wide bounds of `expect` that the run broke, in words.
+fn fleet_violations(
+    expect: &Expect,
+    seen: Option<&super::in_flight::FleetInFlight>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(max) = expect.max_fleet_in_flight {
+        match seen {
+            None => {
+                out.push("no fleet-wide in-flight count was kept (no queue has fleet_max)".into())
+            }
+            Some(f) if f.peak > max => out.push(format!(
+                "{} messages were in flight at once across the processes (max {max})",
+                f.peak
+            )),
+            _ => {}
+        }
+    }
+    if let Some(max) = expect.max_refill_after_kill_seconds {
+        match seen.map(|f| f.refilled_after_kill_seconds) {
+            Some(Some(s)) if s <= max => {}
+            Some(Some(s)) => out.push(format!(
+                "the processes left took {s:.1}s to fill the killed peer's place (max {max}s)"
+            )),
+            _ => out.push("the killed peer's place was never filled again".into()),
+        }
+    }
+    out
 }
 
 /// The control bounds of `expect` that `episodes` break, in words.
@@ -521,6 +557,17 @@ fn text_details(s: &Summary, out: &mut String) {
             "  processes: {} (this one, then its peers), messages done by each: {}",
             each.len(),
             each.join(" / ")
+        );
+    }
+    if let Some(f) = &s.fleet_in_flight {
+        let refill = f
+            .refilled_after_kill_seconds
+            .map(|r| format!(", place of the killed peer filled again {r:.1}s after the kill"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  in flight across the processes: at most {}{refill}",
+            f.peak
         );
     }
     if !s.min_concurrency_limit.is_empty() {

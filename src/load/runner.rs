@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use super::in_flight::InFlightSpans;
 use super::options::{Display, LoadError, LoadOptions, host_config};
 use super::peer::{PeerEvent, Peers, now_ns};
 use super::record::{Accounting, PhaseSpan, RunResult, Sample};
@@ -154,6 +155,9 @@ struct Ledger {
     /// Messages done per process: this one first, then its peers.
     done_by_process: Mutex<Vec<u64>>,
     ids: Mutex<LedgerIds>,
+    /// Every handling's start and end across the processes, when a queue has a fleet-wide
+    /// limit to check.
+    in_flight: Option<Mutex<InFlightSpans>>,
 }
 
 /// What the ledger knows per message, keyed compactly so that tracking a 20 000-message
@@ -283,10 +287,18 @@ fn outcome_index(o: Outcome) -> usize {
 }
 
 impl Ledger {
-    fn new(track_ids: bool) -> Self {
+    fn new(track_ids: bool, track_in_flight: bool) -> Self {
         Ledger {
             track_ids,
+            in_flight: track_in_flight.then(Mutex::default),
             ..Ledger::default()
+        }
+    }
+
+    /// Enters a handling's start or end into the spans, when they are kept.
+    fn span(&self, change: impl FnOnce(&mut InFlightSpans)) {
+        if let Some(spans) = &self.in_flight {
+            change(&mut spans.lock().unwrap_or_else(|e| e.into_inner()));
         }
     }
 
@@ -330,8 +342,14 @@ impl Ledger {
     /// Enters what process `source` (0: this one) saw.
     fn record(&self, source: usize, event: PeerEvent) {
         match event {
-            PeerEvent::Started(s) => self.began(s.id, s.logical_id.as_deref(), s.at),
-            PeerEvent::Handled(s) => self.ended(s.id, s.logical_id.as_deref(), s.at),
+            PeerEvent::Started(s) => {
+                self.span(|spans| spans.began(source, s.id, s.at));
+                self.began(s.id, s.logical_id.as_deref(), s.at)
+            }
+            PeerEvent::Handled(s) => {
+                self.span(|spans| spans.ended(source, s.id, s.at));
+                self.ended(s.id, s.logical_id.as_deref(), s.at)
+            }
             PeerEvent::Completed(s, outcome) => {
                 self.finished(source, s.id, s.logical_id.as_deref(), outcome)
             }
@@ -452,6 +470,10 @@ impl Ledger {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
             peer_failures: Vec::new(),
+            fleet_in_flight: self
+                .in_flight
+                .as_ref()
+                .map(|spans| spans.lock().unwrap_or_else(|e| e.into_inner()).summary()),
         }
     }
 }
@@ -462,11 +484,15 @@ impl DispatchObserver for Ledger {
     }
 
     fn handled(&self, _queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
-        self.ended(id, logical_id, now_ns());
+        let at = now_ns();
+        self.span(|spans| spans.ended(0, id, at));
+        self.ended(id, logical_id, at);
     }
 
     fn started(&self, _queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
-        self.began(id, logical_id, now_ns());
+        let at = now_ns();
+        self.span(|spans| spans.began(0, id, at));
+        self.began(id, logical_id, at);
     }
 }
 
@@ -478,7 +504,11 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     let resume_ratio = config.throttling.resume_ratio;
     let transport: Arc<dyn Transport> = transport::connect(&config.transport).await?;
     let queue_names = fresh_tables(scenario, &config, transport.as_ref()).await?;
-    let ledger = Arc::new(Ledger::new(options.track_ids));
+    let fleet_limited = scenario
+        .queues
+        .iter()
+        .any(|q| q.concurrency.fleet_max.is_some());
+    let ledger = Arc::new(Ledger::new(options.track_ids, fleet_limited));
     *ledger
         .done_by_process
         .lock()
@@ -517,15 +547,18 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         outstanding: Arc::new(Semaphore::new(MAX_OUTSTANDING_SENDS)),
         shown_at: f64::NEG_INFINITY,
         spans: Vec::new(),
+        peers,
+        kill_failures: Vec::new(),
     };
     session.play().await;
     session.stop_load().await;
     let busy_seconds = session.drain().await;
     // The peers finish what they hold in flight and report it before the count is taken.
-    let peer_failures = match peers {
+    let mut peer_failures = match session.peers.take() {
         Some(peers) => peers.stop().await,
         None => Vec::new(),
     };
+    peer_failures.append(&mut session.kill_failures);
     let cleared = session.settle().await;
     if options.display == Display::Progress {
         eprintln!();
@@ -656,6 +689,10 @@ struct Session<'a> {
     /// When the progress line was last shown.
     shown_at: f64,
     spans: Vec<PhaseSpan>,
+    /// The peer processes (`processes` above 1), until they are stopped.
+    peers: Option<Peers>,
+    /// Peers that could not be killed when a phase asked, in words.
+    kill_failures: Vec<String>,
 }
 
 impl Session<'_> {
@@ -708,6 +745,9 @@ impl Session<'_> {
     async fn play_phase(&mut self, phase: &Phase, label: String, index: usize) {
         let queue = first_queue(self.scenario, phase);
         apply_phase(&self.inner, phase, &queue);
+        if let Some(number) = phase.kill_peer {
+            self.kill_peer(number as usize);
+        }
         let phase_stop = self.options.stop.child_token();
         let length = phase.duration.mul_f64(self.options.duration_scale.max(0.0));
         let length = match self.options.repeat_for {
@@ -750,6 +790,18 @@ impl Session<'_> {
             end: self.started.elapsed().as_secs_f64(),
             latencies: take_latencies(&self.inner),
         });
+    }
+
+    /// Kills peer `number` (`kill -9`) and tells the ledger, which ends its handlings then.
+    fn kill_peer(&mut self, number: usize) {
+        let outcome = match self.peers.as_mut() {
+            Some(peers) => peers.kill(number),
+            None => Err(format!("there is no peer {number} to kill")),
+        };
+        match outcome {
+            Ok(()) => self.ledger.span(|spans| spans.killed(number, now_ns())),
+            Err(e) => self.kill_failures.push(e),
+        }
     }
 
     /// Lets offered sends finish (or fail), lifts the overrides, and stops the simulate
@@ -1182,7 +1234,7 @@ mod tests {
 
     #[test]
     fn the_ledger_counts_lost_and_duplicated_messages_by_logical_id() {
-        let ledger = Ledger::new(true);
+        let ledger = Ledger::new(true, false);
         let plain = OutgoingMessage::new(b"a".to_vec());
         let named = OutgoingMessage::new(b"b".to_vec()).with_header(MESSAGE_ID_HEADER, "order-17");
         let never_seen = OutgoingMessage::new(b"c".to_vec());
@@ -1216,7 +1268,7 @@ mod tests {
             .map(|_| OutgoingMessage::new(b"x".to_vec()))
             .collect();
         let keyed_ledger = || {
-            let ledger = Ledger::new(true);
+            let ledger = Ledger::new(true, false);
             for (place, message) in m.iter().enumerate() {
                 ledger.sent_keyed(message, 0, place as u32);
             }
@@ -1264,7 +1316,7 @@ mod tests {
             .map(|_| OutgoingMessage::new(b"x".to_vec()))
             .collect();
         let staged_ledger = || {
-            let ledger = Ledger::new(true);
+            let ledger = Ledger::new(true, false);
             // Stage 100: m0, m1; stage 200: m2, m3.
             for (i, message) in m.iter().enumerate() {
                 ledger.sent(message);
@@ -1316,7 +1368,7 @@ mod tests {
         let m: Vec<OutgoingMessage> = (0..2)
             .map(|_| OutgoingMessage::new(b"x".to_vec()))
             .collect();
-        let ledger = Ledger::new(true);
+        let ledger = Ledger::new(true, false);
         for (place, message) in m.iter().enumerate() {
             ledger.sent_keyed(message, 0, place as u32);
         }
@@ -1339,7 +1391,7 @@ mod tests {
         assert_eq!((a.processed, a.lost, a.duplicated), (2, 0, 0));
 
         // The same, but message 1 began at 20, while message 0 ran elsewhere until 25.
-        let ledger = Ledger::new(true);
+        let ledger = Ledger::new(true, false);
         for (place, message) in m.iter().enumerate() {
             ledger.sent_keyed(message, 0, place as u32);
         }

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::units::{self, ByteSize};
 use crate::config::{
-    ConfigError, LatencyDistribution, OverrideMode, QueueConfig, SimulateConfig, ThrottlingConfig,
-    TransportConfig, TransportKind,
+    ConfigError, FleetConfig, LatencyDistribution, OverrideMode, QueueConfig, SimulateConfig,
+    ThrottlingConfig, TransportConfig, TransportKind,
 };
 
 /// A scenario.
@@ -35,6 +35,9 @@ pub struct Scenario {
     /// Throttling settings for the run.
     #[serde(default)]
     pub throttling: ThrottlingConfig,
+    /// The instance registry and fleet-wide limits' settings of every host of the run.
+    #[serde(default)]
+    pub fleet: FleetConfig,
     /// Thresholds set from the machine's state at start, so a scenario works on any machine.
     #[serde(default)]
     pub relative: RelativeThresholds,
@@ -171,6 +174,14 @@ pub struct Expect {
     /// seconds of its cause ending.
     #[serde(default)]
     pub max_recovery_seconds: Option<f64>,
+    /// The messages in flight across every process (from the ledger's start and end times)
+    /// never pass this (a queue's `fleet_max`).
+    #[serde(default)]
+    pub max_fleet_in_flight: Option<u32>,
+    /// After a phase's `kill_peer`, the processes left have as many in flight as before the
+    /// kill within this many seconds.
+    #[serde(default)]
+    pub max_refill_after_kill_seconds: Option<f64>,
 }
 
 impl Expect {
@@ -186,6 +197,8 @@ impl Expect {
             && self.max_database_size_peak_ratio.is_none()
             && self.max_flips.is_none()
             && self.max_recovery_seconds.is_none()
+            && self.max_fleet_in_flight.is_none()
+            && self.max_refill_after_kill_seconds.is_none()
     }
 }
 
@@ -259,6 +272,10 @@ pub struct Phase {
     /// other `[queues.latency_limit]` settings stay).
     #[serde(default)]
     pub latency_limit: Option<bool>,
+    /// Kills peer process N (1 and up, below `processes`) with SIGKILL at the phase's start:
+    /// its messages in flight roll back in the database, and nothing may be lost.
+    #[serde(default)]
+    pub kill_peer: Option<u32>,
 }
 
 impl Phase {
@@ -384,6 +401,61 @@ impl Scenario {
         }
     }
 
+    /// Every phase's settings within range and naming what exists (queues, peers).
+    fn phase_problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        for (i, phase) in self.phases.iter().enumerate() {
+            if !(phase.publish_rate >= 0.0 && phase.publish_rate.is_finite()) {
+                problems.push((
+                    format!("phases[{i}].publish_rate"),
+                    format!("{} is not a rate >= 0", phase.publish_rate),
+                ));
+            }
+            if let Some(end) = phase.publish_rate_end
+                && !(end >= 0.0 && end.is_finite())
+            {
+                problems.push((
+                    format!("phases[{i}].publish_rate_end"),
+                    format!("{end} is not a rate >= 0"),
+                ));
+            }
+            if let Some(n) = phase.kill_peer
+                && !(1..self.processes).contains(&n)
+            {
+                problems.push((
+                    format!("phases[{i}].kill_peer"),
+                    format!(
+                        "{n} is not a peer: peers are numbered 1 to processes - 1 ({})",
+                        self.processes.saturating_sub(1)
+                    ),
+                ));
+            }
+            if phase.max_concurrency == Some(0) {
+                problems.push((
+                    format!("phases[{i}].max_concurrency"),
+                    "0 would stop the queue for good; the least is 1".to_string(),
+                ));
+            }
+            if let Some(q) = &phase.queue
+                && !self.queues.iter().any(|c| &c.name == q)
+            {
+                problems.push((
+                    format!("phases[{i}].queue"),
+                    format!("`{q}` is not one of the scenario's queues"),
+                ));
+            }
+            if let Some(rate) = phase.handler.as_ref().and_then(|h| h.failure_rate)
+                && !(0.0..=1.0).contains(&rate)
+            {
+                problems.push((
+                    format!("phases[{i}].handler.failure_rate"),
+                    format!("{rate} is not between 0.0 and 1.0"),
+                ));
+            }
+        }
+        problems
+    }
+
     /// Parses a scenario file's text, with located errors.
     pub fn parse(text: &str, origin: &str) -> Result<Scenario, ConfigError> {
         let mut scenario: Scenario = crate::config::load::deserialize_located(text, origin)?;
@@ -416,49 +488,13 @@ impl Scenario {
                 "0 rounds would play no phase; the least is 1".to_string(),
             ));
         }
-        for (i, phase) in scenario.phases.iter().enumerate() {
-            if !(phase.publish_rate >= 0.0 && phase.publish_rate.is_finite()) {
-                problems.push((
-                    format!("phases[{i}].publish_rate"),
-                    format!("{} is not a rate >= 0", phase.publish_rate),
-                ));
-            }
-            if let Some(end) = phase.publish_rate_end
-                && !(end >= 0.0 && end.is_finite())
-            {
-                problems.push((
-                    format!("phases[{i}].publish_rate_end"),
-                    format!("{end} is not a rate >= 0"),
-                ));
-            }
-            if phase.max_concurrency == Some(0) {
-                problems.push((
-                    format!("phases[{i}].max_concurrency"),
-                    "0 would stop the queue for good; the least is 1".to_string(),
-                ));
-            }
-            if let Some(q) = &phase.queue
-                && !scenario.queues.iter().any(|c| &c.name == q)
-            {
-                problems.push((
-                    format!("phases[{i}].queue"),
-                    format!("`{q}` is not one of the scenario's queues"),
-                ));
-            }
-            if let Some(rate) = phase.handler.as_ref().and_then(|h| h.failure_rate)
-                && !(0.0..=1.0).contains(&rate)
-            {
-                problems.push((
-                    format!("phases[{i}].handler.failure_rate"),
-                    format!("{rate} is not between 0.0 and 1.0"),
-                ));
-            }
-        }
+        problems.extend(scenario.phase_problems());
         // The host-level checks apply to the embedded tables too.
         let as_config = crate::config::Config {
             transport: scenario.transport.clone(),
             queues: scenario.queues.clone(),
             throttling: scenario.throttling.clone(),
+            fleet: scenario.fleet.clone(),
             ..crate::config::Config::default()
         };
         problems.extend(crate::config::validate::validate(&as_config));
@@ -560,6 +596,23 @@ mod tests {
         let s = Scenario::parse(&text, "t.toml").unwrap();
         assert_eq!((s.prefill_stages, s.processes), (3, 1));
         assert_eq!(s.source, text, "peers are started with the scenario's text");
+    }
+
+    #[test]
+    fn a_killed_peer_must_be_one_of_the_peers() {
+        let phase = "[[phases]]\nname = 'p'\nduration = '1s'\nkill_peer = 2\n";
+        let err = Scenario::parse(&format!("{BASE}{phase}"), "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("phases[0].kill_peer") && err.contains("not a peer"),
+            "{err}"
+        );
+        let fleet = "[fleet]\nshare_interval = '10s'\n";
+        let err = Scenario::parse(&format!("{BASE}{fleet}{phase}"), "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("fleet.share_interval"), "{err}");
     }
 
     #[test]

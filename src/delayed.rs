@@ -115,7 +115,14 @@ pub struct MoverOf {
     pub metrics: QueueMetrics,
     /// Messages in the delayed table as last read (the database size counts them).
     pub waiting: Arc<AtomicU64>,
+    /// Whether this mover polls (this instance leads the queue, `fleet::lead`); when it does
+    /// not, it moves only at the due times this process was told of, and the leader's polls
+    /// move what other processes scheduled.
+    pub polls: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// How often a mover that does not poll looks whether it has come to lead its queue.
+const LEAD_CHECK: Duration = Duration::from_secs(1);
 
 /// Runs the mover of a queue's delayed table until `stop`.
 pub async fn run_mover(
@@ -131,21 +138,34 @@ pub async fn run_mover(
     let mut wait = Duration::ZERO;
     let mut next_move = Instant::now();
     let mut failing = false;
+    let mut following_until: Option<Instant> = None;
     loop {
-        // Wait until the next move, or an earlier due time this process tells of.
+        // Wait until the next move, or an earlier due time this process tells of. A mover that
+        // does not poll looks again every LEAD_CHECK whether it has come to lead the queue.
         loop {
             let told = *wake.earliest.lock().unwrap_or_else(|e| e.into_inner());
-            let until = told.map_or(next_move, |t| t.min(next_move));
-            if until <= Instant::now() {
+            let polling = of.polls.load(Ordering::Relaxed)
+                || following_until.is_some_and(|t| Instant::now() < t);
+            let next = match polling {
+                true => next_move,
+                false => Instant::now() + LEAD_CHECK,
+            };
+            let until = told.map_or(next, |t| t.min(next));
+            if until <= Instant::now() && (polling || told.is_some()) {
                 break;
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep_until(until) => break,
+                _ = tokio::time::sleep_until(until) => {}
                 _ = wake.notify.notified() => {}
             }
         }
-        wake.take();
+        // A due time this process was told of is followed through for a while (a move that
+        // came a little early, or found the table busy, looks again at the table's next due
+        // time), whether or not this mover polls.
+        if let Some(due) = wake.take() {
+            following_until = Some(due.max(Instant::now()) + LEAD_CHECK);
+        }
         if stop.is_cancelled() {
             return;
         }

@@ -442,3 +442,92 @@ async fn sqlserver_keeps_the_instance_registry() {
     b.shutdown().await;
     a.shutdown().await;
 }
+
+/// The instances that lead `orders` (poll its delayed mover, read its depth), as each says.
+fn leaders(hosts: &[(Host, std::sync::Arc<common::Counting>)]) -> Vec<String> {
+    hosts
+        .iter()
+        .filter(|(h, _)| {
+            let q = h.inner().queue("orders").unwrap().clone();
+            q.leads.load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .map(|(h, _)| h.inner().config().host.instance_id.clone())
+        .collect()
+}
+
+/// Three hosts on one queue: after a heartbeat exactly one leads it (it reads the depth every
+/// 100 ms tick; the others read none of their own and take the leader's), a delayed message sent through a follower still comes
+/// when due (its own mover moves it), and when the leader stops another takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_per_queue_reads_its_depth_and_polls_its_delayed_table() {
+    let schema = PgSchema::new();
+    let probe = Probe::new(Duration::ZERO);
+    let mut hosts = Vec::new();
+    for name in ["a", "b", "c"] {
+        let mut config = config(&schema, name);
+        // The monitor peeks an idle queue this rarely (inserts wake it): the peeks counted
+        // below are the database size's readings, one per tick at most.
+        config.queues[0].concurrency.peek_interval = Duration::from_secs(30);
+        config.throttling.sample_interval = Duration::from_millis(100);
+        config.throttling.database_size_refresh = Duration::from_millis(100);
+        let transport = schema.transport(TransactionMode::ReceiveOnly, 6).await;
+        let counting = common::Counting::with_abilities(std::sync::Arc::new(transport));
+        let host = HostBuilder::new(config)
+            .transport(counting.clone())
+            .handler("orders", ProbeHandler(probe.clone()))
+            .start()
+            .await
+            .unwrap();
+        hosts.push((host, counting));
+    }
+    // Every host has seen all three once two more heartbeats have passed.
+    view_when(&hosts[0].0, "three seen", |v| live(v).len() == 3).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let leader = match leaders(&hosts).as_slice() {
+        [one] => one.clone(),
+        other => panic!("one leader, not {other:?}"),
+    };
+    let peeks: Vec<u64> = hosts.iter().map(|(_, c)| c.peeks()).collect();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for ((host, counting), before) in hosts.iter().zip(peeks) {
+        let name = host.inner().config().host.instance_id.clone();
+        let peeked = counting.peeks() - before;
+        match name == leader {
+            true => assert!(
+                peeked >= 4,
+                "the leader {name} read the depth {peeked} times"
+            ),
+            // At most the monitor's own peek after its listener connected.
+            false => assert!(
+                peeked <= 1,
+                "{name} follows {leader} but peeked {peeked} times"
+            ),
+        }
+    }
+    let follower = hosts
+        .iter()
+        .position(|(h, _)| h.inner().config().host.instance_id != leader)
+        .unwrap();
+    let mut delayed = OutgoingMessage::new("later");
+    delayed.deliver_after = Some(Duration::from_millis(300));
+    hosts[follower].0.send("orders", delayed).await.unwrap();
+    wait_until(
+        Duration::from_secs(5),
+        "the delayed message handled",
+        || probe.handled() == 1,
+    )
+    .await;
+    let at = hosts
+        .iter()
+        .position(|(h, _)| h.inner().config().host.instance_id == leader)
+        .unwrap();
+    hosts.remove(at).0.shutdown().await;
+    wait_until(Duration::from_secs(10), "a new leader", || {
+        leaders(&hosts).len() == 1
+    })
+    .await;
+    assert_ne!(leaders(&hosts)[0], leader);
+    for (host, _) in hosts {
+        host.shutdown().await;
+    }
+}

@@ -24,8 +24,9 @@ use uuid::Uuid;
 
 use crate::config::{FleetConfig, OverrideMode};
 use crate::throttling::Direction;
-use crate::transport::{Heartbeat, InstanceRecord, Transport, TransportError};
+use crate::transport::{BeatRow, Heartbeat, InstanceRecord, Transport, TransportError};
 
+pub mod lead;
 pub mod share;
 
 /// Every this many heartbeats an instance forgets the long-gone rows.
@@ -130,8 +131,9 @@ pub struct HeartbeatHooks<S, C, O> {
     pub summary: S,
     /// The `[fleet]` settings now.
     pub settings: C,
-    /// Called with the fleet's orders after every heartbeat that was written.
-    pub orders: O,
+    /// Called after every heartbeat with the fleet's orders and every registry row it read
+    /// back (None when the heartbeat failed: the fleet cannot be seen).
+    pub heard: O,
     /// Cancelled once the first heartbeat is written (the others count this host as alive
     /// from then on: its share rounds may start).
     pub written: CancellationToken,
@@ -141,8 +143,8 @@ pub struct HeartbeatHooks<S, C, O> {
 }
 
 /// Writes `me`'s heartbeat every `fleet.heartbeat_interval` (as the settings say now) with
-/// the summary the hooks give, hands them the fleet's orders each time, until `stop`; then
-/// removes its row.
+/// the summary the hooks give, hands them the fleet's orders and the registry's rows each
+/// time, until `stop`; then removes its row.
 pub async fn run_heartbeat<S, C, O>(
     transport: Arc<dyn Transport>,
     mut me: Heartbeat,
@@ -152,7 +154,7 @@ pub async fn run_heartbeat<S, C, O>(
 ) where
     S: Fn() -> String + Send + 'static,
     C: Fn() -> FleetConfig + Send + 'static,
-    O: Fn(Vec<FleetOrder>) + Send + 'static,
+    O: Fn(Option<(Vec<FleetOrder>, Vec<BeatRow>)>) + Send + 'static,
 {
     let Some(registry) = transport.instance_registry() else {
         return;
@@ -167,15 +169,19 @@ pub async fn run_heartbeat<S, C, O>(
                 registry.create_registry().await?;
                 created = true;
             }
-            let orders = registry.heartbeat(&me).await?;
+            let rows = registry.heartbeat(&me).await?;
             hooks.written.cancel();
-            (hooks.orders)(FleetOrder::parse_all(&orders));
+            let orders = FleetOrder::parse_all(&BeatRow::orders(&rows));
+            (hooks.heard)(Some((orders, rows)));
             if beats.is_multiple_of(FORGET_EVERY) {
                 registry.forget(config.forget_after).await?;
             }
             Ok(())
         }
         .await;
+        if outcome.is_err() {
+            (hooks.heard)(None);
+        }
         health.record(outcome);
         beats = beats.wrapping_add(1);
         tokio::select! {

@@ -621,6 +621,7 @@ fn start_receiving(
                 batch: q.delayed_batch,
                 metrics: q.metrics.clone(),
                 waiting: q.delayed_waiting.clone(),
+                polls: q.leads.clone(),
             };
             receive_ctx.tasks.spawn(crate::delayed::run_mover(
                 transport.clone(),
@@ -715,12 +716,12 @@ fn start_heartbeat(inner: &Arc<HostInner>, admin: Option<SocketAddr>) {
         admin_address: admin.map(|a| format!("http://{a}")),
         summary: String::new(),
     };
-    let (for_summary, for_settings, for_orders) = (inner.clone(), inner.clone(), inner.clone());
+    let (for_summary, for_settings, for_heard) = (inner.clone(), inner.clone(), inner.clone());
     let (written, shares_released) = (CancellationToken::new(), CancellationToken::new());
     let hooks = crate::fleet::HeartbeatHooks {
         summary: move || status::fleet_summary(&for_summary).to_string(),
         settings: move || for_settings.config().fleet.clone(),
-        orders: move |orders| for_orders.apply_fleet_orders(orders),
+        heard: move |heard| for_heard.heard_from_fleet(heard),
         written: written.clone(),
         shares_released: shares_released.clone(),
     };
@@ -935,6 +936,41 @@ impl HostInner {
     }
 
     /// Applies the fleet's orders this instance has not applied yet.
+    /// What a heartbeat brought: the fleet's orders to apply, and who leads each queue's
+    /// background reading (`fleet::lead`); None (the heartbeat failed): this host leads all
+    /// its queues, as it would alone.
+    fn heard_from_fleet(
+        &self,
+        heard: Option<(
+            Vec<crate::fleet::FleetOrder>,
+            Vec<crate::transport::BeatRow>,
+        )>,
+    ) {
+        let Some((orders, rows)) = heard else {
+            for q in &self.queues {
+                q.leads.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            return;
+        };
+        self.apply_fleet_orders(orders);
+        let names: Vec<&str> = self.queues.iter().map(|q| q.name.as_str()).collect();
+        let gone_after = self.config().fleet.gone_after.as_secs_f64();
+        let leads = crate::fleet::lead::leads(self.process_id, &names, &rows, gone_after);
+        for (q, lead) in self.queues.iter().zip(leads) {
+            match lead {
+                crate::fleet::lead::Lead::Here => {
+                    q.leads.store(true, std::sync::atomic::Ordering::Relaxed)
+                }
+                crate::fleet::lead::Lead::Elsewhere { depth } => {
+                    q.leads.store(false, std::sync::atomic::Ordering::Relaxed);
+                    if let Some(depth) = depth {
+                        q.depth.set(depth);
+                    }
+                }
+            }
+        }
+    }
+
     fn apply_fleet_orders(&self, orders: Vec<crate::fleet::FleetOrder>) {
         for order in self.overrides.to_apply(orders) {
             tracing::info!(direction = %order.direction, mode = ?order.mode, set_by = %order.set_by,

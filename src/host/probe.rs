@@ -178,7 +178,10 @@ impl HostProbe for HostAdapter {
         for q in self.queues.iter().filter(|q| self.counts(&q.name)) {
             // Delayed messages will join the queue: they count, as their mover last read them.
             total += q.depth.get() + q.delayed_waiting.load(std::sync::atomic::Ordering::Relaxed);
-            if is_stale(&q.depth) | self.held_due(q) {
+            // Far from the threshold, a queue another instance leads takes that instance's
+            // reading with each heartbeat instead of a peek of its own.
+            let read_here = max_age.is_zero() || q.leads.load(std::sync::atomic::Ordering::Relaxed);
+            if (is_stale(&q.depth) && read_here) | self.held_due(q) {
                 let mut read = StaleDepth::new(q.name.clone(), q.depth.clone(), false);
                 read.waiting = q
                     .ordering

@@ -151,9 +151,17 @@ pub(super) fn fleet_summary(host: &HostInner) -> serde_json::Value {
             "publishing": direction(&s.decision.publishing, s.readings.publishing),
         })
     });
+    // The queues this host receives from, with the depth it knows: the instances leading a
+    // queue publish their readings here for the others (`fleet::lead`).
+    let queues: serde_json::Map<String, serde_json::Value> = host
+        .queues
+        .iter()
+        .map(|q| (q.name.to_string(), q.depth.get().into()))
+        .collect();
     serde_json::json!({
         "in_process": host.in_process(),
         "receiving": host.is_receiving(),
         "throttling": throttling,
+        "queues": queues,
     })
 }

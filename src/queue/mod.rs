@@ -198,6 +198,10 @@ pub struct QueueRuntime {
     /// Messages in this queue's delayed table, as its mover last read them (they count in the
     /// database size: they will join the queue).
     pub delayed_waiting: Arc<AtomicU64>,
+    /// This instance does the queue's background reading: its delayed mover polls and its
+    /// depth is read for database size (true unless another instance leads it, see
+    /// `fleet::lead`).
+    pub leads: Arc<AtomicBool>,
     reconfigured: Notify,
     arrivals: Notify,
     share_wanted: Notify,
@@ -233,6 +237,7 @@ impl QueueRuntime {
             delayed_home: None,
             delayed_batch: 100,
             delayed_waiting: Arc::default(),
+            leads: Arc::new(AtomicBool::new(true)),
             breaker: CircuitBreaker::new(name.as_str(), metrics.circuit_breaker_open.clone()),
             gate: Arc::new(gate),
             name,

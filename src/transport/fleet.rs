@@ -47,6 +47,29 @@ pub struct Heartbeat {
     pub summary: String,
 }
 
+/// A registry row as a heartbeat reads it back: whose it is, what its last heartbeat wrote,
+/// and how long ago.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BeatRow {
+    /// The row's process (or one of [`FLEET_ORDER_ROWS`]).
+    pub process_id: Uuid,
+    /// Its summary (an order's text for an order row).
+    pub summary: String,
+    /// Seconds since it was written, by the database's clock.
+    pub seen_seconds_ago: f64,
+}
+
+impl BeatRow {
+    /// The summaries of the fleet's order rows among `rows`, in [`FLEET_ORDER_ROWS`] order.
+    pub fn orders(rows: &[BeatRow]) -> Vec<String> {
+        FLEET_ORDER_ROWS
+            .iter()
+            .filter_map(|id| rows.iter().find(|r| r.process_id == *id))
+            .map(|r| r.summary.clone())
+            .collect()
+    }
+}
+
 /// One registered instance, as the database last saw it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct InstanceRecord {
@@ -65,9 +88,10 @@ pub trait InstanceRegistry: Send + Sync {
     /// Creates the registry table when it is missing (safe when hosts do it at once).
     async fn create_registry(&self) -> Result<(), TransportError>;
 
-    /// Records `beat` as this process's latest heartbeat and answers the fleet's orders: the
-    /// `summary` of each [`FLEET_ORDER_ROWS`] row present, in that order (one round trip).
-    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<String>, TransportError>;
+    /// Records `beat` as this process's latest heartbeat and answers every row of the
+    /// registry, the fleet's order rows ([`FLEET_ORDER_ROWS`]) included, with its age by the
+    /// database's clock (one round trip; this process's own row may show its previous beat).
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<BeatRow>, TransportError>;
 
     /// Every registered instance (not the fleet's order rows), most recently seen first.
     async fn instances(&self) -> Result<Vec<InstanceRecord>, TransportError>;

@@ -26,8 +26,8 @@ use uuid::Uuid;
 
 use super::delayed::{DelayedDelivery, Moved, delayed_headers};
 use super::fleet::{
-    FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry, ShareClaim,
-    ShareRow,
+    BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry,
+    ShareClaim, ShareRow,
 };
 use super::{
     ArrivalSink, HeldKey, Payload, QueueAdmin, QueueName, Received, Transport, TransportError,
@@ -724,7 +724,7 @@ impl InstanceRegistry for MemoryTransport {
         Ok(())
     }
 
-    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<String>, TransportError> {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<BeatRow>, TransportError> {
         let now = tokio::time::Instant::now();
         let mut instances = lock(&self.shared.instances);
         instances
@@ -734,9 +734,13 @@ impl InstanceRegistry for MemoryTransport {
                 *seen = now;
             })
             .or_insert_with(|| (beat.clone(), now, now));
-        Ok(FLEET_ORDER_ROWS
+        Ok(instances
             .iter()
-            .filter_map(|id| instances.get(id).map(|(order, _, _)| order.summary.clone()))
+            .map(|(id, (last, _, seen))| BeatRow {
+                process_id: *id,
+                summary: last.summary.clone(),
+                seen_seconds_ago: seen.elapsed().as_secs_f64(),
+            })
             .collect())
     }
 

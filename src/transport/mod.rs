@@ -34,8 +34,8 @@ use crate::config::{OrderingConfig, TransactionMode, TransportConfig, TransportK
 use crate::message::{Message, OutgoingMessage};
 pub use delayed::{DelayedDelivery, Moved};
 pub use fleet::{
-    FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry, ShareClaim,
-    ShareRow,
+    BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry,
+    ShareClaim, ShareRow,
 };
 pub use names::QueueName;
 

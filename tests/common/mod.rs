@@ -172,6 +172,9 @@ pub struct Counting {
     pub sends: AtomicU64,
     /// Messages taken by each batch receive that found any.
     pub batches: std::sync::Mutex<Vec<usize>>,
+    /// Hands out the inner transport's abilities (delayed delivery, the instance registry,
+    /// fleet shares); without, the host runs as on a transport that has none.
+    pub abilities: bool,
 }
 
 impl Counting {
@@ -182,7 +185,15 @@ impl Counting {
             peeks: AtomicU64::new(0),
             sends: AtomicU64::new(0),
             batches: Default::default(),
+            abilities: false,
         })
+    }
+
+    /// Counts the message path of `inner` and hands out its abilities.
+    pub fn with_abilities(inner: Arc<dyn Transport>) -> Arc<Self> {
+        let mut counting = Arc::into_inner(Counting::new(inner)).unwrap();
+        counting.abilities = true;
+        Arc::new(counting)
     }
 
     pub fn receives(&self) -> u64 {
@@ -235,6 +246,24 @@ impl Transport for Counting {
     }
     async fn ping(&self) -> Result<(), TransportError> {
         self.inner.ping().await
+    }
+    fn delayed_delivery(&self) -> Option<&dyn throttlehost::transport::DelayedDelivery> {
+        self.inner.delayed_delivery().filter(|_| self.abilities)
+    }
+    fn instance_registry(&self) -> Option<&dyn throttlehost::transport::InstanceRegistry> {
+        self.inner.instance_registry().filter(|_| self.abilities)
+    }
+    fn fleet_shares(&self) -> Option<&dyn throttlehost::transport::FleetShares> {
+        self.inner.fleet_shares().filter(|_| self.abilities)
+    }
+    fn wake_on_arrival(
+        &self,
+        queues: &[QueueName],
+        sink: Arc<dyn throttlehost::transport::ArrivalSink>,
+    ) {
+        if self.abilities {
+            self.inner.wake_on_arrival(queues, sink);
+        }
     }
 }
 

@@ -8,8 +8,8 @@ use uuid::Uuid;
 
 use super::{PostgresTransport, create_under_lock, map_error, quote_ident};
 use crate::transport::fleet::{
-    FLEET_ORDER_ROWS, FleetShares, Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry,
-    SHARES_TABLE, ShareClaim, ShareRow,
+    BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, INSTANCES_TABLE, InstanceRecord,
+    InstanceRegistry, SHARES_TABLE, ShareClaim, ShareRow,
 };
 use crate::transport::{QueueName, TransportError};
 
@@ -21,8 +21,8 @@ pub struct RegistryStatements {
     /// Creates the schema and the table when missing.
     pub create: String,
     /// `$1` process id, `$2` host name, `$3` instance id, `$4` version, `$5` admin address
-    /// (NULL: none), `$6` summary; answers the summaries of the fleet's order rows (as they
-    /// were before this statement).
+    /// (NULL: none), `$6` summary; answers every row (process id, summary, seconds since
+    /// seen) as it was before this statement.
     pub heartbeat: String,
     /// Every instance's row, with seconds up and seconds since seen by the server's clock.
     pub list: String,
@@ -69,7 +69,7 @@ CREATE TABLE IF NOT EXISTS {table} (
         version = EXCLUDED.version, admin_address = EXCLUDED.admin_address,
         summary = EXCLUDED.summary, last_seen = now()
 )
-SELECT summary FROM {table} WHERE process_id IN ({orders}) ORDER BY process_id"
+SELECT process_id, summary, EXTRACT(EPOCH FROM now() - last_seen)::float8 FROM {table}"
         ),
         list: format!(
             "SELECT process_id, host_name, instance_id, version, admin_address, summary,
@@ -260,7 +260,7 @@ impl InstanceRegistry for PostgresTransport {
             .map_err(|e| registry_error(e, &st.table))
     }
 
-    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<String>, TransportError> {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<BeatRow>, TransportError> {
         let st = self.registry();
         let client = self.inner.client().await?;
         let (_, done) = self
@@ -282,7 +282,14 @@ impl InstanceRegistry for PostgresTransport {
             })
             .await?;
         let rows = done.map_err(|e| registry_error(e, &st.table))?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        Ok(rows
+            .iter()
+            .map(|row| BeatRow {
+                process_id: row.get(0),
+                summary: row.get(1),
+                seen_seconds_ago: row.get::<_, f64>(2).max(0.0),
+            })
+            .collect())
     }
 
     async fn instances(&self) -> Result<Vec<InstanceRecord>, TransportError> {

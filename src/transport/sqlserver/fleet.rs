@@ -9,8 +9,8 @@ use uuid::Uuid;
 use super::statements::{bracket, created_under_lock};
 use super::{SqlServerTransport, map_error};
 use crate::transport::fleet::{
-    FLEET_ORDER_ROWS, FleetShares, Heartbeat, INSTANCES_TABLE, InstanceRecord, InstanceRegistry,
-    SHARES_TABLE, ShareClaim, ShareRow,
+    BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, INSTANCES_TABLE, InstanceRecord,
+    InstanceRegistry, SHARES_TABLE, ShareClaim, ShareRow,
 };
 use crate::transport::{QueueName, TransportError};
 
@@ -22,8 +22,8 @@ pub struct RegistryStatements {
     /// Creates the schema and the table when missing, under the schema's creation lock.
     pub create: String,
     /// `@P1` process id, `@P2` host name, `@P3` instance id, `@P4` version, `@P5` admin
-    /// address (empty: none, stored as NULL), `@P6` summary; then selects the summaries of
-    /// the fleet's order rows (one batch, one round trip).
+    /// address (empty: none, stored as NULL), `@P6` summary; then selects every row (process
+    /// id, summary, seconds since seen) (one batch, one round trip).
     pub heartbeat: String,
     /// Every instance's row, with seconds up and seconds since seen by the server's clock.
     pub list: String,
@@ -82,7 +82,8 @@ WHERE process_id = @P1;
 IF @@ROWCOUNT = 0
     INSERT INTO {table} (process_id, host_name, instance_id, version, admin_address, summary)
     VALUES (@P1, @P2, @P3, @P4, NULLIF(@P5, N''), @P6);
-SELECT summary FROM {table} WHERE process_id IN ({orders}) ORDER BY process_id;"
+SELECT process_id, summary, {} FROM {table};",
+            seconds_since("last_seen"),
         ),
         list: format!(
             "SELECT process_id, host_name, instance_id, version, admin_address, summary,
@@ -310,7 +311,7 @@ impl InstanceRegistry for SqlServerTransport {
         }
     }
 
-    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<String>, TransportError> {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<BeatRow>, TransportError> {
         let st = self.registry();
         let mut conn = self.inner.conn().await?;
         // Not a NULL parameter: Babelfish refuses one sent without a type (TDS type 0x1F).
@@ -335,7 +336,13 @@ impl InstanceRegistry for SqlServerTransport {
         let rows = settle(&mut conn.broken, result, &st.table)?;
         Ok(rows
             .iter()
-            .filter_map(|row| row.get::<&str, _>(0).map(str::to_owned))
+            .filter_map(|row| {
+                Some(BeatRow {
+                    process_id: row.get::<Uuid, _>(0)?,
+                    summary: row.get::<&str, _>(1).unwrap_or_default().to_owned(),
+                    seen_seconds_ago: row.get::<f64, _>(2).unwrap_or(0.0).max(0.0),
+                })
+            })
             .collect())
     }
 

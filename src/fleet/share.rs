@@ -7,7 +7,8 @@
 //! round of that queue holds at a time, so grants are decided one after another:
 //!
 //! - **want**: the instance's own limit (`min(max, throttling limit, downstream guards)`)
-//!   while the queue holds messages nobody has taken, else what it has in flight (an idle
+//!   while every place of its share is in use or the queue holds messages nobody has taken
+//!   (a peek, only when not every place is in use), else what it has in flight (an idle
 //!   instance gives its share back);
 //! - **fair share**: `fleet_max` split max-min fairly over the wants of the instances alive
 //!   (seen by the registry within `fleet.gone_after`);
@@ -21,7 +22,10 @@
 //! shrinks frees its room at the owner's next round (soon: a round that gave back less than it
 //! meant to, or waits for room, is followed by another after [`SETTLE`]). A dead instance's
 //! grant is free once it is no longer alive. An instance that cannot finish a round for half
-//! of `gone_after` closes its gates (the others will soon count it as gone and take its room).
+//! of `gone_after` (a round that fails, or one that hangs that long) closes its gates: the
+//! others will count it as gone at `gone_after` and take its room. Every round also stamps the
+//! instance's registry row as seen, so an instance whose rounds go through is never counted
+//! as gone for a late heartbeat.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,11 +111,21 @@ pub async fn round(
     gone_after: Duration,
 ) -> Result<RoundOutcome, TransportError> {
     let gate = &queue.gate;
-    let waiting = transport.peek_depth(&queue.name).await?;
-    queue.depth.set(waiting);
+    // Every place of its share in use: it wants more, whatever a peek would say (and a peek
+    // under load costs a statement, or on Babelfish waits behind the receives' locks).
+    let share = gate.fleet_share();
+    let saturated = share > 0 && gate.in_flight() >= share;
+    let waiting = match saturated {
+        true => true,
+        false => {
+            let depth = transport.peek_depth(&queue.name).await?;
+            queue.depth.set(depth);
+            depth > 0
+        }
+    };
     let wanted = match waiting {
-        0 => gate.in_flight(),
-        _ => gate.local_limit(),
+        true => gate.local_limit(),
+        false => gate.in_flight(),
     }
     .min(fleet_max);
     let mut target_now = 0;
@@ -169,14 +183,14 @@ pub async fn run_shares(
                 queue.gate.set_fleet_share(u32::MAX);
                 continue;
             };
-            let outcome = async {
+            let attempt = async {
                 if !created {
                     shares.create_shares().await?;
                     created = true;
                 }
                 round(&*transport, shares, queue, fleet_max, me, config.gone_after).await
-            }
-            .await;
+            };
+            let outcome = within_cut_off(attempt, &queues, last_success, &config).await;
             match outcome {
                 Ok(done) => {
                     queue.metrics.fleet_share.set(done.target as f64);
@@ -205,6 +219,41 @@ pub async fn run_shares(
     }
 }
 
+/// Runs a round; if it is still running when half of `gone_after` has passed since the last
+/// round that worked (a connection not free, a lock held), the gates close at that moment (the
+/// others may soon count this instance as gone) and the round gets as long again to finish.
+async fn within_cut_off(
+    attempt: impl Future<Output = Result<RoundOutcome, TransportError>>,
+    queues: &[Arc<QueueRuntime>],
+    last_success: Instant,
+    config: &FleetConfig,
+) -> Result<RoundOutcome, TransportError> {
+    let attempt = std::pin::pin!(attempt);
+    let mut attempt = attempt;
+    tokio::select! {
+        done = &mut attempt => done,
+        _ = tokio::time::sleep_until(last_success + config.gone_after / 2) => {
+            close_gates(queues);
+            tokio::time::timeout(config.gone_after / 2, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(TransportError::Unanswered {
+                        what: "a round of a fleet-wide limit",
+                        after: config.gone_after / 2,
+                    })
+                })
+        }
+    }
+}
+
+/// Closes the gates of every fleet-limited queue (this instance may count as gone soon).
+fn close_gates(queues: &[Arc<QueueRuntime>]) {
+    for q in queues.iter().filter(|q| q.settings().fleet_max.is_some()) {
+        q.gate.set_fleet_share(0);
+        q.metrics.fleet_share.set(0.0);
+    }
+}
+
 /// After half of `gone_after` without a round, the others may soon count this instance as
 /// gone and take its room: its gates close until a round works again.
 fn close_when_cut_off(
@@ -218,10 +267,7 @@ fn close_when_cut_off(
         "a round of the fleet-wide limits failed; {}",
         if cut_off { "receiving from fleet-limited queues pauses until one works" } else { "the shares stay as they are" });
     if cut_off {
-        for q in queues.iter().filter(|q| q.settings().fleet_max.is_some()) {
-            q.gate.set_fleet_share(0);
-            q.metrics.fleet_share.set(0.0);
-        }
+        close_gates(queues);
     }
 }
 

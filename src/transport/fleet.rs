@@ -142,8 +142,9 @@ pub trait FleetShares: Send + Sync {
     /// One round for `queue` and this process (`me`), in one transaction under a lock of the
     /// queue's share that only one round holds at a time: reads every instance's row of the
     /// queue (alive when its registry row was seen within `gone_after`), asks `decide` for
-    /// this process's row, writes it, removes the rows of instances the registry no longer
-    /// lists, and commits. Returns what was written. `decide` runs while the lock is held, so
+    /// this process's row, writes it, stamps this process's registry row as seen (an instance
+    /// whose rounds go through is alive, however late its heartbeat), removes the rows of
+    /// instances the registry no longer lists, and commits. Returns what was written. `decide` runs while the lock is held, so
     /// what it reads of the others stays true until the commit.
     async fn share_round(
         &self,

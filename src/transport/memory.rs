@@ -789,10 +789,17 @@ impl FleetShares for MemoryTransport {
         decide: &mut (dyn for<'r> FnMut(&'r [ShareRow]) -> ShareClaim + Send),
     ) -> Result<ShareClaim, TransportError> {
         let mut shares = lock(&self.shared.shares);
-        let seen: BTreeMap<Uuid, Duration> = lock(&self.shared.instances)
-            .iter()
-            .map(|(id, (_, _, seen))| (*id, seen.elapsed()))
-            .collect();
+        let seen: BTreeMap<Uuid, Duration> = {
+            let mut instances = lock(&self.shared.instances);
+            // A host that takes its share is alive.
+            if let Some((_, _, seen)) = instances.get_mut(&me) {
+                *seen = tokio::time::Instant::now();
+            }
+            instances
+                .iter()
+                .map(|(id, (_, _, seen))| (*id, seen.elapsed()))
+                .collect()
+        };
         shares.retain(|(q, id), _| q != queue || *id == me || seen.contains_key(id));
         let rows: Vec<ShareRow> = shares
             .iter()

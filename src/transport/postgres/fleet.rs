@@ -99,7 +99,8 @@ pub struct ShareStatements {
     /// `$1` queue, `$2` gone after (seconds): every instance's row of the queue with whether
     /// it is alive and whether the registry still lists it.
     pub read: String,
-    /// `$1` queue, `$2` process id, `$3` wanted, `$4` granted.
+    /// `$1` queue, `$2` process id, `$3` wanted, `$4` granted; also stamps the process's
+    /// registry row as seen (a host that takes its share is alive).
     pub write: String,
     /// `$1` queue, `$2` this process: removes the rows of instances the registry no longer
     /// lists (left, or forgotten).
@@ -134,7 +135,8 @@ FROM {table} s LEFT JOIN {instances} i ON i.process_id = s.process_id
 WHERE s.queue = $1"
         ),
         write: format!(
-            "INSERT INTO {table} (queue, process_id, wanted, granted) VALUES ($1, $2, $3, $4)
+            "WITH seen AS (UPDATE {instances} SET last_seen = now() WHERE process_id = $2)
+INSERT INTO {table} (queue, process_id, wanted, granted) VALUES ($1, $2, $3, $4)
 ON CONFLICT (queue, process_id) DO UPDATE SET
     wanted = EXCLUDED.wanted, granted = EXCLUDED.granted, updated_at = now()"
         ),

@@ -114,7 +114,8 @@ pub struct ShareStatements {
     /// then selects whether it was granted and, when it was, every instance's row of queue
     /// `@P2` with whether it is alive (its registry row seen within `@P3` milliseconds).
     pub read: String,
-    /// `@P1` queue, `@P2` process id, `@P3` wanted, `@P4` granted; also removes the rows of
+    /// `@P1` queue, `@P2` process id, `@P3` wanted, `@P4` granted; also stamps the process's
+    /// registry row as seen (a host that takes its share is alive), removes the rows of
     /// instances the registry no longer lists, and commits.
     pub write: String,
     /// `@P1`: process id; removes its rows.
@@ -153,7 +154,8 @@ FROM {table} s LEFT JOIN {instances} i ON i.process_id = s.process_id
 WHERE s.queue = @P2 AND @got >= 0;"
         ),
         write: format!(
-            "UPDATE {table} SET wanted = @P3, granted = @P4, updated_at = SYSUTCDATETIME()
+            "UPDATE {instances} SET last_seen = SYSUTCDATETIME() WHERE process_id = @P2;
+UPDATE {table} SET wanted = @P3, granted = @P4, updated_at = SYSUTCDATETIME()
 WHERE queue = @P1 AND process_id = @P2;
 IF @@ROWCOUNT = 0
     INSERT INTO {table} (queue, process_id, wanted, granted) VALUES (@P1, @P2, @P3, @P4);

@@ -155,7 +155,11 @@ fn held_keys_are_listed_and_released_from_the_command_line() {
             failed_key: FailedKey::Hold,
             ..OrderingConfig::default()
         };
-        t.order_by_key(&queue, &ordering).await.unwrap();
+        t.key_ordering()
+            .unwrap()
+            .order_by_key(&queue, &ordering)
+            .await
+            .unwrap();
         t.send(&queue, &message).await.unwrap();
         let mut r = t.receive(&queue).await.unwrap().unwrap();
         r.hold("a", "the order service is down").await.unwrap();

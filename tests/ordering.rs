@@ -329,7 +329,12 @@ async fn a_killed_receiver_keeps_its_keys_order_on(db: Db) {
     };
     let first = db.transport(2).await;
     first.create_queue(&queue).await.unwrap();
-    first.order_by_key(&queue, &ordering).await.unwrap();
+    first
+        .key_ordering()
+        .unwrap()
+        .order_by_key(&queue, &ordering)
+        .await
+        .unwrap();
     let messages: Vec<_> = ["a1", "a2"]
         .iter()
         .map(|b| OutgoingMessage::new(b.as_bytes().to_vec()).with_header(KEY, "a"))
@@ -337,7 +342,12 @@ async fn a_killed_receiver_keeps_its_keys_order_on(db: Db) {
     first.send_batch(&queue, &messages).await.unwrap();
     let held = first.receive(&queue).await.unwrap().expect("a1");
     let second = db.transport(2).await;
-    second.order_by_key(&queue, &ordering).await.unwrap();
+    second
+        .key_ordering()
+        .unwrap()
+        .order_by_key(&queue, &ordering)
+        .await
+        .unwrap();
     assert!(
         second.receive(&queue).await.unwrap().is_none(),
         "a2 waits while a1 is in flight on another host"
@@ -425,7 +435,15 @@ async fn a_failed_message_holds_its_key_until_released() {
     })
     .await;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while setup.held_keys(&q(queue)).await.unwrap().len() != 1 {
+    while setup
+        .key_ordering()
+        .unwrap()
+        .held_keys(&q(queue))
+        .await
+        .unwrap()
+        .len()
+        != 1
+    {
         assert!(Instant::now() < deadline, "the hold recorded within 20 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -441,7 +459,12 @@ async fn a_failed_message_holds_its_key_until_released() {
         ["b/0", "b/1"],
         "a/1 waits behind a/0"
     );
-    let held = setup.held_keys(&q(queue)).await.unwrap();
+    let held = setup
+        .key_ordering()
+        .unwrap()
+        .held_keys(&q(queue))
+        .await
+        .unwrap();
     assert_eq!(
         (held[0].key.as_str(), held[0].message_id),
         ("a", backlog[0].id)
@@ -473,7 +496,15 @@ async fn a_failed_message_holds_its_key_until_released() {
     }
 
     state.failing.store(false, Ordering::SeqCst);
-    assert_eq!(setup.release_held(&q(queue), Some("a")).await.unwrap(), 1);
+    assert_eq!(
+        setup
+            .key_ordering()
+            .unwrap()
+            .release_held(&q(queue), Some("a"))
+            .await
+            .unwrap(),
+        1
+    );
     wait_until(
         Duration::from_secs(20),
         "a/0 and a/1 after the release",

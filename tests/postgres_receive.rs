@@ -165,7 +165,12 @@ async fn expiry_reads_the_same_under_any_date_style_and_time_zone() {
     let single = transport.receive(&queue).await.unwrap().expect("a message");
     expect_near(single.as_ref(), "single receive");
     single.commit().await.unwrap();
-    let batch = transport.receive_batch(&queue, 2).await.unwrap();
+    let batch = transport
+        .batch_receive()
+        .unwrap()
+        .receive_batch(&queue, 2)
+        .await
+        .unwrap();
     assert_eq!(batch.len(), 2);
     for r in &batch {
         expect_near(r.as_ref(), "batch receive");

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use throttlehost::config::{Config, TransportKind};
-use throttlehost::transport::{self, QueueName, Transport};
+use throttlehost::transport::{self, KeyOrdering, QueueName, Transport};
 
 /// What to do.
 pub enum Action {
@@ -135,11 +135,22 @@ pub async fn queues(path: &Path, action: Action) -> ExitCode {
     }
 }
 
+/// The transport's key order, or why there is none.
+fn key_ordering(transport: &dyn Transport) -> Result<&dyn KeyOrdering, String> {
+    transport.key_ordering().ok_or_else(|| {
+        format!(
+            "the {} transport keeps no key order, so it holds no keys",
+            transport.describe()
+        )
+    })
+}
+
 /// Prints each held key: queue, key, message id, since when, why.
 async fn held(transport: &dyn Transport, names: Vec<String>) -> Result<(), String> {
     let queues = parse_names(&names).map_err(|_| String::new())?;
+    let ordering = key_ordering(transport)?;
     for queue in queues {
-        let held = transport
+        let held = ordering
             .held_keys(&queue)
             .await
             .map_err(|e| e.to_string())?;
@@ -156,7 +167,7 @@ async fn held(transport: &dyn Transport, names: Vec<String>) -> Result<(), Strin
 /// Lifts the holds of `name` (of `key`, or all) and says how many.
 async fn release(transport: &dyn Transport, name: &str, key: Option<&str>) -> Result<(), String> {
     let queue = parse_names(&[name.to_string()]).map_err(|_| String::new())?;
-    let released = transport
+    let released = key_ordering(transport)?
         .release_held(&queue[0], key)
         .await
         .map_err(|e| e.to_string())?;

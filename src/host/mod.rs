@@ -441,21 +441,35 @@ fn known_queues(
     known
 }
 
-/// Refuses a fleet-wide limit the transport cannot share (no shares table, or no registry to
-/// tell the living instances from the gone), naming the queue's key.
-fn check_fleet_limits(config: &Config, transport: &dyn Transport) -> Result<(), HostError> {
-    let able = transport.fleet_shares().is_some() && transport.instance_registry().is_some();
-    match config
-        .queues
-        .iter()
-        .position(|q| q.concurrency.fleet_max.is_some())
-    {
-        Some(i) if !able => Err(HostError::Config(format!(
-            "queues[{i}].concurrency.fleet_max: the {} transport cannot share a limit between instances (it keeps no instance registry or shares table)",
-            transport.describe()
-        ))),
-        _ => Ok(()),
+/// Refuses a configuration that needs an ability the transport lacks, naming the setting:
+/// key order, batch receive, a fleet-wide limit (shares, and a registry to tell the living
+/// from the gone).
+fn check_abilities(config: &Config, transport: &dyn Transport) -> Result<(), HostError> {
+    let shares = transport.fleet_shares().is_some() && transport.instance_registry().is_some();
+    for (i, q) in config.queues.iter().enumerate() {
+        let missing = if q.ordering.is_ordered() && transport.key_ordering().is_none() {
+            Some(("ordering", "cannot keep key order"))
+        } else if q.concurrency.receive_batch > 1 && transport.batch_receive().is_none() {
+            Some((
+                "concurrency.receive_batch",
+                "cannot take more than one message in a unit of work",
+            ))
+        } else if q.concurrency.fleet_max.is_some() && !shares {
+            Some((
+                "concurrency.fleet_max",
+                "cannot share a limit between instances (it keeps no instance registry or shares table)",
+            ))
+        } else {
+            None
+        };
+        if let Some((key, why)) = missing {
+            return Err(HostError::Config(format!(
+                "queues[{i}].{key}: the {} transport {why}",
+                transport.describe()
+            )));
+        }
     }
+    Ok(())
 }
 
 /// Creates the queues (when configured), runs the transport's start-up checks, warns about
@@ -489,7 +503,7 @@ async fn prepare_transport(
     queues: &[Arc<QueueRuntime>],
 ) -> Result<(), HostError> {
     let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
-    check_fleet_limits(config, transport)?;
+    check_abilities(config, transport)?;
     // Before anything is created: a start that is refused leaves no tables behind.
     let server_warnings = transport
         .server_checks()
@@ -514,9 +528,11 @@ async fn prepare_transport(
                 })?;
         }
     }
-    for q in config.queues.iter().filter(|q| q.ordering.is_ordered()) {
+    let ordered = config.queues.iter().filter(|q| q.ordering.is_ordered());
+    // check_abilities refused ordered queues on a transport that keeps no order.
+    for (q, ordering) in ordered.filter_map(|q| Some((q, transport.key_ordering()?))) {
         let name = QueueName::new(&q.name).map_err(|e| HostError::Config(e.0))?;
-        transport
+        ordering
             .order_by_key(&name, &q.ordering)
             .await
             .map_err(|e| match e {

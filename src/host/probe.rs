@@ -87,22 +87,23 @@ impl HostAdapter {
                 match transport.peek_depth(&name).await {
                     Ok(depth) => {
                         cell.set_read(depth, start);
-                        if let Some(gauge) = waiting {
+                        let ordering = transport.key_ordering();
+                        if let (Some(gauge), Some(ordering)) = (waiting, ordering) {
                             // An empty queue has nothing waiting: no statement for it.
                             match depth {
                                 0 => gauge.set(0.0),
-                                _ => match transport.waiting_in_order(&name).await {
+                                _ => match ordering.waiting_in_order(&name).await {
                                     Ok(Some(n)) => gauge.set(n as f64),
                                     Ok(None) => {}
                                     Err(e) => tracing::debug!(queue = %name, error = %e, "counting the messages waiting for their order failed"),
                                 },
                             }
                         }
-                        if let Some(gauge) = held {
+                        if let (Some(gauge), Some(ordering)) = (held, ordering) {
                             // A held message stays in its queue: none held in an empty one.
                             match depth {
                                 0 => gauge.set(0.0),
-                                _ => match transport.held_keys(&name).await {
+                                _ => match ordering.held_keys(&name).await {
                                     Ok(keys) => gauge.set(keys.len() as f64),
                                     Err(e) => tracing::debug!(queue = %name, error = %e, "reading the held keys failed"),
                                 },

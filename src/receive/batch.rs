@@ -45,11 +45,12 @@ pub(crate) async fn receive_some(
     if permits.is_empty() {
         return super::receive(q, ctx).await;
     }
-    let mut batch = match ctx
-        .transport
-        .receive_batch(&q.name, permits.len() + 1)
-        .await
-    {
+    // A transport without batch receive was refused at start for receive_batch above 1.
+    let Some(batches) = ctx.transport.batch_receive() else {
+        drop(permits);
+        return super::receive(q, ctx).await;
+    };
+    let mut batch = match batches.receive_batch(&q.name, permits.len() + 1).await {
         Ok(batch) => batch,
         Err(e) => return account(q, Err(e)),
     };

@@ -356,3 +356,21 @@ impl BatchWork for EachOnItsOwn {
         result
     }
 }
+
+/// A transport that can receive many messages in one unit of work (`receive_batch`).
+#[async_trait::async_trait]
+pub trait BatchReceive: Send + Sync {
+    /// Removes up to `max` of the oldest messages not locked by other receivers, oldest
+    /// first, in one unit of work, and hands out one [`Received`] per message. The batch
+    /// commits once, when every message of it has ended, and rolls back whole (every row back
+    /// at its place) if any message rolled back or was dropped; so a crash mid-batch returns
+    /// all of it. Each message's commit or rollback returns only when the batch has ended:
+    /// end them concurrently. Empty when the queue has nothing. PostgreSQL and SQL Server
+    /// remove the rows with one statement; the memory transport takes single receives and ends
+    /// them together ([`EachOnItsOwn`]).
+    async fn receive_batch(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError>;
+}

@@ -342,6 +342,14 @@ fn stored_from(message: &OutgoingMessage) -> Result<StoredMessage, TransportErro
 
 #[async_trait]
 impl Transport for MemoryTransport {
+    fn key_ordering(&self) -> Option<&dyn super::KeyOrdering> {
+        Some(self)
+    }
+
+    fn batch_receive(&self) -> Option<&dyn super::BatchReceive> {
+        Some(self)
+    }
+
     fn describe(&self) -> String {
         "memory (in-process; messages are lost when the process exits)".into()
     }
@@ -406,26 +414,6 @@ impl Transport for MemoryTransport {
         }
         self.shared.open_receives.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Box::new(received)))
-    }
-
-    async fn receive_batch(
-        &self,
-        queue: &QueueName,
-        max: usize,
-    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
-        let state = self.shared.queue(queue)?;
-        if lock(&state).ordering.is_some() {
-            return Err(TransportError::Config(format!(
-                "queue `{queue}` keeps key order: receive it one message at a time (concurrency.receive_batch = 1)"
-            )));
-        }
-        super::batch::EachOnItsOwn::receive(self, queue, max).await
-    }
-
-    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
-        let state = self.shared.queue(queue)?;
-        let waiting = lock(&state).waiting();
-        Ok(waiting)
     }
 
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
@@ -526,17 +514,6 @@ impl DelayedDelivery for MemoryTransport {
 
 #[async_trait]
 impl QueueAdmin for MemoryTransport {
-    async fn order_by_key(
-        &self,
-        queue: &QueueName,
-        ordering: &OrderingConfig,
-    ) -> Result<(), TransportError> {
-        super::check_orderable(self.mode, queue)?;
-        let state = self.shared.queue(queue)?;
-        lock(&state).ordering = ordering.is_ordered().then(|| Arc::new(ordering.clone()));
-        Ok(())
-    }
-
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
         lock(&self.shared.queues).entry(queue.clone()).or_default();
         Ok(())
@@ -557,24 +534,6 @@ impl QueueAdmin for MemoryTransport {
         let n = state.ready.len() as u64;
         state.ready.clear();
         Ok(n)
-    }
-
-    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
-        let state = self.shared.queue(queue)?;
-        let held = lock(&state).held.clone();
-        Ok(held)
-    }
-
-    async fn release_held(
-        &self,
-        queue: &QueueName,
-        key: Option<&str>,
-    ) -> Result<u64, TransportError> {
-        let state = self.shared.queue(queue)?;
-        let mut state = lock(&state);
-        let before = state.held.len();
-        state.held.retain(|h| key.is_some_and(|k| h.key != k));
-        Ok((before - state.held.len()) as u64)
     }
 
     async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
@@ -819,6 +778,61 @@ impl FleetShares for MemoryTransport {
     async fn drop_shares(&self, me: Uuid) -> Result<(), TransportError> {
         lock(&self.shared.shares).retain(|(_, id), _| *id != me);
         Ok(())
+    }
+}
+
+#[async_trait]
+impl super::KeyOrdering for MemoryTransport {
+    async fn order_by_key(
+        &self,
+        queue: &QueueName,
+        ordering: &OrderingConfig,
+    ) -> Result<(), TransportError> {
+        super::check_orderable(self.mode, queue)?;
+        let state = self.shared.queue(queue)?;
+        lock(&state).ordering = ordering.is_ordered().then(|| Arc::new(ordering.clone()));
+        Ok(())
+    }
+
+    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let held = lock(&state).held.clone();
+        Ok(held)
+    }
+
+    async fn release_held(
+        &self,
+        queue: &QueueName,
+        key: Option<&str>,
+    ) -> Result<u64, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let mut state = lock(&state);
+        let before = state.held.len();
+        state.held.retain(|h| key.is_some_and(|k| h.key != k));
+        Ok((before - state.held.len()) as u64)
+    }
+
+    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let waiting = lock(&state).waiting();
+        Ok(waiting)
+    }
+}
+
+#[async_trait]
+impl super::BatchReceive for MemoryTransport {
+    async fn receive_batch(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        let state = self.shared.queue(queue)?;
+        if lock(&state).ordering.is_some() {
+            return Err(TransportError::Config(format!(
+                "queue `{queue}` keeps key order: receive it one message at a time (concurrency.receive_batch = 1)"
+            )));
+        }
+        super::batch::EachOnItsOwn::receive(self, queue, max).await
     }
 }
 

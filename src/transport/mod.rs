@@ -14,10 +14,12 @@
 //! suite (`tests/conformance.rs`) runs against each of them.
 
 mod batch;
+mod connect;
 pub mod delayed;
 pub mod fleet;
 pub mod headers;
 pub mod memory;
+pub mod ordering;
 pub use crate::names;
 pub mod postgres;
 mod row;
@@ -30,14 +32,17 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::config::{OrderingConfig, TransactionMode, TransportConfig, TransportKind};
+use crate::config::TransactionMode;
 use crate::message::{Message, OutgoingMessage};
+pub use batch::BatchReceive;
+pub use connect::connect;
 pub use delayed::{DelayedDelivery, Moved};
 pub use fleet::{
     BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry,
     ShareClaim, ShareRow,
 };
 pub use names::QueueName;
+pub use ordering::{HeldKey, HeldStatements, KeyOrdering};
 
 /// What went wrong talking to the queues.
 #[derive(Debug, thiserror::Error)]
@@ -283,38 +288,6 @@ pub trait Received: Send {
     }
 }
 
-/// The statements of a schema's held-keys table (`failed_key = "hold"`): a row per failed
-/// message that holds its key, by its queue table (as the transport quotes it) and id. Each
-/// SQL transport writes them in its dialect (`held_statements`).
-#[derive(Debug)]
-pub struct HeldStatements {
-    /// The table, quoted.
-    pub table: String,
-    /// Creates the table when missing.
-    pub create: String,
-    /// Records a hold: queue table, message id, key, reason (bound in that order).
-    pub insert: String,
-    /// The holds of a queue table: key, message id, reason, held at (text), oldest first.
-    pub list: String,
-    /// Lifts the holds of a queue table's key (queue table, key); the count comes back.
-    pub release: String,
-    /// Lifts every hold of a queue table; the count comes back.
-    pub release_all: String,
-}
-
-/// A key held by its failed message ([`Received::hold`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldKey {
-    /// The key's value.
-    pub key: String,
-    /// The native id of the message that failed (still in the queue).
-    pub message_id: Uuid,
-    /// Why it failed: the last attempt's error.
-    pub reason: String,
-    /// When it was held (UTC, as the store writes it).
-    pub held_at: String,
-}
-
 /// Where a transport reports the lock conflicts it handled itself (a row passed over because
 /// another transaction holds it, a deadlock victim retried), so they are counted by queue
 /// instead of logged one by one.
@@ -380,36 +353,6 @@ pub trait QueueAdmin: Send + Sync + 'static {
     /// Names of the queue tables in the transport's schema.
     async fn list_queues(&self) -> Result<Vec<String>, TransportError>;
 
-    /// Keeps key order on `queue` from now on ([`OrderingConfig`]): a receive takes a message
-    /// only when it is the oldest stored message of its key and no message of that key is in
-    /// flight, here or on any other host (the database's rows and locks decide, never this
-    /// process's memory); messages without the key header are taken as usual. Call it before
-    /// the first receive from `queue`. Refused with [`TransportError::Config`] in transaction
-    /// mode `none` (a message is deleted before its handler runs) and where a dialect cannot
-    /// keep the guarantee.
-    async fn order_by_key(
-        &self,
-        queue: &QueueName,
-        ordering: &OrderingConfig,
-    ) -> Result<(), TransportError>;
-
-    /// The keys of `queue` held by a failed message ([`Received::hold`]), oldest first.
-    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
-        let _ = queue;
-        Ok(Vec::new())
-    }
-
-    /// Lifts the holds of `queue` (of one key, or all): each held message is the next of its
-    /// key again and is tried afresh. Returns how many holds were lifted.
-    async fn release_held(
-        &self,
-        queue: &QueueName,
-        key: Option<&str>,
-    ) -> Result<u64, TransportError> {
-        let _ = (queue, key);
-        Ok(0)
-    }
-
     /// Checks of the server itself, run before the host creates anything: an error when the
     /// configuration cannot work with it (SQL Server: the dialect), warnings otherwise.
     async fn server_checks(&self) -> Result<Vec<String>, TransportError> {
@@ -457,32 +400,8 @@ pub trait Transport: QueueAdmin {
     async fn receive(&self, queue: &QueueName)
     -> Result<Option<Box<dyn Received>>, TransportError>;
 
-    /// Removes up to `max` of the oldest messages not locked by other receivers, oldest
-    /// first, in one unit of work, and hands out one [`Received`] per message. The batch
-    /// commits once, when every message of it has ended, and rolls back whole (every row back
-    /// at its place) if any message rolled back or was dropped; so a crash mid-batch returns
-    /// all of it. Each message's commit or rollback returns only when the batch has ended:
-    /// end them concurrently. Empty when the queue has nothing. PostgreSQL and SQL Server
-    /// remove the rows with one statement; the default takes single receives and ends them
-    /// together.
-    async fn receive_batch(
-        &self,
-        queue: &QueueName,
-        max: usize,
-    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
-        batch::EachOnItsOwn::receive(self, queue, max).await
-    }
-
     /// Estimates the number of messages waiting, skipping rows locked by in-flight receives.
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError>;
-
-    /// Messages of an ordered queue ([`QueueAdmin::order_by_key`]) that may not run now: their
-    /// key has a message in flight or their previous stage is unfinished. Counted among the
-    /// oldest `lookahead` rows, which is where receives look. None for an unordered queue.
-    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
-        let _ = queue;
-        Ok(None)
-    }
 
     /// Database connections in use right now (the database sessions sensor).
     fn connections_in_use(&self) -> u64;
@@ -499,6 +418,18 @@ pub trait Transport: QueueAdmin {
     /// The instance registry, when this transport can keep one ([`InstanceRegistry`]); None
     /// when it cannot, and the host then shows only itself.
     fn instance_registry(&self) -> Option<&dyn InstanceRegistry> {
+        None
+    }
+
+    /// Key order ([`KeyOrdering`]), when this transport can keep it; None when it cannot, and
+    /// a configuration with `[queues.ordering]` is then refused.
+    fn key_ordering(&self) -> Option<&dyn KeyOrdering> {
+        None
+    }
+
+    /// Batch receive ([`BatchReceive`]), when this transport can take many messages in one
+    /// unit of work; None when it cannot, and `receive_batch` above 1 is then refused.
+    fn batch_receive(&self) -> Option<&dyn BatchReceive> {
         None
     }
 
@@ -523,20 +454,6 @@ pub trait Transport: QueueAdmin {
     /// cannot tell says nothing, and its receivers find messages by peeking). Call it inside
     /// the runtime: a transport may start a task that listens; it ends with the transport.
     fn wake_on_arrival(&self, _queues: &[QueueName], _sink: Arc<dyn ArrivalSink>) {}
-}
-
-/// Opens the transport a configuration describes.
-pub async fn connect(config: &TransportConfig) -> Result<Arc<dyn Transport>, TransportError> {
-    Ok(match config.kind {
-        TransportKind::Memory => Arc::new(memory::MemoryTransport::simulating(
-            config.transaction_mode,
-            config.pool_size,
-            config.connect_timeout,
-            config.simulated_latency,
-        )),
-        TransportKind::Postgres => Arc::new(postgres::PostgresTransport::connect(config).await?),
-        TransportKind::Sqlserver => Arc::new(sqlserver::SqlServerTransport::connect(config).await?),
-    })
 }
 
 impl From<crate::names::InvalidName> for TransportError {

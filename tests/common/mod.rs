@@ -175,6 +175,8 @@ pub struct Counting {
     /// Hands out the inner transport's abilities (delayed delivery, the instance registry,
     /// fleet shares); without, the host runs as on a transport that has none.
     pub abilities: bool,
+    /// Hides batch receive and key order too: a transport with the message path only.
+    pub bare: bool,
 }
 
 impl Counting {
@@ -186,7 +188,15 @@ impl Counting {
             sends: AtomicU64::new(0),
             batches: Default::default(),
             abilities: false,
+            bare: false,
         })
+    }
+
+    /// A transport with the message path of `inner` and no ability at all.
+    pub fn bare(inner: Arc<dyn Transport>) -> Arc<Self> {
+        let mut counting = Arc::into_inner(Counting::new(inner)).unwrap();
+        counting.bare = true;
+        Arc::new(counting)
     }
 
     /// Counts the message path of `inner` and hands out its abilities.
@@ -225,18 +235,6 @@ impl Transport for Counting {
         self.receives.fetch_add(1, Ordering::Relaxed);
         self.inner.receive(queue).await
     }
-    async fn receive_batch(
-        &self,
-        queue: &QueueName,
-        max: usize,
-    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
-        self.receives.fetch_add(1, Ordering::Relaxed);
-        let batch = self.inner.receive_batch(queue, max).await?;
-        if !batch.is_empty() {
-            self.batches.lock().unwrap().push(batch.len());
-        }
-        Ok(batch)
-    }
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
         self.peeks.fetch_add(1, Ordering::Relaxed);
         self.inner.peek_depth(queue).await
@@ -255,6 +253,15 @@ impl Transport for Counting {
     }
     fn fleet_shares(&self) -> Option<&dyn throttlehost::transport::FleetShares> {
         self.inner.fleet_shares().filter(|_| self.abilities)
+    }
+    fn batch_receive(&self) -> Option<&dyn throttlehost::transport::BatchReceive> {
+        self.inner
+            .batch_receive()
+            .filter(|_| !self.bare)
+            .map(|_| self as _)
+    }
+    fn key_ordering(&self) -> Option<&dyn throttlehost::transport::KeyOrdering> {
+        self.inner.key_ordering().filter(|_| !self.bare)
     }
     fn wake_on_arrival(
         &self,
@@ -284,13 +291,27 @@ impl QueueAdmin for Counting {
     async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
         self.inner.list_queues().await
     }
+}
 
-    async fn order_by_key(
+/// Counts batch receives too (the inner transport takes them).
+#[async_trait]
+impl throttlehost::transport::BatchReceive for Counting {
+    async fn receive_batch(
         &self,
         queue: &QueueName,
-        ordering: &throttlehost::config::OrderingConfig,
-    ) -> Result<(), TransportError> {
-        self.inner.order_by_key(queue, ordering).await
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        self.receives.fetch_add(1, Ordering::Relaxed);
+        let batch = self
+            .inner
+            .batch_receive()
+            .expect("handed out only when the inner transport has it")
+            .receive_batch(queue, max)
+            .await?;
+        if !batch.is_empty() {
+            self.batches.lock().unwrap().push(batch.len());
+        }
+        Ok(batch)
     }
 }
 

@@ -821,6 +821,14 @@ fn discard(client: Object) {
 
 #[async_trait]
 impl Transport for PostgresTransport {
+    fn key_ordering(&self) -> Option<&dyn crate::transport::KeyOrdering> {
+        Some(self)
+    }
+
+    fn batch_receive(&self) -> Option<&dyn crate::transport::BatchReceive> {
+        Some(self)
+    }
+
     fn describe(&self) -> String {
         format!(
             "postgres (schema \"{}\", pool {})",
@@ -903,29 +911,9 @@ impl Transport for PostgresTransport {
             .await
     }
 
-    async fn receive_batch(
-        &self,
-        queue: &QueueName,
-        max: usize,
-    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
-        // Mode `none` deletes before handlers run: a batch there is single receives.
-        if max <= 1 || self.inner.mode == TransactionMode::None {
-            return batch::EachOnItsOwn::receive(self, queue, max).await;
-        }
-        self.inner.clone().receive_batch(queue, max).await
-    }
-
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
         let st = self.inner.statements(queue)?;
         self.inner.count(queue, "a peek", &st.peek).await
-    }
-
-    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
-        let st = self.inner.statements(queue)?;
-        match &st.waiting {
-            Some(sql) => self.inner.count(queue, "a count", sql).await.map(Some),
-            None => Ok(None),
-        }
     }
 
     fn silent_for(&self) -> Option<Duration> {
@@ -1099,31 +1087,6 @@ fn is_concurrent_creation(e: &tokio_postgres::Error) -> bool {
 
 #[async_trait]
 impl QueueAdmin for PostgresTransport {
-    async fn order_by_key(
-        &self,
-        queue: &QueueName,
-        ordering: &OrderingConfig,
-    ) -> Result<(), TransportError> {
-        super::check_orderable(self.inner.mode, queue)?;
-        // Validates the name, as every statement of the queue does.
-        self.inner.statements(queue)?;
-        let plain = QueueStatements::new(&self.inner.schema, queue);
-        let statements = match ordering.is_ordered() {
-            true => plain.with_ordering(ordering),
-            false => plain,
-        };
-        self.inner.ensure_indexes(queue, &statements).await?;
-        if ordering.failed_key == FailedKey::Hold && ordering.key_header().is_some() {
-            self.inner.ensure_held_table(queue).await?;
-        }
-        self.inner
-            .statements
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(queue.clone(), Arc::new(statements));
-        Ok(())
-    }
-
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
         let st = self.inner.statements(queue)?;
         let mut client = self.inner.client().await?;
@@ -1158,46 +1121,6 @@ impl QueueAdmin for PostgresTransport {
         created?;
         // CREATE TABLE IF NOT EXISTS leaves a table of another layout in place.
         check_layout(&client, &self.inner.schema, queue).await
-    }
-
-    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
-        let st = self.inner.statements(queue)?;
-        let client = self.inner.client().await?;
-        if !self.inner.has_held_table(&client).await? {
-            return Ok(Vec::new());
-        }
-        let held = held_statements(&quote_ident(&self.inner.schema));
-        let rows = client
-            .query(&held.list, &[&st.table])
-            .await
-            .map_err(|e| map_error(e, Some(queue)))?;
-        Ok(rows
-            .iter()
-            .map(|r| HeldKey {
-                key: r.get(0),
-                message_id: r.get(1),
-                reason: r.get(2),
-                held_at: r.get(3),
-            })
-            .collect())
-    }
-
-    async fn release_held(
-        &self,
-        queue: &QueueName,
-        key: Option<&str>,
-    ) -> Result<u64, TransportError> {
-        let st = self.inner.statements(queue)?;
-        let client = self.inner.client().await?;
-        if !self.inner.has_held_table(&client).await? {
-            return Ok(0);
-        }
-        let held = held_statements(&quote_ident(&self.inner.schema));
-        let released = match key {
-            Some(key) => client.execute(&held.release, &[&st.table, &key]).await,
-            None => client.execute(&held.release_all, &[&st.table]).await,
-        };
-        released.map_err(|e| map_error(e, Some(queue)))
     }
 
     async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
@@ -1469,6 +1392,97 @@ impl SqlStore for Inner {
             }
         };
         CommitAndReceive { committed, next }
+    }
+}
+
+#[async_trait]
+impl crate::transport::KeyOrdering for PostgresTransport {
+    async fn order_by_key(
+        &self,
+        queue: &QueueName,
+        ordering: &OrderingConfig,
+    ) -> Result<(), TransportError> {
+        super::check_orderable(self.inner.mode, queue)?;
+        // Validates the name, as every statement of the queue does.
+        self.inner.statements(queue)?;
+        let plain = QueueStatements::new(&self.inner.schema, queue);
+        let statements = match ordering.is_ordered() {
+            true => plain.with_ordering(ordering),
+            false => plain,
+        };
+        self.inner.ensure_indexes(queue, &statements).await?;
+        if ordering.failed_key == FailedKey::Hold && ordering.key_header().is_some() {
+            self.inner.ensure_held_table(queue).await?;
+        }
+        self.inner
+            .statements
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(queue.clone(), Arc::new(statements));
+        Ok(())
+    }
+
+    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        if !self.inner.has_held_table(&client).await? {
+            return Ok(Vec::new());
+        }
+        let held = held_statements(&quote_ident(&self.inner.schema));
+        let rows = client
+            .query(&held.list, &[&st.table])
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        Ok(rows
+            .iter()
+            .map(|r| HeldKey {
+                key: r.get(0),
+                message_id: r.get(1),
+                reason: r.get(2),
+                held_at: r.get(3),
+            })
+            .collect())
+    }
+
+    async fn release_held(
+        &self,
+        queue: &QueueName,
+        key: Option<&str>,
+    ) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        if !self.inner.has_held_table(&client).await? {
+            return Ok(0);
+        }
+        let held = held_statements(&quote_ident(&self.inner.schema));
+        let released = match key {
+            Some(key) => client.execute(&held.release, &[&st.table, &key]).await,
+            None => client.execute(&held.release_all, &[&st.table]).await,
+        };
+        released.map_err(|e| map_error(e, Some(queue)))
+    }
+
+    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
+        let st = self.inner.statements(queue)?;
+        match &st.waiting {
+            Some(sql) => self.inner.count(queue, "a count", sql).await.map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+#[async_trait]
+impl crate::transport::BatchReceive for PostgresTransport {
+    async fn receive_batch(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        // Mode `none` deletes before handlers run: a batch there is single receives.
+        if max <= 1 || self.inner.mode == TransactionMode::None {
+            return batch::EachOnItsOwn::receive(self, queue, max).await;
+        }
+        self.inner.clone().receive_batch(queue, max).await
     }
 }
 

@@ -788,6 +788,14 @@ impl SqlServerTransport {
 
 #[async_trait]
 impl Transport for SqlServerTransport {
+    fn key_ordering(&self) -> Option<&dyn crate::transport::KeyOrdering> {
+        Some(self)
+    }
+
+    fn batch_receive(&self) -> Option<&dyn crate::transport::BatchReceive> {
+        Some(self)
+    }
+
     fn describe(&self) -> String {
         let dialect = match self.inner.dialect {
             Dialect::Sqlserver => "sqlserver",
@@ -843,34 +851,10 @@ impl Transport for SqlServerTransport {
             .await
     }
 
-    async fn receive_batch(
-        &self,
-        queue: &QueueName,
-        max: usize,
-    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
-        // Mode `none` deletes before handlers run: a batch there is single receives.
-        if max <= 1 || self.inner.mode == TransactionMode::None {
-            return batch::EachOnItsOwn::receive(self, queue, max).await;
-        }
-        let max = u32::try_from(max).unwrap_or(u32::MAX).min(MAX_BATCH);
-        self.inner.receive_batch(queue, max).await
-    }
-
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
         let st = self.inner.statements(queue);
         let mut conn = self.inner.conn().await?;
         self.inner.count(&mut conn, queue, &st.peek, &[]).await
-    }
-
-    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
-        let st = self.inner.statements(queue);
-        let Some(sql) = &st.waiting else {
-            return Ok(None);
-        };
-        // A pooled connection between receives holds no application lock, so the count's
-        // lock tests see every receive's locks (see `statements::ordered_waiting`).
-        let mut conn = self.inner.conn().await?;
-        self.inner.count(&mut conn, queue, sql, &[]).await.map(Some)
     }
 
     fn silent_for(&self) -> Option<Duration> {
@@ -1017,28 +1001,6 @@ impl DelayedDelivery for SqlServerTransport {
 
 #[async_trait]
 impl QueueAdmin for SqlServerTransport {
-    async fn order_by_key(
-        &self,
-        queue: &QueueName,
-        ordering: &OrderingConfig,
-    ) -> Result<(), TransportError> {
-        super::check_orderable(self.inner.mode, queue)?;
-        let plain = QueueStatements::new(&self.inner.schema, queue, self.inner.dialect);
-        let statements = match ordering.is_ordered() {
-            false => plain,
-            true => plain.with_ordering(ordering),
-        };
-        if ordering.failed_key == FailedKey::Hold && ordering.key_header().is_some() {
-            self.inner.ensure_held_table(queue).await?;
-        }
-        self.inner
-            .statements
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(queue.clone(), Arc::new(statements));
-        Ok(())
-    }
-
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
         let st = self.inner.statements(queue);
         let mut conn = self.inner.conn().await?;
@@ -1095,65 +1057,6 @@ impl QueueAdmin for SqlServerTransport {
             .unwrap_or_else(|e| e.into_inner())
             .remove(queue);
         self.create_queue(queue).await
-    }
-
-    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
-        let table = self.inner.statements(queue).table.clone();
-        let mut conn = self.inner.conn().await?;
-        let rows = async {
-            conn.query(&self.inner.held().list, &[&table.as_str()])
-                .await?
-                .into_first_result()
-                .await
-        }
-        .await;
-        let rows = match rows {
-            Ok(rows) => rows,
-            // 208: no held-keys table, so nothing was ever held here.
-            Err(tiberius::error::Error::Server(t)) if t.code() == 208 => return Ok(Vec::new()),
-            Err(e) => {
-                conn.broken |= !is_server_error(&e);
-                return Err(map_error(e, Some(queue)));
-            }
-        };
-        Ok(rows
-            .iter()
-            .map(|r| HeldKey {
-                key: r.get::<&str, _>(0).unwrap_or_default().to_string(),
-                message_id: r.get::<Uuid, _>(1).unwrap_or_default(),
-                reason: r.get::<&str, _>(2).unwrap_or_default().to_string(),
-                held_at: r.get::<&str, _>(3).unwrap_or_default().to_string(),
-            })
-            .collect())
-    }
-
-    async fn release_held(
-        &self,
-        queue: &QueueName,
-        key: Option<&str>,
-    ) -> Result<u64, TransportError> {
-        let table = self.inner.statements(queue).table.clone();
-        let mut conn = self.inner.conn().await?;
-        let held = self.inner.held();
-        let released = match key {
-            Some(key) => {
-                let params: &[&dyn tiberius::ToSql] = &[&table.as_str(), &key];
-                self.inner
-                    .count(&mut conn, queue, &held.release, params)
-                    .await
-            }
-            None => {
-                let params: &[&dyn tiberius::ToSql] = &[&table.as_str()];
-                self.inner
-                    .count(&mut conn, queue, &held.release_all, params)
-                    .await
-            }
-        };
-        match released {
-            // No held-keys table: nothing was ever held here.
-            Err(TransportError::QueueNotFound(_)) => Ok(0),
-            other => other,
-        }
     }
 
     async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
@@ -1527,6 +1430,117 @@ impl SqlStore for Inner {
                 next: None,
             },
         }
+    }
+}
+
+#[async_trait]
+impl crate::transport::KeyOrdering for SqlServerTransport {
+    async fn order_by_key(
+        &self,
+        queue: &QueueName,
+        ordering: &OrderingConfig,
+    ) -> Result<(), TransportError> {
+        super::check_orderable(self.inner.mode, queue)?;
+        let plain = QueueStatements::new(&self.inner.schema, queue, self.inner.dialect);
+        let statements = match ordering.is_ordered() {
+            false => plain,
+            true => plain.with_ordering(ordering),
+        };
+        if ordering.failed_key == FailedKey::Hold && ordering.key_header().is_some() {
+            self.inner.ensure_held_table(queue).await?;
+        }
+        self.inner
+            .statements
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(queue.clone(), Arc::new(statements));
+        Ok(())
+    }
+
+    async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
+        let table = self.inner.statements(queue).table.clone();
+        let mut conn = self.inner.conn().await?;
+        let rows = async {
+            conn.query(&self.inner.held().list, &[&table.as_str()])
+                .await?
+                .into_first_result()
+                .await
+        }
+        .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            // 208: no held-keys table, so nothing was ever held here.
+            Err(tiberius::error::Error::Server(t)) if t.code() == 208 => return Ok(Vec::new()),
+            Err(e) => {
+                conn.broken |= !is_server_error(&e);
+                return Err(map_error(e, Some(queue)));
+            }
+        };
+        Ok(rows
+            .iter()
+            .map(|r| HeldKey {
+                key: r.get::<&str, _>(0).unwrap_or_default().to_string(),
+                message_id: r.get::<Uuid, _>(1).unwrap_or_default(),
+                reason: r.get::<&str, _>(2).unwrap_or_default().to_string(),
+                held_at: r.get::<&str, _>(3).unwrap_or_default().to_string(),
+            })
+            .collect())
+    }
+
+    async fn release_held(
+        &self,
+        queue: &QueueName,
+        key: Option<&str>,
+    ) -> Result<u64, TransportError> {
+        let table = self.inner.statements(queue).table.clone();
+        let mut conn = self.inner.conn().await?;
+        let held = self.inner.held();
+        let released = match key {
+            Some(key) => {
+                let params: &[&dyn tiberius::ToSql] = &[&table.as_str(), &key];
+                self.inner
+                    .count(&mut conn, queue, &held.release, params)
+                    .await
+            }
+            None => {
+                let params: &[&dyn tiberius::ToSql] = &[&table.as_str()];
+                self.inner
+                    .count(&mut conn, queue, &held.release_all, params)
+                    .await
+            }
+        };
+        match released {
+            // No held-keys table: nothing was ever held here.
+            Err(TransportError::QueueNotFound(_)) => Ok(0),
+            other => other,
+        }
+    }
+
+    async fn waiting_in_order(&self, queue: &QueueName) -> Result<Option<u64>, TransportError> {
+        let st = self.inner.statements(queue);
+        let Some(sql) = &st.waiting else {
+            return Ok(None);
+        };
+        // A pooled connection between receives holds no application lock, so the count's
+        // lock tests see every receive's locks (see `statements::ordered_waiting`).
+        let mut conn = self.inner.conn().await?;
+        self.inner.count(&mut conn, queue, sql, &[]).await.map(Some)
+    }
+}
+
+#[async_trait]
+impl crate::transport::BatchReceive for SqlServerTransport {
+    async fn receive_batch(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<Box<dyn Received>>, TransportError> {
+        // Mode `none` deletes before handlers run: a batch there is single receives.
+        if max <= 1 || self.inner.mode == TransactionMode::None {
+            return batch::EachOnItsOwn::receive(self, queue, max).await;
+        }
+        let max = u32::try_from(max).unwrap_or(u32::MAX).min(MAX_BATCH);
+        self.inner.receive_batch(queue, max).await
     }
 }
 

@@ -204,3 +204,53 @@ async fn sqlserver_shares_the_fleet_max() {
     );
     dead_share_taken(&*transport, config).await;
 }
+
+/// The latest write of any share row of `orders` in `schema` (None: no row).
+async fn last_share_write(schema: &PgSchema) -> Option<String> {
+    let client = schema.client().await;
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT max(updated_at)::text FROM \"{}\".throttlehost_shares WHERE queue = 'orders'",
+                schema.name
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    row.get(0)
+}
+
+/// An idle instance holds nothing and writes nothing: its rounds are a peek each, until a
+/// message comes; then it takes a share (a write) and handles the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_writes_no_share_rounds() {
+    let schema = PgSchema::new();
+    let probe = Probe::new(Duration::ZERO);
+    let host = start(config(&schema, "idle", ConcurrencyModel::Fixed), &probe).await;
+    host.send("orders", OutgoingMessage::new("first"))
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(5), "the first message handled", || {
+        probe.handled() == 1
+    })
+    .await;
+    wait_until(Duration::from_secs(5), "the share given back", || {
+        share(&host) == 0
+    })
+    .await;
+    // One more round writes the idle row; after it, three rounds write nothing.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let before = last_share_write(&schema).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(last_share_write(&schema).await, before, "idle rounds wrote");
+    host.send("orders", OutgoingMessage::new("second"))
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(5), "the second message handled", || {
+        probe.handled() == 2
+    })
+    .await;
+    assert_ne!(last_share_write(&schema).await, before, "a share was taken");
+    host.shutdown().await;
+}

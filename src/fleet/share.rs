@@ -27,6 +27,7 @@
 //! instance's registry row as seen, so an instance whose rounds go through is never counted
 //! as gone for a late heartbeat.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +37,7 @@ use uuid::Uuid;
 
 use crate::config::FleetConfig;
 use crate::queue::QueueRuntime;
-use crate::transport::{FleetShares, ShareClaim, ShareRow, Transport, TransportError};
+use crate::transport::{FleetShares, QueueName, ShareClaim, ShareRow, Transport, TransportError};
 
 /// The wait before the next round when the last one did not reach its target (room still
 /// held by others) or gave back less than it wanted to (messages still in flight).
@@ -98,10 +99,17 @@ impl RoundOutcome {
     pub fn unsettled(&self) -> bool {
         self.granted > self.target || self.target < self.wanted
     }
+
+    /// Nothing held, nothing wanted: the instance is idle on the queue, and its row (or none)
+    /// says so.
+    pub fn quiet(&self) -> bool {
+        self.granted == 0 && self.wanted == 0
+    }
 }
 
 /// Runs one round for `queue`: reads its backlog, then decides and writes this instance's
-/// share, narrowing the gate before the write and widening it after the commit.
+/// share, narrowing the gate before the write and widening it after the commit. `last` is the
+/// queue's previous round: an instance that was and stays idle writes nothing.
 pub async fn round(
     transport: &dyn Transport,
     shares: &dyn FleetShares,
@@ -109,6 +117,7 @@ pub async fn round(
     fleet_max: u32,
     me: Uuid,
     gone_after: Duration,
+    last: Option<RoundOutcome>,
 ) -> Result<RoundOutcome, TransportError> {
     let gate = &queue.gate;
     // Every place of its share in use: it wants more, whatever a peek would say (and a peek
@@ -128,6 +137,15 @@ pub async fn round(
         false => gate.in_flight(),
     }
     .min(fleet_max);
+    // Idle and already written down as idle: nothing to decide, no transaction (an idle queue
+    // costs its peek only).
+    if wanted == 0 && last.is_some_and(|l| l.quiet()) {
+        return Ok(RoundOutcome {
+            target: 0,
+            granted: 0,
+            wanted: 0,
+        });
+    }
     let mut target_now = 0;
     let claim = shares
         .share_round(&queue.name, me, gone_after, &mut |rows| {
@@ -152,7 +170,8 @@ pub async fn round(
 
 /// Shares the fleet-wide limit of every queue with `fleet_max` until `stop`: a round per
 /// queue every `fleet.share_interval`, sooner while a round is unsettled or when messages
-/// arrive at a queue where this instance holds no share. Starts once `ready` (the first heartbeat is
+/// arrive at a queue where this instance holds no share. While idle, a queue's round is its
+/// peek alone (its receivers wait at the closed gate instead of polling). Starts once `ready` (the first heartbeat is
 /// written, so the others count this instance as alive); on stop closes the gates, waits for
 /// the messages in flight, removes this instance's rows and cancels `released`.
 pub async fn run_shares(
@@ -174,6 +193,7 @@ pub async fn run_shares(
     }
     let mut created = false;
     let mut last_success = Instant::now();
+    let mut last: HashMap<QueueName, RoundOutcome> = HashMap::new();
     while !stop.is_cancelled() {
         let config = settings();
         let mut unsettled = false;
@@ -188,13 +208,24 @@ pub async fn run_shares(
                     shares.create_shares().await?;
                     created = true;
                 }
-                round(&*transport, shares, queue, fleet_max, me, config.gone_after).await
+                let before = last.get(&queue.name).copied();
+                round(
+                    &*transport,
+                    shares,
+                    queue,
+                    fleet_max,
+                    me,
+                    config.gone_after,
+                    before,
+                )
+                .await
             };
             let outcome = within_cut_off(attempt, &queues, last_success, &config).await;
             match outcome {
                 Ok(done) => {
                     queue.metrics.fleet_share.set(done.target as f64);
                     unsettled |= done.unsettled();
+                    last.insert(queue.name.clone(), done);
                 }
                 Err(e) => failed = Some(e),
             }
@@ -203,10 +234,9 @@ pub async fn run_shares(
             None => last_success = Instant::now(),
             Some(e) => close_when_cut_off(&queues, last_success, &config, &e),
         }
-        let pause = if unsettled {
-            SETTLE
-        } else {
-            config.share_interval
+        let pause = match unsettled {
+            true => SETTLE,
+            false => config.share_interval,
         };
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -228,8 +258,7 @@ async fn within_cut_off(
     last_success: Instant,
     config: &FleetConfig,
 ) -> Result<RoundOutcome, TransportError> {
-    let attempt = std::pin::pin!(attempt);
-    let mut attempt = attempt;
+    let mut attempt = std::pin::pin!(attempt);
     tokio::select! {
         done = &mut attempt => done,
         _ = tokio::time::sleep_until(last_success + config.gone_after / 2) => {

@@ -177,18 +177,7 @@ fn count(n: u32) -> i32 {
 impl FleetShares for SqlServerTransport {
     async fn create_shares(&self) -> Result<(), TransportError> {
         let st = share_statements(&self.inner.schema);
-        let mut conn = self.inner.conn().await?;
-        match conn.run_batch(&st.create).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                conn.broken = true;
-                match e {
-                    // Created by another host at the same moment.
-                    tiberius::error::Error::Server(t) if matches!(t.code(), 2714 | 1913) => Ok(()),
-                    e => Err(registry_error(e, &st.table)),
-                }
-            }
-        }
+        self.create_fleet_table(&st.create, &st.table).await
     }
 
     async fn share_round(
@@ -265,6 +254,22 @@ impl SqlServerTransport {
     fn registry(&self) -> RegistryStatements {
         registry_statements(&self.inner.schema)
     }
+
+    /// Runs a fleet table's creation batch (`create`, under the schema's creation lock); a
+    /// table another host created at the same moment is no error.
+    async fn create_fleet_table(&self, create: &str, table: &str) -> Result<(), TransportError> {
+        let mut conn = self.inner.conn().await?;
+        match conn.run_batch(create).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                conn.broken = true;
+                match e {
+                    tiberius::error::Error::Server(t) if matches!(t.code(), 2714 | 1913) => Ok(()),
+                    e => Err(registry_error(e, table)),
+                }
+            }
+        }
+    }
 }
 
 /// A registry error in words: a missing table is named as the registry's (or, for the shares
@@ -299,18 +304,7 @@ fn settle<T>(
 impl InstanceRegistry for SqlServerTransport {
     async fn create_registry(&self) -> Result<(), TransportError> {
         let st = self.registry();
-        let mut conn = self.inner.conn().await?;
-        match conn.run_batch(&st.create).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                conn.broken = true;
-                match e {
-                    // Created by another host at the same moment.
-                    tiberius::error::Error::Server(t) if matches!(t.code(), 2714 | 1913) => Ok(()),
-                    e => Err(registry_error(e, &st.table)),
-                }
-            }
-        }
+        self.create_fleet_table(&st.create, &st.table).await
     }
 
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<BeatRow>, TransportError> {

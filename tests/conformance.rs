@@ -18,10 +18,24 @@ use std::time::Duration;
 use async_trait::async_trait;
 use throttlehost::config::TransactionMode;
 use throttlehost::message::{Headers, OutgoingMessage};
-use throttlehost::transport::{Payload, QueueName, Received, Transport, TransportError};
+use throttlehost::transport::{
+    BatchReceive, KeyOrdering, Payload, QueueName, Received, Transport, TransportError,
+};
 use uuid::Uuid;
 
 use common::q;
+
+/// The transport's key order: every transport under test keeps it.
+fn keys(t: &Arc<dyn Transport>) -> &dyn KeyOrdering {
+    t.key_ordering()
+        .expect("every transport under test keeps key order")
+}
+
+/// The transport's batch receive: every transport under test has it.
+fn batches(t: &Arc<dyn Transport>) -> &dyn BatchReceive {
+    t.batch_receive()
+        .expect("every transport under test receives batches")
+}
 
 /// What a transport under test offers the suite.
 #[async_trait]
@@ -513,29 +527,18 @@ async fn send_numbered(t: &dyn Transport, queue: &str, n: u8) {
 pub async fn a_batch_receive_takes_the_oldest_unlocked_in_order(h: &dyn Harness) {
     let t = setup(h, &["in"]).await;
     assert!(
-        t.batch_receive()
-            .unwrap()
+        batches(&t)
             .receive_batch(&q("in"), 8)
             .await
             .unwrap()
             .is_empty()
     );
     send_numbered(t.as_ref(), "in", 10).await;
-    let first = t
-        .batch_receive()
-        .unwrap()
-        .receive_batch(&q("in"), 4)
-        .await
-        .unwrap();
+    let first = batches(&t).receive_batch(&q("in"), 4).await.unwrap();
     let bodies: Vec<_> = first.iter().map(|r| body_of(r.as_ref())).collect();
     assert_eq!(bodies, vec![vec![0], vec![1], vec![2], vec![3]]);
     // The first batch's rows are locked: the next batch takes the rest, in order.
-    let rest = t
-        .batch_receive()
-        .unwrap()
-        .receive_batch(&q("in"), 100)
-        .await
-        .unwrap();
+    let rest = batches(&t).receive_batch(&q("in"), 100).await.unwrap();
     let bodies: Vec<_> = rest.iter().map(|r| body_of(r.as_ref())).collect();
     assert_eq!(bodies, (4..10u8).map(|i| vec![i]).collect::<Vec<_>>());
     for result in end_batch(first, |_| true).await {
@@ -550,12 +553,7 @@ pub async fn a_batch_receive_takes_the_oldest_unlocked_in_order(h: &dyn Harness)
 pub async fn one_rollback_returns_the_whole_batch_to_its_place(h: &dyn Harness) {
     let t = setup(h, &["in", "out"]).await;
     send_numbered(t.as_ref(), "in", 5).await;
-    let mut batch = t
-        .batch_receive()
-        .unwrap()
-        .receive_batch(&q("in"), 5)
-        .await
-        .unwrap();
+    let mut batch = batches(&t).receive_batch(&q("in"), 5).await.unwrap();
     assert_eq!(batch.len(), 5);
     batch[0]
         .send(&q("out"), &OutgoingMessage::new("from a batch"))
@@ -589,12 +587,7 @@ pub async fn a_failing_message_of_a_batch_goes_to_the_error_queue_while_the_rest
 ) {
     let t = setup(h, &["in", "out", "error"]).await;
     send_numbered(t.as_ref(), "in", 3).await;
-    let mut batch = t
-        .batch_receive()
-        .unwrap()
-        .receive_batch(&q("in"), 3)
-        .await
-        .unwrap();
+    let mut batch = batches(&t).receive_batch(&q("in"), 3).await.unwrap();
     batch[0]
         .send(&q("out"), &OutgoingMessage::new("handled"))
         .await
@@ -630,12 +623,7 @@ pub async fn a_failing_message_of_a_batch_goes_to_the_error_queue_while_the_rest
 pub async fn a_batch_outbox_keeps_the_order_of_each_message_sends(h: &dyn Harness) {
     let t = setup(h, &["in", "out", "audit"]).await;
     send_numbered(t.as_ref(), "in", 8).await;
-    let mut batch = t
-        .batch_receive()
-        .unwrap()
-        .receive_batch(&q("in"), 8)
-        .await
-        .unwrap();
+    let mut batch = batches(&t).receive_batch(&q("in"), 8).await.unwrap();
     assert_eq!(batch.len(), 8);
     for received in batch.iter_mut() {
         let i = body_of(received.as_ref())[0];
@@ -690,12 +678,7 @@ pub async fn a_large_batch_is_stored_whole_in_order(h: &dyn Harness) {
 pub async fn a_batch_dropped_mid_way_returns_every_message(h: &dyn Harness) {
     let t = setup(h, &["in"]).await;
     send_numbered(t.as_ref(), "in", 4).await;
-    let mut batch = t
-        .batch_receive()
-        .unwrap()
-        .receive_batch(&q("in"), 4)
-        .await
-        .unwrap();
+    let mut batch = batches(&t).receive_batch(&q("in"), 4).await.unwrap();
     // Two messages commit (they wait for the batch), then the process "dies": the rest drop.
     let tail = batch.split_off(2);
     let waiting = tokio::spawn(end_batch(batch, |_| true));
@@ -725,22 +708,13 @@ async fn ordered(h: &dyn Harness, lookahead: u32) -> Arc<dyn Transport> {
         lookahead,
         ..Default::default()
     };
-    t.key_ordering()
-        .unwrap()
-        .order_by_key(&q("in"), &ordering)
-        .await
-        .unwrap();
+    keys(&t).order_by_key(&q("in"), &ordering).await.unwrap();
     t
 }
 
 /// Checks the count of messages of `in` waiting for their key or stage.
 async fn assert_waiting(t: &Arc<dyn Transport>, expected: u64) {
-    let waiting = t
-        .key_ordering()
-        .unwrap()
-        .waiting_in_order(&q("in"))
-        .await
-        .unwrap();
+    let waiting = keys(t).waiting_in_order(&q("in")).await.unwrap();
     assert_eq!(waiting, Some(expected), "messages waiting for their order");
 }
 
@@ -936,11 +910,7 @@ pub async fn a_stage_waits_for_every_message_of_the_previous_one(h: &dyn Harness
         stages: true,
         ..Default::default()
     };
-    t.key_ordering()
-        .unwrap()
-        .order_by_key(&q("in"), &ordering)
-        .await
-        .unwrap();
+    keys(&t).order_by_key(&q("in"), &ordering).await.unwrap();
     let messages = [
         staged("100", None, "a"),
         staged("100", None, "b"),
@@ -1001,19 +971,8 @@ pub async fn a_held_key_waits_until_released(h: &dyn Harness) {
         failed_key: throttlehost::config::FailedKey::Hold,
         ..Default::default()
     };
-    t.key_ordering()
-        .unwrap()
-        .order_by_key(&q("in"), &ordering)
-        .await
-        .unwrap();
-    assert!(
-        t.key_ordering()
-            .unwrap()
-            .held_keys(&q("in"))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    keys(&t).order_by_key(&q("in"), &ordering).await.unwrap();
+    assert!(keys(&t).held_keys(&q("in")).await.unwrap().is_empty());
     let messages = [
         keyed(Some("a"), "a1"),
         keyed(Some("a"), "a2"),
@@ -1035,7 +994,7 @@ pub async fn a_held_key_waits_until_released(h: &dyn Harness) {
         t.receive(&q("in")).await.unwrap().is_none(),
         "a1 is held and a2 waits behind it"
     );
-    let held = t.key_ordering().unwrap().held_keys(&q("in")).await.unwrap();
+    let held = keys(&t).held_keys(&q("in")).await.unwrap();
     assert_eq!(held.len(), 1, "{held:?}");
     assert_eq!(held[0].key, "a");
     assert_eq!(held[0].message_id, messages[0].id);
@@ -1046,30 +1005,9 @@ pub async fn a_held_key_waits_until_released(h: &dyn Harness) {
         2,
         "both still stored"
     );
-    assert_eq!(
-        t.key_ordering()
-            .unwrap()
-            .release_held(&q("in"), Some("b"))
-            .await
-            .unwrap(),
-        0
-    );
-    assert_eq!(
-        t.key_ordering()
-            .unwrap()
-            .release_held(&q("in"), Some("a"))
-            .await
-            .unwrap(),
-        1
-    );
-    assert!(
-        t.key_ordering()
-            .unwrap()
-            .held_keys(&q("in"))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert_eq!(keys(&t).release_held(&q("in"), Some("b")).await.unwrap(), 0);
+    assert_eq!(keys(&t).release_held(&q("in"), Some("a")).await.unwrap(), 1);
+    assert!(keys(&t).held_keys(&q("in")).await.unwrap().is_empty());
     let again = t
         .receive(&q("in"))
         .await
@@ -1086,23 +1024,8 @@ pub async fn a_held_key_waits_until_released(h: &dyn Harness) {
     c1.hold("c", "first").await.unwrap();
     c1.hold("c", "second").await.unwrap();
     c1.rollback().await.unwrap();
-    assert_eq!(
-        t.key_ordering()
-            .unwrap()
-            .held_keys(&q("in"))
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
-    assert_eq!(
-        t.key_ordering()
-            .unwrap()
-            .release_held(&q("in"), None)
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(keys(&t).held_keys(&q("in")).await.unwrap().len(), 1);
+    assert_eq!(keys(&t).release_held(&q("in"), None).await.unwrap(), 1);
     assert!(t.receive(&q("in")).await.unwrap().is_some(), "c1 released");
 }
 
@@ -1132,7 +1055,7 @@ pub async fn a_poison_row_does_not_stop_an_ordered_queue(h: &dyn Harness) {
 pub async fn an_ordered_queue_refuses_batches_and_mode_none(h: &dyn Harness) {
     let t = ordered(h, 64).await;
     t.send(&q("in"), &keyed(Some("a"), "a1")).await.unwrap();
-    let refused = t.batch_receive().unwrap().receive_batch(&q("in"), 8).await;
+    let refused = batches(&t).receive_batch(&q("in"), 8).await;
     assert!(
         matches!(&refused, Err(TransportError::Config(m)) if m.contains("receive_batch = 1")),
         "{:?}",
@@ -1144,11 +1067,7 @@ pub async fn an_ordered_queue_refuses_batches_and_mode_none(h: &dyn Harness) {
         key_header: KEY.into(),
         ..Default::default()
     };
-    let refused = none
-        .key_ordering()
-        .unwrap()
-        .order_by_key(&q("in"), &ordering)
-        .await;
+    let refused = keys(&none).order_by_key(&q("in"), &ordering).await;
     assert!(
         matches!(&refused, Err(TransportError::Config(m)) if m.contains("transaction_mode")),
         "{refused:?}"

@@ -192,21 +192,6 @@ pub async fn call_handler(
     }
 }
 
-/// Commits, with the follow-on receive when it is allowed now.
-async fn finish(
-    q: &QueueRuntime,
-    received: Box<dyn Received>,
-    follow: Option<FollowOn<'_>>,
-) -> (Result<(), TransportError>, Next) {
-    match follow {
-        Some(f) if (f.allowed)() => {
-            let r = received.commit_and_receive(f.transport, &q.name).await;
-            (r.committed, r.next)
-        }
-        _ => (received.commit().await, None),
-    }
-}
-
 /// Sends `message` to `queue` inside the receive and commits both, or rolls back: the message
 /// leaves its queue only together with its copy.
 async fn send_and_commit(
@@ -262,18 +247,74 @@ impl Drop for KeyInFlight<'_> {
     }
 }
 
-/// Lets the dispatcher fetch the next message together with a commit (one round trip on
-/// PostgreSQL). `allowed` is asked at commit time: it must say no whenever a receive would
-/// have to wait (throttling delay or pacing, a full gate, shutdown).
-pub struct FollowOn<'a> {
-    /// The transport to receive from.
-    pub transport: &'a dyn Transport,
-    /// Whether a receive may happen right now.
-    pub allowed: &'a (dyn Fn() -> bool + Send + Sync),
+/// What the dispatcher leaves of a message's unit of work.
+pub enum Dispatched<'a> {
+    /// It has ended: rolled back, moved to the error queue, stored for a delayed retry, or
+    /// dead-lettered.
+    Ended,
+    /// The message is done with and its unit of work waits for the commit, which the receive
+    /// path makes: alone, or bringing the queue's next message along.
+    ToCommit(Pending<'a>),
 }
 
-/// The follow-on receive a commit brought along: None when none was attempted.
-pub type Next = Option<Result<Option<Box<dyn Received>>, TransportError>>;
+/// A unit of work whose message is done with, and what its commit means once it is known.
+/// Dropping it without committing rolls the receive back.
+pub struct Pending<'a> {
+    received: Box<dyn Received>,
+    done: Done,
+    dispatcher: &'a Dispatcher,
+    q: &'a QueueRuntime,
+    // Held until the commit has ended: the message counts as in process, its key in flight.
+    _in_process: Option<InProcess<'a>>,
+    _key: Option<KeyInFlight<'a>>,
+}
+
+/// What a commit ends.
+enum Done {
+    /// An expired message dropped.
+    Expired { id: Uuid },
+    /// A message from a delayed table sent on to its queue.
+    Forwarded { id: Uuid, logical_id: String },
+    /// A message handled, its outbox written.
+    Handled {
+        id: Uuid,
+        logical_id: Option<String>,
+    },
+}
+
+impl<'a> Pending<'a> {
+    /// Commits; the outcome is counted.
+    pub async fn commit(self) {
+        let Pending {
+            received,
+            done,
+            dispatcher,
+            q,
+            ..
+        } = self;
+        let committed = received.commit().await;
+        dispatcher.committed(q, done, committed);
+    }
+
+    /// Commits and receives the queue's next message on the same connection (one round trip
+    /// where the transport can). The caller must be allowed to receive now: nothing may be
+    /// waited for between the two. None when the commit failed (no receive was tried).
+    pub async fn commit_and_receive(
+        self,
+        transport: &dyn Transport,
+    ) -> Option<Result<Option<Box<dyn Received>>, TransportError>> {
+        let Pending {
+            received,
+            done,
+            dispatcher,
+            q,
+            ..
+        } = self;
+        let both = received.commit_and_receive(transport, &q.name).await;
+        dispatcher.committed(q, done, both.committed);
+        both.next
+    }
+}
 
 enum Verdict {
     Success(Vec<(QueueName, OutgoingMessage)>),
@@ -359,50 +400,96 @@ impl Dispatcher {
         &self.publisher
     }
 
-    /// Ends one receive: handles, retries, moves to the error queue, drops expired messages,
-    /// dead-letters poison rows. Never panics and never loses the message: when anything
-    /// fails the receive rolls back and the message returns to its queue.
-    ///
-    /// With `follow` the final commit may bring the queue's next message along; it is
-    /// returned for the caller to process.
-    pub async fn process(
-        &self,
-        q: &QueueRuntime,
+    /// Takes one receive as far as its commit: handles, retries, moves to the error queue,
+    /// drops expired messages, dead-letters poison rows. Never panics and never loses the
+    /// message: when anything fails the receive rolls back and the message returns to its
+    /// queue. What is left to commit goes back to the receive path, which decides whether the
+    /// commit brings the next message along.
+    pub async fn process<'a>(
+        &'a self,
+        q: &'a QueueRuntime,
         received: Box<dyn Received>,
-        follow: Option<FollowOn<'_>>,
-    ) -> Next {
+    ) -> Dispatched<'a> {
         q.metrics.received.increment(1);
         self.throttle.delivery_rates.incoming();
         match received.payload() {
             Payload::Expired { id } => {
-                let id = *id;
-                let (committed, next) = finish(q, received, follow).await;
-                match committed {
-                    Ok(()) => {
-                        tracing::debug!(queue = %q.name, %id, "expired message dropped");
-                        q.metrics.expired.increment(1);
-                        self.throttle.delivery_rates.outgoing();
-                        self.observe(q, id, None, Outcome::Expired);
-                    }
-                    Err(e) => {
-                        tracing::warn!(queue = %q.name, %id, error = %e, "dropping an expired message failed; it stays in the queue")
-                    }
-                }
-                next
+                let done = Done::Expired { id: *id };
+                self.to_commit(q, received, done, None, None)
             }
             Payload::Poison { id, reason } => {
                 let (id, reason) = (*id, reason.clone());
                 self.dead_letter(q, received, id, &reason).await;
-                None
+                Dispatched::Ended
             }
             Payload::Message(m) => match self.destination(q, m) {
-                Destination::Here => self.handle(q, received, follow).await,
-                Destination::Queue(to) => self.forward(q, received, to, follow).await,
+                Destination::Here => self.handle(q, received).await,
+                Destination::Queue(to) => self.forward(q, received, to).await,
                 Destination::Unknown(address) => {
                     self.undeliverable(q, received, &address).await;
-                    None
+                    Dispatched::Ended
                 }
             },
+        }
+    }
+
+    /// A unit of work left for the receive path to commit.
+    fn to_commit<'a>(
+        &'a self,
+        q: &'a QueueRuntime,
+        received: Box<dyn Received>,
+        done: Done,
+        in_process: Option<InProcess<'a>>,
+        key: Option<KeyInFlight<'a>>,
+    ) -> Dispatched<'a> {
+        Dispatched::ToCommit(Pending {
+            received,
+            done,
+            dispatcher: self,
+            q,
+            _in_process: in_process,
+            _key: key,
+        })
+    }
+
+    /// Counts what a commit ended, once its result is known.
+    fn committed(&self, q: &QueueRuntime, done: Done, committed: Result<(), TransportError>) {
+        match (done, committed) {
+            (Done::Expired { id }, Ok(())) => {
+                tracing::debug!(queue = %q.name, %id, "expired message dropped");
+                q.metrics.expired.increment(1);
+                self.throttle.delivery_rates.outgoing();
+                self.observe(q, id, None, Outcome::Expired);
+            }
+            (Done::Expired { id }, Err(e)) => {
+                tracing::warn!(queue = %q.name, %id, error = %e, "dropping an expired message failed; it stays in the queue")
+            }
+            (Done::Forwarded { id, logical_id }, Ok(())) => {
+                q.depth.departed();
+                q.metrics.forwarded.increment(1);
+                self.throttle.delivery_rates.outgoing();
+                if let Some(o) = &self.observer {
+                    o.moved_on(&q.name, id, Some(&logical_id));
+                }
+            }
+            (Done::Forwarded { id, .. }, Err(e)) => {
+                tracing::warn!(queue = %q.name, %id, error = %e,
+                "forwarding a due delayed message did not commit; it returns to the queue")
+            }
+            (Done::Handled { id, logical_id }, Ok(())) => {
+                q.failures.forget(id);
+                q.metrics.success.increment(1);
+                self.throttle.delivery_rates.outgoing();
+                self.observe(q, id, logical_id.as_deref(), Outcome::Success);
+            }
+            (Done::Handled { id, .. }, Err(e @ TransportError::InDoubt { .. })) => {
+                tracing::warn!(queue = %q.name, %id, error = %e,
+                    "the database did not say whether the commit took effect");
+            }
+            (Done::Handled { id, .. }, Err(e)) => {
+                tracing::error!(queue = %q.name, %id, error = %e,
+                    "commit failed after the handler succeeded; the message returns to the queue");
+            }
         }
     }
 
@@ -427,20 +514,19 @@ impl Dispatcher {
     /// Sends a message from a delayed table on to the queue it is for, in the receive's unit
     /// of work. A send that fails rolls back; the next delivery of the same row goes to the
     /// error queue (as NServiceBus does), naming the destination.
-    async fn forward(
-        &self,
-        q: &QueueRuntime,
+    async fn forward<'a>(
+        &'a self,
+        q: &'a QueueRuntime,
         mut received: Box<dyn Received>,
         to: QueueName,
-        follow: Option<FollowOn<'_>>,
-    ) -> Next {
+    ) -> Dispatched<'a> {
         let Payload::Message(message) = received.payload() else {
-            return None;
+            return Dispatched::Ended;
         };
         let (id, logical_id) = (message.id, message.logical_id());
         if q.failures.attempts(id) > 0 {
             self.undeliverable(q, received, to.as_str()).await;
-            return None;
+            return Dispatched::Ended;
         }
         let mut copy = OutgoingMessage::forward_of(message);
         copy.headers.remove(FORWARD_DESTINATION_HEADER);
@@ -453,22 +539,10 @@ impl Dispatcher {
             tracing::warn!(queue = %q.name, %id, destination = %to, error = %e,
                 "a due delayed message could not be sent on to its destination; it returns and goes to the error queue next");
             let _ = received.rollback().await;
-            return None;
+            return Dispatched::Ended;
         }
-        let (committed, next) = finish(q, received, follow).await;
-        match committed {
-            Ok(()) => {
-                q.depth.departed();
-                q.metrics.forwarded.increment(1);
-                self.throttle.delivery_rates.outgoing();
-                if let Some(o) = &self.observer {
-                    o.moved_on(&q.name, id, Some(&logical_id));
-                }
-            }
-            Err(e) => tracing::warn!(queue = %q.name, %id, error = %e,
-                "forwarding a due delayed message did not commit; it returns to the queue"),
-        }
-        next
+        let done = Done::Forwarded { id, logical_id };
+        self.to_commit(q, received, done, None, None)
     }
 
     /// A message whose forward destination cannot be reached goes to the error queue with
@@ -523,20 +597,19 @@ impl Dispatcher {
         }
     }
 
-    async fn handle(
-        &self,
-        q: &QueueRuntime,
+    async fn handle<'a>(
+        &'a self,
+        q: &'a QueueRuntime,
         received: Box<dyn Received>,
-        follow: Option<FollowOn<'_>>,
-    ) -> Next {
-        let _in_process = InProcess::enter(&self.in_process);
+    ) -> Dispatched<'a> {
+        let in_process = InProcess::enter(&self.in_process);
         self.throttle.delivery.message_started();
-        let _key = KeyInFlight::enter(q, received.payload());
+        let key = KeyInFlight::enter(q, received.payload());
         let settings = q.settings();
 
         let (id, logical_id, hold_key, verdict) = {
             let Payload::Message(received_message) = received.payload() else {
-                return None;
+                return Dispatched::Ended;
             };
             // A message from this queue's delayed table: its handler does not see the header.
             let local_copy = received_message
@@ -568,14 +641,20 @@ impl Dispatcher {
             o.handled(&q.name, id, logical_id.as_deref());
         }
 
-        let (outcome, next) = match verdict {
-            Verdict::Success(outbox) => self.complete(q, received, id, outbox, follow).await,
+        let outcome = match verdict {
+            Verdict::Success(outbox) => {
+                let Some(received) = self.send_outbox(q, received, id, &outbox).await else {
+                    return Dispatched::Ended;
+                };
+                let done = Done::Handled { id, logical_id };
+                return self.to_commit(q, received, done, Some(in_process), key);
+            }
             Verdict::Released => {
                 tracing::debug!(queue = %q.name, %id, "outage mode: message returned to the queue to be tried one at a time");
                 if let Err(e) = received.rollback().await {
                     tracing::warn!(queue = %q.name, %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
                 }
-                (None, None)
+                None
             }
             Verdict::Deferred(home, retry, failure) => {
                 if self.defer(q, received, id, &home, &retry, &failure).await
@@ -583,25 +662,23 @@ impl Dispatcher {
                 {
                     o.moved_on(&q.name, id, logical_id.as_deref());
                 }
-                (None, None)
+                None
             }
             Verdict::Failed(error_message, failure) => match hold_key {
-                Some(key) => (
+                Some(key) => {
                     self.hold(q, received, id, &key, &error_message, &failure)
-                        .await,
-                    None,
-                ),
-                None => (
+                        .await
+                }
+                None => {
                     self.move_to_error(q, received, id, &error_message, &failure)
-                        .await,
-                    None,
-                ),
+                        .await
+                }
             },
         };
         if let Some(outcome) = outcome {
             self.observe(q, id, logical_id.as_deref(), outcome);
         }
-        next
+        Dispatched::Ended
     }
 
     /// Calls the handler until it succeeds or the immediate retries are used up (counting the
@@ -686,15 +763,17 @@ impl Dispatcher {
         result.map(|()| std::mem::take(&mut ctx.outbox))
     }
 
-    async fn complete(
+    /// Writes a handled message's outbox (inside its unit of work in
+    /// `sends_atomic_with_receive`, on its own in `receive_only`); the receive comes back to
+    /// be committed, or None when a send failed and it rolled back for a retry.
+    async fn send_outbox(
         &self,
         q: &QueueRuntime,
         mut received: Box<dyn Received>,
         id: Uuid,
-        outbox: Vec<(QueueName, OutgoingMessage)>,
-        follow: Option<FollowOn<'_>>,
-    ) -> (Option<Outcome>, Next) {
-        for (queue, message) in &outbox {
+        outbox: &[(QueueName, OutgoingMessage)],
+    ) -> Option<Box<dyn Received>> {
+        for (queue, message) in outbox {
             let sent = match self.mode {
                 TransactionMode::SendsAtomicWithReceive => {
                     self.publisher
@@ -713,29 +792,10 @@ impl Dispatcher {
                 if let Err(e) = received.rollback().await {
                     tracing::warn!(queue = %q.name, %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
                 }
-                return (None, None);
+                return None;
             }
         }
-        let (committed, next) = finish(q, received, follow).await;
-        let outcome = match committed {
-            Ok(()) => {
-                q.failures.forget(id);
-                q.metrics.success.increment(1);
-                self.throttle.delivery_rates.outgoing();
-                Some(Outcome::Success)
-            }
-            Err(e @ TransportError::InDoubt { .. }) => {
-                tracing::warn!(queue = %q.name, %id, error = %e,
-                    "the database did not say whether the commit took effect");
-                None
-            }
-            Err(e) => {
-                tracing::error!(queue = %q.name, %id, error = %e,
-                    "commit failed after the handler succeeded; the message returns to the queue");
-                None
-            }
-        };
-        (outcome, next)
+        Some(received)
     }
 
     /// A keyed message failed after its retries on a queue that holds its key: it stays in

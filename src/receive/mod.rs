@@ -24,12 +24,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::ConcurrencyModel;
-use crate::dispatch::Dispatcher;
+use crate::dispatch::{Dispatched, Dispatcher};
 use crate::queue::gate::Permit;
 pub use crate::queue::{QueueRuntime, QueueSettings};
 use crate::throttling::Throttle;
 use crate::throttling::admission::Receiving;
-use crate::transport::{Received, Transport};
+use crate::transport::{Received, Transport, TransportError};
 
 /// What receivers share: the transport, the dispatcher, the throttle and the lifecycle.
 pub struct ReceiveContext {
@@ -207,18 +207,19 @@ fn may_follow_on(q: &QueueRuntime, ctx: &ReceiveContext) -> bool {
         && q.settings().receive_batch <= 1
 }
 
-/// Processes a received message and, while the commits bring the queue's next message along
-/// (see [`crate::dispatch::FollowOn`]), the messages after it; `on_message` is called for
-/// each follow-on message. Returns how the chain ended: `None` when no follow-on receive was
-/// attempted, else the empty or failed receive that ended it. When shutdown's deadline passes
-/// first, the work is dropped and its receive rolls back.
+/// Processes a received message and, while the commits bring the queue's next message along,
+/// the messages after it; `on_message` is called for each follow-on message. The dispatcher
+/// takes each message as far as its commit; this path decides whether the commit brings the
+/// next receive along ([`may_follow_on`]: only when that receive would not have to wait).
+/// Returns how the chain ended: `None` when no follow-on receive was attempted, else the empty
+/// or failed receive that ended it. When shutdown's deadline passes first, the work is dropped
+/// and its receive rolls back.
 pub(crate) async fn process(
     q: &QueueRuntime,
     ctx: &ReceiveContext,
     received: Box<dyn Received>,
     mut on_message: impl FnMut(),
 ) -> Option<ReceiveOutcome> {
-    let allowed = || may_follow_on(q, ctx);
     let mut current = received;
     loop {
         if ctx.abort.is_cancelled() {
@@ -227,13 +228,9 @@ pub(crate) async fn process(
             drop(current);
             return None;
         }
-        let follow = crate::dispatch::FollowOn {
-            transport: ctx.transport.as_ref(),
-            allowed: &allowed,
-        };
         let next = tokio::select! {
             biased;
-            next = ctx.dispatcher.process(q, current, Some(follow)) => next,
+            next = dispatch_and_commit(q, ctx, current) => next,
             _ = ctx.abort.cancelled() => {
                 tracing::warn!(queue = %q.name, "shutdown timeout reached: rolled back an in-flight message; it returns to the queue");
                 return None;
@@ -245,6 +242,25 @@ pub(crate) async fn process(
                 current = received;
             }
             other => return Some(other),
+        }
+    }
+}
+
+/// Hands `received` to the dispatcher, then commits what it leaves: with the queue's next
+/// receive when that may go now, else alone. The next receive's result, when one was tried.
+async fn dispatch_and_commit(
+    q: &QueueRuntime,
+    ctx: &ReceiveContext,
+    received: Box<dyn Received>,
+) -> Option<Result<Option<Box<dyn Received>>, TransportError>> {
+    match ctx.dispatcher.process(q, received).await {
+        Dispatched::Ended => None,
+        Dispatched::ToCommit(pending) if may_follow_on(q, ctx) => {
+            pending.commit_and_receive(ctx.transport.as_ref()).await
+        }
+        Dispatched::ToCommit(pending) => {
+            pending.commit().await;
+            None
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! One task per receiving queue with delayed delivery (`[queues.delayed_delivery]`). Each turn
 //! moves up to `batch_size` due messages in one transaction
-//! ([`DelayedDelivery::move_due`]). A full batch is followed at once by the next; otherwise
+//! ([`DelayedDelivery::move_due`](crate::transport::DelayedDelivery::move_due)). A full batch is followed at once by the next; otherwise
 //! the mover waits, as NServiceBus's does: 500 ms doubling to 60 s while nothing is due,
 //! shortened to the next due time the table reported and to any earlier one this process
 //! stored since ([`Schedule::due_in`], told by the publisher). On several hosts the database

@@ -44,6 +44,7 @@ const MAX_EXCEPTION_MESSAGE: usize = 16_384;
 
 /// How a message left its queue (reported after the commit succeeded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The handler succeeded.
     Success,

@@ -54,6 +54,7 @@ impl fmt::Display for Direction {
 /// A throttling condition. Each maps to a BizTalk state code in the directions it applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Condition {
     /// Incoming rate above outgoing rate x overdrive (states 1 / 2).
     RateImbalance,

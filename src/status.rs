@@ -100,6 +100,7 @@ pub struct DirectionStatus {
 /// Where a direction's override came from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OverrideScope {
     /// The configuration file (`override` of the direction; none unless set there).
     #[default]

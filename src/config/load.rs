@@ -13,6 +13,7 @@ use super::validate::validate;
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read configuration file {path}: {source}")]

@@ -115,6 +115,7 @@ impl FleetOrder {
 
 /// Why a fleet-wide override was not given.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FleetOrderError {
     /// This host has no instance registry to send it through (`fleet.enabled = false`, or a
     /// transport without one).

@@ -48,6 +48,7 @@ use crate::transport::{self, ArrivalSink, ConflictSink, QueueName, Transport, Tr
 
 /// Why a host could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HostError {
     /// The transport failed.
     #[error(transparent)]

@@ -70,6 +70,7 @@ impl Default for LoadOptions {
 
 /// Why a run could not happen.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LoadError {
     /// The scenario's host could not start.
     #[error(transparent)]

@@ -242,7 +242,7 @@ impl Peers {
     }
 
     /// Stops every peer: closes its standard input, waits for it to finish its messages in
-    /// flight and exit (killing it after [`STOP_TIMEOUT`]), and reads the last of its events.
+    /// flight and exit (killing it after `STOP_TIMEOUT`), and reads the last of its events.
     /// Returns the peers that did not exit cleanly, in words.
     pub async fn stop(mut self) -> Vec<String> {
         let mut problems = Vec::new();

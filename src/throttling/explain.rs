@@ -14,6 +14,7 @@ use crate::config::units::format_byte_size;
 
 /// What a condition measures, for printing its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Measure {
     /// Bytes, printed as KiB/MiB/GiB.
     Bytes,

@@ -367,7 +367,7 @@ pub trait BatchReceive: Send + Sync {
     /// all of it. Each message's commit or rollback returns only when the batch has ended:
     /// end them concurrently. Empty when the queue has nothing. PostgreSQL and SQL Server
     /// remove the rows with one statement; the memory transport takes single receives and ends
-    /// them together ([`EachOnItsOwn`]).
+    /// them together (`EachOnItsOwn`).
     async fn receive_batch(
         &self,
         queue: &QueueName,

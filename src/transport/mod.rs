@@ -46,6 +46,7 @@ pub use ordering::{HeldKey, HeldStatements, KeyOrdering};
 
 /// What went wrong talking to the queues.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// The queue table does not exist.
     #[error("queue `{0}` does not exist (create it with `throttlehost queues create`)")]
@@ -265,7 +266,7 @@ pub trait Received: Send {
     /// in the store, outside this unit of work and while it still holds the message, that
     /// the message with `key` failed (`reason`), so that once this receive rolls back no
     /// receive on any host takes it again, nor (being its key's oldest) any later message of
-    /// its key, until [`QueueAdmin::release_held`]. The caller rolls back next. Default:
+    /// its key, until [`KeyOrdering::release_held`]. The caller rolls back next. Default:
     /// refused (a receive that cannot keep order cannot hold a key).
     async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
         let _ = (key, reason);

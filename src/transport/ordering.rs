@@ -27,7 +27,7 @@ pub struct HeldStatements {
     pub release_all: String,
 }
 
-/// A key held by its failed message ([`Received::hold`]).
+/// A key held by its failed message ([`Received::hold`](super::Received::hold)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldKey {
     /// The key's value.
@@ -56,7 +56,7 @@ pub trait KeyOrdering: Send + Sync {
         ordering: &OrderingConfig,
     ) -> Result<(), TransportError>;
 
-    /// The keys of `queue` held by a failed message ([`Received::hold`]), oldest first.
+    /// The keys of `queue` held by a failed message ([`Received::hold`](super::Received::hold)), oldest first.
     async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError>;
 
     /// Lifts the holds of `queue` (of one key, or all): each held message is the next of its

@@ -47,7 +47,7 @@ pub struct QueueStatements {
     /// Deletes the oldest row not locked by another receiver; returns id, expired flag,
     /// headers, body, expires and the transaction's id (which tells, after a commit whose
     /// answer was lost, whether it took effect). Expiry is decided by the server and `Expires` comes back as
-    /// text ([`EXPIRES_TEXT`]): a `timestamp` holds values no client date type can
+    /// text (`EXPIRES_TEXT`): a `timestamp` holds values no client date type can
     /// (`infinity`, year 294276), and a row the host cannot decode must not go back to the
     /// head of the queue.
     pub receive: String,

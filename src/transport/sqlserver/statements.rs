@@ -60,7 +60,7 @@ pub struct QueueStatements {
     pub purge: String,
     /// Whether the receives keep an order ([`ordered_receive`]); batch receives are refused.
     pub ordered: bool,
-    /// An ordered queue's count of messages that may not run yet ([`ordered_waiting`]).
+    /// An ordered queue's count of messages that may not run yet (`ordered_waiting`).
     pub waiting: Option<String>,
     /// The dialect the statements are written in.
     pub dialect: Dialect,
@@ -649,7 +649,7 @@ pub fn babelfish_candidates(from: &str, (excluded, skip): (&[i64], u32), n: usiz
 
 /// Babelfish's claiming receive (see `claim.rs`): deletes exactly the `row_versions` a
 /// look-up found ([`babelfish_candidates`]), giving up within [`CLAIM_LOCK_TIMEOUT_MS`] when
-/// another transaction holds one, and sends them back as [`CLAIM_OUTPUT`] says. On an ordered
+/// another transaction holds one, and sends them back as `CLAIM_OUTPUT` says. On an ordered
 /// queue the look-up has already decided that the rows may run, and nothing can change that
 /// before the claim: a key's next row is a candidate only once the one before it has gone,
 /// a key is held by the commit that removes its failed row, and a stage opens only when the

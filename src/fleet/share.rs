@@ -194,6 +194,8 @@ pub async fn run_shares(
     let mut created = false;
     let mut last_success = Instant::now();
     let mut last: HashMap<QueueName, RoundOutcome> = HashMap::new();
+    // Whether rounds fail, and whether that has closed the gates yet (said once each).
+    let mut failing: Option<bool> = None;
     while !stop.is_cancelled() {
         let config = settings();
         let mut unsettled = false;
@@ -231,8 +233,13 @@ pub async fn run_shares(
             }
         }
         match failed {
-            None => last_success = Instant::now(),
-            Some(e) => close_when_cut_off(&queues, last_success, &config, &e),
+            None => {
+                if failing.take().is_some() {
+                    tracing::info!("the rounds of the fleet-wide limits work again");
+                }
+                last_success = Instant::now();
+            }
+            Some(e) => close_when_cut_off(&queues, last_success, &config, &e, &mut failing),
         }
         let pause = match unsettled {
             true => SETTLE,
@@ -284,17 +291,23 @@ fn close_gates(queues: &[Arc<QueueRuntime>]) {
 }
 
 /// After half of `gone_after` without a round, the others may soon count this instance as
-/// gone and take its room: its gates close until a round works again.
+/// gone and take its room: its gates close until a round works again. `failing` keeps what
+/// was said, so a database that stays away is logged when rounds start failing and when the
+/// gates close, not at every round.
 fn close_when_cut_off(
     queues: &[Arc<QueueRuntime>],
     last_success: Instant,
     config: &FleetConfig,
     error: &TransportError,
+    failing: &mut Option<bool>,
 ) {
     let cut_off = last_success.elapsed() >= config.gone_after / 2;
-    tracing::warn!(error = %error, cut_off,
-        "a round of the fleet-wide limits failed; {}",
-        if cut_off { "receiving from fleet-limited queues pauses until one works" } else { "the shares stay as they are" });
+    if *failing != Some(cut_off) {
+        tracing::warn!(error = %error, cut_off,
+            "a round of the fleet-wide limits failed; {}",
+            if cut_off { "receiving from fleet-limited queues pauses until one works" } else { "the shares stay as they are" });
+        *failing = Some(cut_off);
+    }
     if cut_off {
         close_gates(queues);
     }
@@ -319,13 +332,11 @@ async fn any_arrival(queues: &[Arc<QueueRuntime>]) {
 /// Stopping: closes the gates, waits (polling, bounded by shutdown itself) for this
 /// instance's messages in flight on fleet-limited queues, then removes its rows.
 async fn give_back(shares: &dyn FleetShares, queues: &[Arc<QueueRuntime>], me: Uuid) {
+    close_gates(queues);
     let limited: Vec<_> = queues
         .iter()
         .filter(|q| q.settings().fleet_max.is_some())
         .collect();
-    for q in &limited {
-        q.gate.set_fleet_share(0);
-    }
     while limited.iter().any(|q| q.gate.in_flight() > 0) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -25,9 +25,8 @@ pub struct InFlightSpans {
     open: HashMap<(usize, Uuid), u64>,
     /// Ended handlings: start and end.
     closed: Vec<(u64, u64)>,
-    /// When a peer was killed, in nanoseconds of the wall clock.
-    killed_at: Option<u64>,
-    /// The killed processes: their events may still be on their way through the pipe.
+    /// The killed processes and when, in nanoseconds of the wall clock: their events may
+    /// still be on their way through the pipe.
     killed: HashMap<usize, u64>,
 }
 
@@ -55,7 +54,6 @@ impl InFlightSpans {
 
     /// Process `source` was killed at `at`: what it was handling ended then.
     pub fn killed(&mut self, source: usize, at: u64) {
-        self.killed_at = Some(at);
         self.killed.insert(source, at);
         let mine: Vec<(usize, Uuid)> = self
             .open
@@ -78,6 +76,8 @@ impl InFlightSpans {
         events.extend(self.open.values().map(|start| (*start, 1)));
         // At one instant an end comes before a start: a slot handed straight on is not two.
         events.sort_unstable();
+        // The refill is timed from the last kill.
+        let killed_at = self.killed.values().max().copied();
         let mut running = 0i32;
         let mut peak = 0i32;
         let mut before_kill = 0i32;
@@ -85,7 +85,7 @@ impl InFlightSpans {
         for (at, delta) in events {
             running += delta;
             peak = peak.max(running);
-            match self.killed_at {
+            match killed_at {
                 Some(k) if at <= k && at + BEFORE_KILL_NS >= k => {
                     before_kill = before_kill.max(running)
                 }

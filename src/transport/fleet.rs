@@ -131,6 +131,14 @@ pub struct ShareClaim {
     pub granted: u32,
 }
 
+impl ShareClaim {
+    /// Wanted and granted as the shares table's integer columns keep them.
+    pub fn columns(&self) -> (i32, i32) {
+        let column = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+        (column(self.wanted), column(self.granted))
+    }
+}
+
 /// A transport that can share a queue's fleet-wide limit among the instances on its
 /// database: rounds that never interleave for one queue, each reading every instance's row
 /// and writing one (see `fleet::share`, which decides what a round writes).

@@ -165,11 +165,6 @@ fn shares_error(e: tokio_postgres::Error, table: &str) -> TransportError {
     }
 }
 
-/// A count as the table keeps it (integer).
-fn count(n: u32) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
-}
-
 #[async_trait]
 impl FleetShares for PostgresTransport {
     async fn create_shares(&self) -> Result<(), TransportError> {
@@ -208,17 +203,10 @@ impl FleetShares for PostgresTransport {
                     })
                     .collect();
                 let claim = decide(&rows);
+                let (wanted, granted) = claim.columns();
                 let write = tx.prepare_cached(&st.write).await?;
-                tx.execute(
-                    &write,
-                    &[
-                        &queue.as_str(),
-                        &me,
-                        &count(claim.wanted),
-                        &count(claim.granted),
-                    ],
-                )
-                .await?;
+                tx.execute(&write, &[&queue.as_str(), &me, &wanted, &granted])
+                    .await?;
                 if found.iter().any(|r| !r.get::<_, bool>(4)) {
                     tx.execute(&st.forget_unlisted, &[&queue.as_str(), &me])
                         .await?;

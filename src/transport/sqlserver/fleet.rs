@@ -168,11 +168,6 @@ COMMIT TRAN;"
     }
 }
 
-/// A count as the table keeps it (int).
-fn count(n: u32) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
-}
-
 #[async_trait]
 impl FleetShares for SqlServerTransport {
     async fn create_shares(&self) -> Result<(), TransportError> {
@@ -232,7 +227,7 @@ impl FleetShares for SqlServerTransport {
             })
             .unwrap_or_default();
         let claim = decide(&rows);
-        let (wanted, granted) = (count(claim.wanted), count(claim.granted));
+        let (wanted, granted) = claim.columns();
         let written = conn
             .execute(
                 st.write.as_str(),

@@ -42,19 +42,7 @@ const TIMEOUT_KIND: &str = "throttlehost.HandlerTimeout";
 /// Longest exception message kept in `NServiceBus.ExceptionInfo.Message` (as Core does).
 const MAX_EXCEPTION_MESSAGE: usize = 16_384;
 
-/// How a message left its queue (reported after the commit succeeded).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// The handler succeeded.
-    Success,
-    /// Moved to the error queue after its retries.
-    Error,
-    /// Dropped because its time-to-be-received had passed.
-    Expired,
-    /// Its row could not be parsed; moved to the error queue unchanged.
-    Poison,
-}
+pub use crate::queue::Outcome;
 
 /// Sees every message that leaves a queue for good. Load tests use it to account for every
 /// message by id; it must be cheap (it runs on the hot path).
@@ -377,15 +365,7 @@ impl Dispatcher {
     }
 
     fn observe(&self, q: &QueueRuntime, id: Uuid, logical_id: Option<&str>, outcome: Outcome) {
-        q.depth.departed();
-        match outcome {
-            Outcome::Success => q.outcomes.succeeded(),
-            Outcome::Error | Outcome::Poison => {
-                q.outcomes.failed();
-                q.error_depth.arrived();
-            }
-            Outcome::Expired => {}
-        }
+        q.record_outcome(outcome);
         if let Some(o) = &self.observer {
             o.completed(&q.name, id, logical_id, outcome);
         }
@@ -394,11 +374,6 @@ impl Dispatcher {
     /// Messages handed to handlers and not done, host-wide.
     pub fn in_process(&self) -> u64 {
         self.in_process.load(Ordering::Relaxed)
-    }
-
-    /// The publisher handlers send through.
-    pub fn publisher(&self) -> &Arc<Publisher> {
-        &self.publisher
     }
 
     /// Takes one receive as far as its commit: handles, retries, moves to the error queue,

@@ -16,7 +16,7 @@ use crate::config::FailedKey;
 use crate::dispatch::Dispatcher;
 use crate::publish::Publisher;
 use crate::queue::{DepthCell, DownstreamReading, ERROR_DEPTH_MAX_AGE, QueueRuntime};
-use crate::throttling::controller::{DownstreamGuards, GuardCondition, QueueLoad};
+use crate::throttling::controller::{DownstreamGuards, GuardCondition};
 use crate::throttling::service::{HostProbe, LimitSink, QueueReading};
 use crate::transport::{QueueName, Transport};
 
@@ -157,18 +157,7 @@ impl HostProbe for HostAdapter {
     }
 
     fn queues(&self) -> Vec<QueueReading> {
-        self.queues
-            .iter()
-            .map(|q| QueueReading {
-                load: QueueLoad {
-                    name: q.name.to_string(),
-                    max: q.settings().max,
-                    in_flight: q.gate.in_flight(),
-                },
-                depth: q.depth.get(),
-                downstream_limit: Some(q.downstream.limit()).filter(|l| *l != u32::MAX),
-            })
-            .collect()
+        self.queues.iter().map(|q| q.reading()).collect()
     }
 
     fn database_size(&self, max_age: Duration) -> u64 {
@@ -235,12 +224,7 @@ impl HostProbe for HostAdapter {
 impl LimitSink for HostAdapter {
     fn set_limit(&self, queue: &str, limit: u32) {
         if let Some(q) = self.queues.iter().find(|q| q.name.as_str() == queue) {
-            q.gate.set_limit(limit);
-            q.metrics.concurrency_limit.set(q.gate.effective() as f64);
-            q.metrics.in_flight.set(q.gate.in_flight() as f64);
-            q.metrics.receive_loops.set(q.loops() as f64);
-            q.metrics.queue_depth.set(q.depth.get() as f64);
-            export_downstream(q);
+            q.set_throttling_limit(limit);
         }
     }
 }
@@ -278,26 +262,6 @@ fn downstream_guards(readings: impl Iterator<Item = DownstreamReading>) -> Downs
 }
 
 /// Writes a queue's downstream guard gauges (outage mode, latency-aware limit).
-fn export_downstream(q: &QueueRuntime) {
-    let d = q.downstream.reading();
-    let state = if d.outage {
-        crate::states::OUTAGE_STATE
-    } else if d.latency_limiting {
-        crate::states::LATENCY_STATE
-    } else {
-        0
-    };
-    let m = &q.metrics;
-    m.downstream_state.set(f64::from(state));
-    m.consecutive_failures
-        .set(f64::from(d.consecutive_failures));
-    m.outage_pause.set(d.pause.as_secs_f64());
-    if let Some(limit) = d.latency_limit {
-        m.latency_limit.set(f64::from(limit));
-        m.latency_baseline.set(d.latency_mean);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

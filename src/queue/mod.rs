@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 pub use self::breaker::CircuitBreaker;
 pub use self::downstream::{DownstreamGuard, DownstreamReading};
-pub use self::gate::{ConcurrencyGate, Permit};
+pub use self::gate::ConcurrencyGate;
 use crate::config::{
     ConcurrencyModel, LatencyLimitConfig, OrderingConfig, OutageConfig, QueueConfig,
     TransactionMode,
@@ -27,6 +27,9 @@ pub use crate::depth::DepthCell;
 use crate::handlers::Handler;
 use crate::metrics::QueueMetrics;
 use crate::names::QueueName;
+use crate::throttling::controller::QueueLoad;
+use crate::throttling::service::QueueReading;
+use crate::transport::{Transport, TransportError};
 
 /// How old an error queue's depth may get before it is read again. Nothing throttles on it
 /// (it is shown, not guarded), so one statement per half minute is enough.
@@ -343,6 +346,128 @@ impl QueueRuntime {
     pub fn loops(&self) -> u32 {
         self.loops.load(Ordering::Relaxed)
     }
+
+    /// Peeks the queue's depth through `transport`: records it in the depth cell and lets
+    /// the circuit breaker count the result. Only an empty queue proves receiving works: with
+    /// rows waiting, a peek can succeed while every receive fails, and must not disarm the
+    /// breaker. Err is the pause before trying again.
+    pub(crate) async fn peek(&self, transport: &dyn Transport) -> Result<u64, Duration> {
+        let start = self.depth.read_started();
+        match transport.peek_depth(&self.name).await {
+            Ok(depth) => {
+                if depth == 0 {
+                    self.breaker.success();
+                }
+                self.depth.set_read(depth, start);
+                Ok(depth)
+            }
+            Err(e) => {
+                self.metrics.receive_error.increment(1);
+                Err(self.breaker.failure(&e))
+            }
+        }
+    }
+
+    /// Counts a receive's result: the receive counters, the circuit breaker, and an empty
+    /// receive's proof that the queue holds nothing this host could take.
+    pub(crate) fn observe_receive(
+        &self,
+        result: Result<bool, &TransportError>,
+    ) -> Option<Duration> {
+        match result {
+            Ok(got) => {
+                if got {
+                    self.metrics.receive_message.increment(1);
+                } else {
+                    self.metrics.receive_empty.increment(1);
+                    self.depth.set(0);
+                }
+                self.breaker.success();
+                None
+            }
+            Err(e) if e.is_deadlock() => {
+                self.metrics.deadlocks.increment(1);
+                tracing::debug!(queue = %self.name, error = %e, "receive was a deadlock victim; retrying");
+                Some(Duration::ZERO)
+            }
+            Err(e) => {
+                self.metrics.receive_error.increment(1);
+                Some(self.breaker.failure(e))
+            }
+        }
+    }
+
+    /// A message left the queue with `outcome`: the depth, the outcome counts, and the error
+    /// queue's depth when it went there.
+    pub(crate) fn record_outcome(&self, outcome: Outcome) {
+        self.depth.departed();
+        match outcome {
+            Outcome::Success => self.outcomes.succeeded(),
+            Outcome::Error | Outcome::Poison => {
+                self.outcomes.failed();
+                self.error_depth.arrived();
+            }
+            Outcome::Expired => {}
+        }
+    }
+
+    /// What the controller reads of this queue each tick.
+    pub(crate) fn reading(&self) -> QueueReading {
+        QueueReading {
+            load: QueueLoad {
+                name: self.name.to_string(),
+                max: self.settings().max,
+                in_flight: self.gate.in_flight(),
+            },
+            depth: self.depth.get(),
+            downstream_limit: Some(self.downstream.limit()).filter(|l| *l != u32::MAX),
+        }
+    }
+
+    /// The controller's limit for this queue, applied to the gate; the queue's gauges follow.
+    pub(crate) fn set_throttling_limit(&self, limit: u32) {
+        self.gate.set_limit(limit);
+        self.export_gauges();
+    }
+
+    /// Writes the queue's gauges: its limit, in flight, loops, depth and downstream guards.
+    fn export_gauges(&self) {
+        let m = &self.metrics;
+        m.concurrency_limit.set(self.gate.effective() as f64);
+        m.in_flight.set(self.gate.in_flight() as f64);
+        m.receive_loops.set(self.loops() as f64);
+        m.queue_depth.set(self.depth.get() as f64);
+        let d = self.downstream.reading();
+        let state = if d.outage {
+            crate::states::OUTAGE_STATE
+        } else if d.latency_limiting {
+            crate::states::LATENCY_STATE
+        } else {
+            0
+        };
+        m.downstream_state.set(f64::from(state));
+        m.consecutive_failures
+            .set(f64::from(d.consecutive_failures));
+        m.outage_pause.set(d.pause.as_secs_f64());
+        if let Some(limit) = d.latency_limit {
+            m.latency_limit.set(f64::from(limit));
+            m.latency_baseline.set(d.latency_mean);
+        }
+    }
+}
+
+/// How a message left its queue (reported after the commit succeeded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The handler succeeded.
+    Success,
+    /// Moved to the error queue after its retries.
+    Error,
+    /// Dropped because its time-to-be-received had passed.
+    Expired,
+    /// Its row could not be parsed; moved to the error queue unchanged.
+    Poison,
 }
 
 /// Failure counts per message id, bounded; oldest forgotten first.

@@ -173,27 +173,13 @@ pub(crate) fn account(
     q: &QueueRuntime,
     result: Result<Option<Box<dyn Received>>, crate::transport::TransportError>,
 ) -> ReceiveOutcome {
-    match result {
-        Ok(Some(received)) => {
-            q.metrics.receive_message.increment(1);
-            q.breaker.success();
-            ReceiveOutcome::Got(received)
-        }
-        Ok(None) => {
-            q.metrics.receive_empty.increment(1);
-            q.breaker.success();
-            q.depth.set(0);
-            ReceiveOutcome::Empty
-        }
-        Err(e) if e.is_deadlock() => {
-            q.metrics.deadlocks.increment(1);
-            tracing::debug!(queue = %q.name, error = %e, "receive was a deadlock victim; retrying");
-            ReceiveOutcome::Failed(Duration::ZERO)
-        }
-        Err(e) => {
-            q.metrics.receive_error.increment(1);
-            ReceiveOutcome::Failed(q.breaker.failure(&e))
-        }
+    match (
+        q.observe_receive(result.as_ref().map(Option::is_some)),
+        result,
+    ) {
+        (Some(wait), _) => ReceiveOutcome::Failed(wait),
+        (None, Ok(Some(received))) => ReceiveOutcome::Got(received),
+        (None, _) => ReceiveOutcome::Empty,
     }
 }
 
@@ -262,6 +248,22 @@ async fn dispatch_and_commit(
             pending.commit().await;
             None
         }
+    }
+}
+
+/// What a peek of the queue's depth came to.
+pub(crate) enum Peeked {
+    /// Rows no receive holds (recorded in the queue's depth cell).
+    Depth(u64),
+    /// The transport failed; pause this long before trying again.
+    Failed(Duration),
+}
+
+/// Peeks the queue's depth, the same in every model ([`QueueRuntime::peek`]).
+pub(crate) async fn peek(q: &QueueRuntime, ctx: &ReceiveContext) -> Peeked {
+    match q.peek(&*ctx.transport).await {
+        Ok(depth) => Peeked::Depth(depth),
+        Err(wait) => Peeked::Failed(wait),
     }
 }
 
@@ -401,23 +403,11 @@ impl IdlePolling {
             if !idle_pause(ctx, q, wait).await {
                 return None;
             }
-            let start = q.depth.read_started();
-            match ctx.transport.peek_depth(&q.name).await {
-                Ok(depth) => {
-                    // Only an empty queue proves receiving works: with rows waiting, a peek
-                    // can succeed while every receive fails, and must not disarm the breaker.
-                    if depth == 0 {
-                        q.breaker.success();
-                    }
-                    q.depth.set_read(depth, start);
-                    if depth > 0 {
-                        return Some(depth);
-                    }
-                }
-                Err(e) => {
-                    q.metrics.receive_error.increment(1);
-                    let p = q.breaker.failure(&e);
-                    if !pause(ctx, p).await {
+            match peek(q, ctx).await {
+                Peeked::Depth(0) => {}
+                Peeked::Depth(depth) => return Some(depth),
+                Peeked::Failed(wait) => {
+                    if !pause(ctx, wait).await {
                         return None;
                     }
                 }

@@ -13,15 +13,11 @@
 //! current limit.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use super::batch::receive_some;
-use super::{
-    Backoff, QueueRuntime, ReceiveContext, ReceiveOutcome, admit_then_acquire, idle_pause, pause,
-    process,
-};
+use super::{Backoff, Peeked, QueueRuntime, ReceiveContext, Turn, idle_pause, pause, peek, turn};
 
 /// Counts receive tasks of one batch until each has run its receive, or one found nothing.
 struct Batch(watch::Sender<BatchState>);
@@ -96,19 +92,9 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     // instead of collecting for a whole interval and starting all at once.
     let backoff = Backoff::idle();
     while !ctx.stop.is_cancelled() {
-        let start = q.depth.read_started();
-        let depth = match ctx.transport.peek_depth(&q.name).await {
-            Ok(depth) => {
-                // Only an empty queue proves receiving works (see `receive::mod`).
-                if depth == 0 {
-                    q.breaker.success();
-                }
-                q.depth.set_read(depth, start);
-                depth
-            }
-            Err(e) => {
-                q.metrics.receive_error.increment(1);
-                let wait = q.breaker.failure(&e);
+        let depth = match peek(&q, &ctx).await {
+            Peeked::Depth(depth) => depth,
+            Peeked::Failed(wait) => {
                 if !pause(&ctx, wait).await {
                     break;
                 }
@@ -202,31 +188,31 @@ async fn receive_task(
     slot: OwnedSemaphorePermit,
     batch: Arc<Batch>,
 ) {
-    let Some((permit, receiving)) = admit_then_acquire(&q, &ctx).await else {
-        batch.received(true);
-        return;
-    };
-    let received = receive_some(&q, &ctx).await;
-    drop(receiving);
-    match received {
-        ReceiveOutcome::Got(received) => {
+    // The same turn the loops of the other models take; what follows an empty or failed
+    // receive is this model's: the batch stops, and the peeker backs off.
+    let got = AtomicBool::new(false);
+    let turn = turn(
+        &q,
+        &ctx,
+        || {
+            got.store(true, Ordering::Relaxed);
             batch.received(false);
-            match process(&q, &ctx, received, || {}).await {
-                Some(ReceiveOutcome::Empty) => batch.exhaust(),
-                Some(ReceiveOutcome::Failed(wait)) => {
-                    batch.exhaust();
-                    pause(&ctx, wait).await;
-                }
-                Some(ReceiveOutcome::Got(_)) | None => {}
-            }
-        }
-        ReceiveOutcome::Empty => batch.received(true),
-        ReceiveOutcome::Failed(wait) => {
-            batch.received(true);
-            // Hold the permit through the pause: a failing transport gets fewer receives.
+        },
+        || {},
+    )
+    .await;
+    if !got.load(Ordering::Relaxed) {
+        // No message: the first receive found nothing, failed, or never ran (shutdown).
+        batch.received(true);
+    }
+    match turn {
+        Turn::Stop | Turn::Handled => {}
+        Turn::Empty => batch.exhaust(),
+        Turn::Failed(wait) => {
+            batch.exhaust();
+            // Hold the slot through the pause: a failing transport gets fewer receives.
             pause(&ctx, wait).await;
         }
     }
-    drop(permit);
     drop(slot);
 }

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use throttlehost::config::{ConcurrencyModel, Config, HandlerConfig, QueueConfig, TransactionMode};
-use throttlehost::dispatch::{DispatchObserver, Outcome};
 use throttlehost::message::OutgoingMessage;
 use throttlehost::transport::memory::MemoryTransport;
 use throttlehost::transport::{QueueName, Transport};
+use throttlehost::{DispatchObserver, Outcome};
 use throttlehost::{Host, HostBuilder};
 
 const BATCH: u64 = 5_000;

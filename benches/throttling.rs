@@ -5,12 +5,11 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use throttlehost::bench_internals::{Admission, RateCounters, RateWindow};
 use throttlehost::config::ThrottlingConfig;
-use throttlehost::throttling::admission::Admission;
 use throttlehost::throttling::controller::{
     Controller, MachineFacts, QueueLoad, Readings, Thresholds,
 };
-use throttlehost::throttling::rates::{RateCounters, RateWindow};
 
 fn controller_tick(c: &mut Criterion) {
     let config = ThrottlingConfig::default();

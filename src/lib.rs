@@ -1,11 +1,12 @@
 //! throttlehost: a message-processing host for SQL Server queue tables (the NServiceBus SQL
 //! Server transport's layout and semantics) with BizTalk-style host throttling.
 //!
-//! The map of the crate is in `docs/ARCHITECTURE.md`. In short: [`transport`] holds the
-//! queue tables, [`receive`] takes messages off them under each queue's concurrency model,
-//! [`dispatch`] runs [`Handler`]s with retries and the error queue, [`publish`] is the one
-//! throttled send path, and [`throttling`] watches resources and rates and sets the delays
-//! and limits the receivers and the publisher obey. [`Host`] puts them together.
+//! The API: a [`HostBuilder`] starts a [`Host`] from a [`Config`] (`config`), with a
+//! [`Handler`] per queue (`handlers`); messages are [`Message`] and [`OutgoingMessage`]
+//! (`message`); [`transport`] holds the transport traits a database must implement, its
+//! optional abilities, and the memory, PostgreSQL and SQL Server transports; [`throttling`]
+//! names the states, conditions and snapshots a host reports, and the sensor a host reads.
+//! Everything else is the machinery behind them, mapped in `docs/ARCHITECTURE.md`.
 //!
 //! ```no_run
 //! use throttlehost::{Context, Handler, HandlerError, HostBuilder, OutgoingMessage};
@@ -38,32 +39,52 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// `THROTTLEHOST_COMMIT` environment variable when a packager sets it, or "unknown".
 pub const COMMIT: &str = env!("THROTTLEHOST_COMMIT");
 
-pub mod admin;
+// The public API: the host, handlers, configuration, messages, the transport traits a user
+// may implement (and the three transports), and the throttling types a host reports.
 pub mod config;
-pub mod console;
-pub mod delayed;
-pub mod depth;
-pub mod dispatch;
-pub mod fleet;
 pub mod handlers;
 pub mod host;
-pub mod isolate;
 #[cfg(feature = "load")]
 pub mod load;
 pub mod message;
-pub mod metrics;
-pub mod names;
-pub mod publish;
-pub mod queue;
-pub mod receive;
-pub mod states;
-pub mod status;
 pub mod throttling;
 pub mod transport;
+
+// The machinery behind them: reachable only through the types above.
+pub(crate) mod admin;
+pub(crate) mod console;
+pub(crate) mod delayed;
+pub(crate) mod depth;
+pub(crate) mod dispatch;
+pub(crate) mod fleet;
+pub(crate) mod isolate;
+pub(crate) mod metrics;
+pub(crate) mod names;
+pub(crate) mod publish;
+pub(crate) mod queue;
+pub(crate) mod receive;
+pub(crate) mod states;
+pub(crate) mod status;
 
 /// Handlers are async traits; re-exported so users need no extra dependency.
 pub use async_trait::async_trait;
 pub use config::Config;
+pub use dispatch::{DispatchObserver, Outcome};
+pub use fleet::{FleetMember, FleetView};
 pub use handlers::{Context, Handler, HandlerError};
 pub use host::{Host, HostBuilder, HostError, HostStatus};
 pub use message::{Headers, Message, OutgoingMessage};
+
+/// The metrics a host exports on `/metrics`: each name, kind, help text and labels, defined
+/// once (alert rules and dashboards name only these).
+pub mod catalogue {
+    pub use crate::metrics::{Kind, METRICS, MetricDef, PREFIX};
+}
+
+/// Not part of the API: internals the crate's criterion benchmarks measure on their own.
+/// They may change in any release.
+#[doc(hidden)]
+pub mod bench_internals {
+    pub use crate::throttling::admission::Admission;
+    pub use crate::throttling::rates::{RateCounters, RateWindow};
+}

@@ -21,7 +21,7 @@ async fn refusal(config: Config) -> String {
     let memory = Arc::new(MemoryTransport::new(TransactionMode::ReceiveOnly));
     let bare = common::Counting::bare(memory);
     match HostBuilder::new(config).transport(bare).start().await {
-        Err(HostError::Config(message)) => message,
+        Err(HostError::Setting { setting, message }) => format!("{setting}: {message}"),
         Err(other) => panic!("refused for another reason: {other}"),
         Ok(host) => {
             host.shutdown().await;

@@ -520,7 +520,7 @@ async fn slow_and_flooding_clients_cannot_exhaust_the_admin_endpoint() {
     // A thousand slow clients, as many as the descriptor limit leaves room for.
     let flood = 1000.min(open_files_limit().saturating_sub(300));
     assert!(
-        flood > throttlehost::admin::MAX_CONNECTIONS,
+        flood > throttlehost::host::MAX_CONNECTIONS,
         "room for a flood"
     );
     let mut slow = Vec::new();
@@ -535,7 +535,7 @@ async fn slow_and_flooding_clients_cannot_exhaust_the_admin_endpoint() {
     common::wait_until(
         Duration::from_secs(3),
         "the endpoint to hold at most MAX_CONNECTIONS",
-        || established_on(address.port()) <= throttlehost::admin::MAX_CONNECTIONS,
+        || established_on(address.port()) <= throttlehost::host::MAX_CONNECTIONS,
     )
     .await;
     let asked = std::time::Instant::now();
@@ -564,7 +564,7 @@ async fn slow_and_flooding_clients_cannot_exhaust_the_admin_endpoint() {
     let mut last = slow.pop().unwrap();
     let mut buf = [0u8; 256];
     let closed = tokio::time::timeout(
-        throttlehost::admin::HEADER_READ_TIMEOUT + Duration::from_secs(3),
+        throttlehost::host::HEADER_READ_TIMEOUT + Duration::from_secs(3),
         async {
             loop {
                 match last.read(&mut buf).await {

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use throttlehost::metrics::{METRICS, PREFIX};
+use throttlehost::catalogue::{METRICS, PREFIX};
 
 const RULES: &str = "dashboards/alerts.yml";
 const RULE_TESTS: &str = "dashboards/alerts.test.yml";

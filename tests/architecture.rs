@@ -7,16 +7,60 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+/// The crate's files under `path`, without those of modules compiled for tests only.
 fn rust_files(path: &Path) -> Vec<PathBuf> {
+    let mut files = all_rust_files(path);
+    let test_only: Vec<PathBuf> = files.iter().flat_map(|f| test_only_modules(f)).collect();
+    files.retain(|f| {
+        !test_only
+            .iter()
+            .any(|t| f.starts_with(t) || *f == t.with_extension("rs"))
+    });
+    files
+}
+
+fn all_rust_files(path: &Path) -> Vec<PathBuf> {
     if path.is_file() {
         return vec![path.to_path_buf()];
     }
     let mut files = Vec::new();
     for entry in std::fs::read_dir(path).unwrap() {
-        files.extend(rust_files(&entry.unwrap().path()));
+        files.extend(all_rust_files(&entry.unwrap().path()));
     }
     files.retain(|f| f.extension().is_some_and(|e| e == "rs"));
     files
+}
+
+/// The modules `file` declares behind a `#[cfg(...)]` that names `test`, as paths without
+/// extension (`src/throttling/simulation` for `mod simulation;` in `src/throttling/mod.rs`):
+/// their code is unit tests, however many files it takes.
+fn test_only_modules(file: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let stem = file.file_stem().unwrap_or_default();
+    let dir = if stem == "mod" || stem == "lib" || stem == "main" {
+        file.parent().unwrap().to_path_buf()
+    } else {
+        file.with_extension("")
+    };
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    lines
+        .windows(2)
+        .filter(|w| w[0].starts_with("#[cfg(") && w[0].contains("test"))
+        .filter_map(|w| w[1].strip_prefix("mod ")?.strip_suffix(';'))
+        .map(|name| dir.join(name))
+        .collect()
+}
+
+#[test]
+fn modules_compiled_for_tests_only_are_not_scanned() {
+    let files = rust_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    assert!(files.iter().any(|f| f.ends_with("throttling/ceiling.rs")));
+    assert!(
+        !files
+            .iter()
+            .any(|f| f.ends_with("throttling/simulation/plant.rs")),
+        "the simulation bed is a unit test"
+    );
 }
 
 /// A file's code without its comments and its unit tests.

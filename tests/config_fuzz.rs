@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use throttlehost::config;
-use throttlehost::states::Direction;
+use throttlehost::throttling::Direction;
 use throttlehost::throttling::controller::{
     Controller, MachineFacts, QueueLoad, Readings, Thresholds,
 };

@@ -1057,7 +1057,7 @@ pub async fn an_ordered_queue_refuses_batches_and_mode_none(h: &dyn Harness) {
     t.send(&q("in"), &keyed(Some("a"), "a1")).await.unwrap();
     let refused = batches(&t).receive_batch(&q("in"), 8).await;
     assert!(
-        matches!(&refused, Err(TransportError::Config(m)) if m.contains("receive_batch = 1")),
+        matches!(&refused, Err(TransportError::Queue { message, .. }) if message.contains("receive_batch = 1")),
         "{:?}",
         refused.map(|v| v.len())
     );
@@ -1069,7 +1069,7 @@ pub async fn an_ordered_queue_refuses_batches_and_mode_none(h: &dyn Harness) {
     };
     let refused = keys(&none).order_by_key(&q("in"), &ordering).await;
     assert!(
-        matches!(&refused, Err(TransportError::Config(m)) if m.contains("transaction_mode")),
+        matches!(&refused, Err(TransportError::Queue { message, .. }) if message.contains("transaction_mode")),
         "{refused:?}"
     );
 }

@@ -205,13 +205,13 @@ struct Ledger {
     completed: std::sync::Mutex<Vec<String>>,
 }
 
-impl throttlehost::dispatch::DispatchObserver for Ledger {
+impl throttlehost::DispatchObserver for Ledger {
     fn completed(
         &self,
         _queue: &throttlehost::transport::QueueName,
         _id: uuid::Uuid,
         logical_id: Option<&str>,
-        _outcome: throttlehost::dispatch::Outcome,
+        _outcome: throttlehost::Outcome,
     ) {
         if let Some(id) = logical_id {
             self.completed.lock().unwrap().push(id.to_string());

@@ -9,11 +9,11 @@ mod common;
 use std::time::Duration;
 
 use common::{PgSchema, Probe, ProbeHandler, wait_until};
+use throttlehost::FleetView;
 use throttlehost::config::{ConcurrencyModel, Config, OverrideMode, TransactionMode};
-use throttlehost::fleet::FleetView;
+use throttlehost::host::OverrideScope;
 use throttlehost::host::{Host, HostBuilder};
 use throttlehost::message::OutgoingMessage;
-use throttlehost::status::OverrideScope;
 use throttlehost::throttling::Direction;
 use throttlehost::transport::{Heartbeat, Transport};
 

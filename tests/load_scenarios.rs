@@ -3,7 +3,7 @@
 //! episode, nothing lost by id) instead of trusting the run's own `passed`. Scenarios run one
 //! at a time: process memory, threads and CPU are shared resources.
 //!
-//! The scenarios whose control bounds `tests/throttling_simulation.rs` checks in simulated
+//! The scenarios whose control bounds `src/throttling/simulation/` checks in simulated
 //! time are ignored here, so the suite stays fast and its verdicts do not hang on the
 //! machine's load; `cargo test --test load_scenarios -- --ignored` runs them.
 
@@ -171,7 +171,7 @@ fn process_memory_writes_its_timeline_chart_and_summary() {
 }
 
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn system_memory() {
     let s = scenario("system-memory", 0.6);
     assert_appeared_and_cleared("system-memory", &s, "delivery", 5);
@@ -180,7 +180,7 @@ fn system_memory() {
 }
 
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn in_process_messages() {
     let s = scenario("in-process", 0.6);
     assert_appeared_and_cleared("in-process", &s, "delivery", 3);
@@ -202,7 +202,7 @@ fn queues_share_the_in_process_threshold_by_demand_with_limits_at_max() {
 }
 
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn thread_count() {
     let s = scenario("threads", 0.6);
     assert_appeared_and_cleared("threads", &s, "delivery", 9);
@@ -210,14 +210,14 @@ fn thread_count() {
 }
 
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn delivery_rate_imbalance() {
     let s = scenario("delivery-rate", 0.6);
     assert_appeared_and_cleared("delivery-rate", &s, "delivery", 1);
 }
 
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn publishing_rate_imbalance() {
     let s = scenario("publishing-rate", 0.6);
     assert_appeared_and_cleared("publishing-rate", &s, "publishing", 2);
@@ -250,7 +250,7 @@ fn override_never() {
 }
 
 #[test]
-#[ignore = "wall-clock; memory's bounds are checked in simulated time by tests/throttling_simulation.rs, a hand-over to an override by quality's unit tests and override_delivery (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; memory's bounds are checked in simulated time by src/throttling/simulation/, a hand-over to an override by quality's unit tests and override_delivery (run: cargo test --test load_scenarios -- --ignored)"]
 fn mixed() {
     let s = scenario("mixed", 0.6);
     // In-process (3) cannot show here: its exact ceiling keeps it at the threshold while
@@ -282,7 +282,7 @@ fn database_size_on_postgres() {
 /// Memory per message doubling step by step: each step is held under 1.15 x the threshold
 /// (the memory ceiling stops new receives between ticks).
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn memory_per_message_rising_in_steps_is_held_at_the_threshold() {
     let s = scenario("memory-steps", 0.6);
     assert_appeared_and_cleared("memory-steps", &s, "delivery", 4);
@@ -291,7 +291,7 @@ fn memory_per_message_rising_in_steps_is_held_at_the_threshold() {
 
 /// Handler latency creeping from 10 ms to 1 s at a constant rate: in-process is held.
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn handler_latency_creeping_up_is_held_at_the_in_process_threshold() {
     let s = scenario("latency-creep", 0.6);
     assert_appeared_and_cleared("latency-creep", &s, "delivery", 3);
@@ -302,7 +302,7 @@ fn handler_latency_creeping_up_is_held_at_the_in_process_threshold() {
 /// crossing within 10 s of the last cause's end is the same episode): every episode is
 /// controlled on its own.
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn a_cause_switched_on_and_off_is_controlled_every_time() {
     let s = scenario("on-off", 1.0);
     assert_appeared_and_cleared("on-off", &s, "delivery", 3);
@@ -314,7 +314,7 @@ fn a_cause_switched_on_and_off_is_controlled_every_time() {
 /// Offered load hovering at the in-process threshold: one episode, held, not flipping with
 /// every dip below the resume line.
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn a_load_hovering_at_the_threshold_is_one_steady_episode() {
     let s = scenario("hovering", 0.6);
     assert_appeared_and_cleared("hovering", &s, "delivery", 3);
@@ -352,7 +352,7 @@ fn a_publish_burst_is_paced_once_and_released() {
 /// and is held; in-process never passes 1.15 x either (memory engages first and keeps it
 /// below its line, so it need not have an episode of its own).
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn two_causes_at_once_are_both_held() {
     let (s, out) = run("together", 0.6, None);
     assert_passed("together", &s);
@@ -380,7 +380,7 @@ fn two_causes_at_once_are_both_held() {
 
 /// Closed-loop producers against a consumer cut to 1: the backlog is held at its threshold.
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn closed_loop_producers_are_held_at_the_database_size() {
     let s = scenario("closed-loop", 0.6);
     assert_appeared_and_cleared("closed-loop", &s, "publishing", 6);
@@ -388,7 +388,7 @@ fn closed_loop_producers_are_held_at_the_database_size() {
 }
 
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by tests/throttling_simulation.rs (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn database_sessions_on_postgres() {
     let s = pg_scenario("database-sessions", 0.6);
     assert_appeared_and_cleared("database-sessions", &s, "publishing", 8);

@@ -274,7 +274,7 @@ async fn delayed_messages_count_in_the_database_size() {
             .and_then(|t| {
                 t.resources
                     .iter()
-                    .find(|r| r.condition == throttlehost::states::Condition::DatabaseSize)
+                    .find(|r| r.condition == throttlehost::throttling::Condition::DatabaseSize)
                     .map(|r| r.value)
             })
             .unwrap_or(0.0)

@@ -14,9 +14,9 @@ use throttlehost::HostBuilder;
 use throttlehost::config::{
     ByteSize, ConcurrencyModel, HandlerConfig, MemoryThreshold, SimulateConfig, TransactionMode,
 };
-use throttlehost::dispatch::{DispatchObserver, Outcome};
 use throttlehost::throttling::sensors::{ResourceSensor, SystemSensor};
 use throttlehost::transport::{QueueName, Transport};
+use throttlehost::{DispatchObserver, Outcome};
 
 use common::{PgSchema, q};
 

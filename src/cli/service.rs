@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
+use throttlehost::throttling::Snapshot;
 use throttlehost::throttling::controller::{Decision, DirectionDecision};
-use throttlehost::throttling::service::Snapshot;
 use tokio::sync::broadcast;
 
 /// Sends notifications when a service manager listens.

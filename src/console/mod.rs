@@ -205,11 +205,13 @@ impl History {
     }
 
     /// Samples held now.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.ring.lock().unwrap_or_else(|e| e.into_inner()).1.len()
     }
 
     /// True before the first sample.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -29,8 +29,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// Limits of the admin endpoint (`host.admin_address`) against clients that hold connections.
+pub use crate::admin::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS};
 pub use crate::status::{
-    DirectionStatus, HostStatus, QueueStatus, ResourceStatus, ThrottlingStatus,
+    DirectionStatus, FleetShareStatus, HostStatus, OverrideScope, QueueStatus, ResourceStatus,
+    ThrottlingStatus,
 };
 
 use crate::config::{Config, HandlerConfig, TransportKind};
@@ -53,9 +56,34 @@ pub enum HostError {
     /// The transport failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
-    /// The configuration cannot be run as it is.
-    #[error("{0}")]
-    Config(String),
+    /// A setting cannot be run as it is; names it.
+    #[error("{setting}: {message}")]
+    Setting {
+        /// The setting, as written in the configuration file (`queues[0].concurrency.receive_batch`).
+        setting: String,
+        /// What is wrong with it and what to do instead.
+        message: String,
+    },
+    /// A configured queue has no handler.
+    #[error(
+        "queue `{queue}` has no handler: set [queues.handler] in the configuration or register one with HostBuilder::handler"
+    )]
+    NoHandler {
+        /// The queue.
+        queue: String,
+    },
+    /// A table the host creates or prepares for a queue could not be made ready.
+    #[error("queue `{queue}`: cannot {what}: {source} ({remedy})")]
+    Prepare {
+        /// The queue.
+        queue: String,
+        /// What the host tried.
+        what: &'static str,
+        /// Why it failed.
+        source: TransportError,
+        /// What an operator can do about it.
+        remedy: &'static str,
+    },
     /// A configured queue name is not a valid name.
     #[error(transparent)]
     QueueName(#[from] crate::names::InvalidName),
@@ -267,13 +295,14 @@ fn check_memory_threshold(
         crate::throttling::controller::Thresholds::resolve(&config.throttling, sensor.machine());
     let rss = sensor.read().process_memory;
     match thresholds.process_memory {
-        Some(limit) if config.throttling.enabled && limit <= rss => {
-            Err(HostError::Config(format!(
-                "throttling.process_memory ({}) is at or below this process's own memory before it handles anything ({}): delivery would never start; set it well above that, or \"off\"",
+        Some(limit) if config.throttling.enabled && limit <= rss => Err(HostError::Setting {
+            setting: "throttling.process_memory".into(),
+            message: format!(
+                "{} is at or below this process's own memory before it handles anything ({}): delivery would never start; set it well above that, or \"off\"",
                 crate::config::ByteSize(limit),
                 crate::config::ByteSize(rss)
-            )))
-        }
+            ),
+        }),
         _ => Ok(()),
     }
 }
@@ -313,10 +342,9 @@ fn plan_queues(
                     (built.handler, built.simulate)
                 }
                 None => {
-                    return Err(HostError::Config(format!(
-                        "queue `{}` has no handler: set [queues.handler] in the configuration or register one with HostBuilder::handler",
-                        qc.name
-                    )));
+                    return Err(HostError::NoHandler {
+                        queue: qc.name.clone(),
+                    });
                 }
             },
         };
@@ -464,10 +492,10 @@ fn check_abilities(config: &Config, transport: &dyn Transport) -> Result<(), Hos
             None
         };
         if let Some((key, why)) = missing {
-            return Err(HostError::Config(format!(
-                "queues[{i}].{key}: the {} transport {why}",
-                transport.describe()
-            )));
+            return Err(HostError::Setting {
+                setting: format!("queues[{i}].{key}"),
+                message: format!("the {} transport {why}", transport.describe()),
+            });
         }
     }
     Ok(())
@@ -489,9 +517,12 @@ async fn create_delayed_tables(
             TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
                 HostError::Transport(e)
             }
-            e => HostError::Config(format!(
-                "cannot create the delayed table of queue `{name}`: {e} (create it with a privileged account, or set queues.delayed_delivery.enabled = false)"
-            )),
+            e => HostError::Prepare {
+                queue: name.to_string(),
+                what: "create its delayed table",
+                source: e,
+                remedy: "create it with a privileged account, or set queues.delayed_delivery.enabled = false",
+            },
         })?;
     }
     Ok(())
@@ -506,10 +537,7 @@ async fn prepare_transport(
     let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
     check_abilities(config, transport)?;
     // Before anything is created: a start that is refused leaves no tables behind.
-    let server_warnings = transport
-        .server_checks()
-        .await
-        .map_err(|e| HostError::Config(e.to_string()))?;
+    let server_warnings = transport.server_checks().await?;
     for warning in server_warnings {
         tracing::warn!("{warning}");
     }
@@ -521,18 +549,21 @@ async fn prepare_transport(
                     TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
                         HostError::Transport(e)
                     }
-                    // A table of another layout: its error says what to change.
-                    TransportError::Config(m) => HostError::Config(format!("queue `{q}`: {m}")),
-                    e => HostError::Config(format!(
-                        "cannot create queue `{q}`: {e} (create the queues with a privileged account, then set host.create_queues = false)"
-                    )),
+                    // A table of another layout: its error names the queue and what to change.
+                    e if e.is_configuration() => HostError::Transport(e),
+                    e => HostError::Prepare {
+                        queue: q.to_string(),
+                        what: "create its table",
+                        source: e,
+                        remedy: "create the queues with a privileged account, then set host.create_queues = false",
+                    },
                 })?;
         }
     }
     let ordered = config.queues.iter().filter(|q| q.ordering.is_ordered());
     // check_abilities refused ordered queues on a transport that keeps no order.
     for (q, ordering) in ordered.filter_map(|q| Some((q, transport.key_ordering()?))) {
-        let name = QueueName::new(&q.name).map_err(|e| HostError::Config(e.0))?;
+        let name = QueueName::new(&q.name)?;
         ordering
             .order_by_key(&name, &q.ordering)
             .await
@@ -540,16 +571,16 @@ async fn prepare_transport(
                 TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
                     HostError::Transport(e)
                 }
-                TransportError::Config(m) => HostError::Config(m),
-                e => HostError::Config(format!(
-                    "queue `{name}`: cannot prepare ordered receives (queues.ordering): {e} (on PostgreSQL an account that may not create indexes and tables needs sql/postgres/ordering.sql, and with failed_key = \"hold\" sql/postgres/held.sql, run first by one that may)"
-                )),
+                e if e.is_configuration() => HostError::Transport(e),
+                e => HostError::Prepare {
+                    queue: name.to_string(),
+                    what: "prepare ordered receives (queues.ordering)",
+                    source: e,
+                    remedy: "on PostgreSQL an account that may not create indexes and tables needs sql/postgres/ordering.sql, and with failed_key = \"hold\" sql/postgres/held.sql, run first by one that may",
+                },
             })?;
     }
-    let warnings = transport
-        .startup_checks(&receive_names)
-        .await
-        .map_err(|e| HostError::Config(e.to_string()))?;
+    let warnings = transport.startup_checks(&receive_names).await?;
     for warning in warnings {
         tracing::warn!("{warning}");
     }
@@ -683,8 +714,9 @@ fn serve_admin(inner: &Arc<HostInner>) -> Result<Option<AdminServer>, HostError>
     if address.trim().eq_ignore_ascii_case("off") {
         return Ok(None);
     }
-    let addr: SocketAddr = address.parse().map_err(|_| {
-        HostError::Config(format!("host.admin_address `{address}` is not an address"))
+    let addr: SocketAddr = address.parse().map_err(|_| HostError::Setting {
+        setting: "host.admin_address".into(),
+        message: format!("`{address}` is not an address"),
     })?;
     let listener = std::net::TcpListener::bind(addr)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))

@@ -68,15 +68,6 @@ pub fn format_value(measure: Measure, value: f64) -> String {
     }
 }
 
-/// A threshold in the condition's unit, or "off" (a threshold of 0 switches a condition off).
-pub fn format_threshold(measure: Measure, threshold: f64) -> String {
-    if threshold <= 0.0 {
-        "off".to_string()
-    } else {
-        format_value(measure, threshold)
-    }
-}
-
 /// One condition against its threshold, in words.
 pub fn describe_condition(c: &ConditionStatus, resume_ratio: f64) -> String {
     let measure = c.condition.measure();
@@ -280,11 +271,6 @@ mod tests {
 
     #[test]
     fn a_zero_threshold_reads_as_off() {
-        assert_eq!(format_threshold(Measure::Bytes, 0.0), "off");
-        assert_eq!(
-            format_threshold(Measure::Count("messages"), 50_000.0),
-            "50000 messages"
-        );
         let off = ConditionStatus {
             condition: Condition::DatabaseSize,
             state: 6,

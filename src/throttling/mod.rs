@@ -10,21 +10,24 @@
 //! concurrency gates. [`service`] runs that loop inside a host; between ticks it runs the
 //! [`ceiling`], a hard bound on receives at the thresholds of the resources messages hold.
 
-pub mod admission;
-pub mod ceiling;
+pub(crate) mod admission;
+pub(crate) mod ceiling;
 pub mod controller;
-pub mod explain;
-pub mod law;
-pub mod rates;
+pub(crate) mod explain;
+pub(crate) mod law;
+pub(crate) mod rates;
 pub mod sensors;
-pub mod service;
+pub(crate) mod service;
+#[cfg(all(test, feature = "load"))]
+mod simulation;
 
 use std::time::Duration;
 
 use self::admission::Admission;
 use self::rates::RateCounters;
 
-pub use crate::states::{Condition, Direction, state_name};
+pub use self::service::Snapshot;
+pub use crate::states::{Condition, Direction, LATENCY_STATE, OUTAGE_STATE, state_name};
 
 /// What the hot paths share with the controller: each direction's admission and rate
 /// counters. The receivers and the publisher hold it; the throttling service sets it.

@@ -20,7 +20,6 @@ pub mod fleet;
 pub mod headers;
 pub mod memory;
 pub mod ordering;
-pub use crate::names;
 pub mod postgres;
 mod row;
 pub mod silence;
@@ -34,6 +33,7 @@ use uuid::Uuid;
 
 use crate::config::TransactionMode;
 use crate::message::{Message, OutgoingMessage};
+pub use crate::names::{InvalidName, QueueName};
 pub use batch::BatchReceive;
 pub use connect::connect;
 pub use delayed::{DelayedDelivery, Moved};
@@ -41,7 +41,6 @@ pub use fleet::{
     BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry,
     ShareClaim, ShareRow,
 };
-pub use names::QueueName;
 pub use ordering::{HeldKey, HeldStatements, KeyOrdering};
 
 /// What went wrong talking to the queues.
@@ -108,9 +107,34 @@ pub enum TransportError {
         #[source]
         source: Option<DriverError>,
     },
-    /// The transport's configuration cannot work.
-    #[error("transport configuration: {0}")]
-    Config(String),
+    /// A transport setting cannot work as written; names the setting.
+    #[error("{setting}: {message}")]
+    Setting {
+        /// The setting, as written in the configuration file (`transport.connection_string`).
+        setting: &'static str,
+        /// What is wrong with it and, where possible, what to write instead.
+        message: String,
+    },
+    /// The server refused the credentials: waiting will not make them right.
+    #[error("{0}")]
+    Login(String),
+    /// A queue cannot do what was asked of it: its table has another layout, or it keeps key
+    /// order and the request would break it.
+    #[error("queue `{queue}` {message}")]
+    Queue {
+        /// The queue.
+        queue: String,
+        /// What it cannot do, and what to change.
+        message: String,
+    },
+    /// This transport or receive lacks an ability a setting asks for.
+    #[error("{what} ({setting})")]
+    Unsupported {
+        /// What cannot be done.
+        what: &'static str,
+        /// The setting that asks for it.
+        setting: &'static str,
+    },
     /// A message to send cannot be stored as it is (nothing was written).
     #[error("message not sent: {0}")]
     InvalidMessage(String),
@@ -133,6 +157,26 @@ impl TransportError {
         TransportError::Database {
             message: message.into(),
             source: None,
+        }
+    }
+
+    /// The settings, the credentials or the queue's layout are wrong: retrying will not
+    /// help, a changed configuration or database will.
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            TransportError::Setting { .. }
+                | TransportError::Login(_)
+                | TransportError::Queue { .. }
+                | TransportError::Unsupported { .. }
+        )
+    }
+
+    /// A queue that cannot do what was asked of it.
+    pub(crate) fn queue(queue: &QueueName, message: impl Into<String>) -> Self {
+        TransportError::Queue {
+            queue: queue.to_string(),
+            message: message.into(),
         }
     }
 
@@ -175,9 +219,10 @@ pub(crate) fn check_orderable(
     queue: &QueueName,
 ) -> Result<(), TransportError> {
     if mode == TransactionMode::None {
-        return Err(TransportError::Config(format!(
-            "queue `{queue}` cannot keep key order in transaction_mode \"none\": each message is deleted before its handler runs"
-        )));
+        return Err(TransportError::queue(
+            queue,
+            "cannot keep key order in transaction_mode \"none\": each message is deleted before its handler runs",
+        ));
     }
     Ok(())
 }
@@ -270,9 +315,10 @@ pub trait Received: Send {
     /// refused (a receive that cannot keep order cannot hold a key).
     async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
         let _ = (key, reason);
-        Err(TransportError::Config(
-            "this receive cannot hold a key (queues.ordering.failed_key)".into(),
-        ))
+        Err(TransportError::Unsupported {
+            what: "this receive cannot hold a key",
+            setting: "queues.ordering.failed_key",
+        })
     }
 
     /// Commits, then receives the next message from `queue` on the same connection. A

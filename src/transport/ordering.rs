@@ -47,7 +47,7 @@ pub trait KeyOrdering: Send + Sync {
     /// only when it is the oldest stored message of its key and no message of that key is in
     /// flight, here or on any other host (the database's rows and locks decide, never this
     /// process's memory); messages without the key header are taken as usual. Call it before
-    /// the first receive from `queue`. Refused with [`TransportError::Config`] in transaction
+    /// the first receive from `queue`. Refused with [`TransportError::Queue`] in transaction
     /// mode `none` (a message is deleted before its handler runs) and where a dialect cannot
     /// keep the guarantee.
     async fn order_by_key(

@@ -315,9 +315,10 @@ impl<S: SqlStore> Received for SqlReceived<S> {
     async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
         if self.conn.is_none() {
             // Mode `none`: the row is gone already; there is nothing left to hold in place.
-            return Err(TransportError::Config(
-                "a receive without a transaction cannot hold a key".into(),
-            ));
+            return Err(TransportError::Unsupported {
+                what: "a receive without a transaction cannot hold a key",
+                setting: "queues.ordering.failed_key",
+            });
         }
         self.store
             .hold(&self.queue, self.payload.id(), key, reason)

@@ -1,6 +1,6 @@
 //! The controller's behaviour with fake readings and a fake clock: state codes, ranking, the
 //! delay law's numbers, hysteresis, the min-samples gate, pacing, limits, recovery, overrides.
-//! Control quality against a simulated host is in `tests/throttling_simulation.rs`.
+//! Control quality against a simulated host is in `src/throttling/simulation/`.
 
 use std::time::Duration;
 

@@ -9,14 +9,14 @@
 
 mod plant;
 
+use crate::load::quality;
+use crate::throttling::Direction;
 use proptest::prelude::*;
-use throttlehost::load::quality;
-use throttlehost::throttling::Direction;
 
+use crate::config::{MemoryThreshold, ThrottlingConfig};
 use plant::{
     MIB, OTHERS_MEMORY, Outcome, Phase, config, simulate, simulate_noisy, simulate_with_backlog,
 };
-use throttlehost::config::{MemoryThreshold, ThrottlingConfig};
 
 fn assert_controlled(outcome: &Outcome, peak: f64) {
     assert_controlled_with(outcome, peak, 0.9);
@@ -294,7 +294,7 @@ fn two_causes_at_once_are_both_held() {
         .ticks
         .iter()
         .flat_map(|t| &t.readings)
-        .filter(|r| r.condition == throttlehost::throttling::Condition::InProcess)
+        .filter(|r| r.condition == crate::throttling::Condition::InProcess)
         .map(|r| r.value / r.threshold)
         .fold(0.0, f64::max);
     assert!(

@@ -12,14 +12,12 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use throttlehost::config::{MemoryThreshold, ThrottlingConfig};
-use throttlehost::load::quality::{self, Episode, Tick};
-use throttlehost::throttling::Direction;
-use throttlehost::throttling::ceiling::{AdmissionCounts, Ceiling, Usage};
-use throttlehost::throttling::controller::{
-    Controller, MachineFacts, QueueLoad, Readings, Thresholds,
-};
-use throttlehost::throttling::rates::{DrainMeter, RateWindow};
+use crate::config::{MemoryThreshold, ThrottlingConfig};
+use crate::load::quality::{self, Episode, Tick};
+use crate::throttling::Direction;
+use crate::throttling::ceiling::{AdmissionCounts, Ceiling, Usage};
+use crate::throttling::controller::{Controller, MachineFacts, QueueLoad, Readings, Thresholds};
+use crate::throttling::rates::{DrainMeter, RateWindow};
 
 pub const MIB: f64 = 1048576.0;
 const STEP: f64 = 0.01;

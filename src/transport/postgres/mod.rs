@@ -30,7 +30,6 @@ pub use statements::{QueueStatements, held_statements, quote_ident};
 use super::batch;
 use super::delayed::{DelayedDelivery, Moved, delay_millis, delayed_headers};
 use super::headers::serialize_headers;
-use super::names::validate_schema_name;
 use super::row::RawRow;
 use super::unit_of_work::{Receipt, SqlReceived, SqlStore, split_batch};
 use super::{
@@ -38,6 +37,7 @@ use super::{
 };
 use crate::config::{FailedKey, OrderingConfig, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
+use crate::names::validate_schema_name;
 
 /// Connections [`Inner::prepared_receives`] remembers before it starts over: closed
 /// connections leave their entries behind, and forgetting a live one costs one `PREPARE`
@@ -100,10 +100,13 @@ impl PostgresTransport {
         check_url_userinfo(config.connection_string.expose())?;
         let tls = tls::TlsSettings::read(config.connection_string.expose());
         let mut pg = tokio_postgres::Config::from_str(&tls.connection_string).map_err(|e| {
-            TransportError::Config(format!(
-                "transport.connection_string is not a PostgreSQL connection string ({e}); got {}",
-                config.connection_string
-            ))
+            TransportError::Setting {
+                setting: "transport.connection_string",
+                message: format!(
+                    "not a PostgreSQL connection string ({e}); got {}",
+                    config.connection_string
+                ),
+            }
         })?;
         libpq_environment(&mut pg);
         pg.connect_timeout(config.connect_timeout);
@@ -132,8 +135,9 @@ impl PostgresTransport {
             } else {
                 // libpq semantics (see `tls`): prefer/require encrypt without checking the
                 // certificate; verify-ca/verify-full check it.
-                let connector = tls.connector().map_err(|e| {
-                    TransportError::Config(format!("transport.connection_string: {e}"))
+                let connector = tls.connector().map_err(|e| TransportError::Setting {
+                    setting: "transport.connection_string",
+                    message: e.to_string(),
                 })?;
                 let listen_with = (pg.clone(), Some(connector.clone()));
                 (
@@ -147,8 +151,9 @@ impl PostgresTransport {
             .create_timeout(Some(config.connect_timeout))
             .runtime(Runtime::Tokio1)
             .build()
-            .map_err(|e| {
-                TransportError::Config(format!("cannot build the connection pool: {e}"))
+            .map_err(|e| TransportError::Setting {
+                setting: "transport.pool_size",
+                message: format!("cannot build the connection pool: {e}"),
             })?;
         Ok(PostgresTransport {
             inner: Arc::new(Inner {
@@ -185,9 +190,10 @@ fn check_url_userinfo(raw: &str) -> Result<(), TransportError> {
     };
     let authority = rest.split(['/', '?']).next().unwrap_or_default();
     if authority.matches('@').count() > 1 {
-        return Err(TransportError::Config(
-            "transport.connection_string: the URL's user or password holds an `@`; write it percent-encoded as %40 (and `:` as %3A, `/` as %2F)".into(),
-        ));
+        return Err(TransportError::Setting {
+            setting: "transport.connection_string",
+            message: "the URL's user or password holds an `@`; write it percent-encoded as %40 (and `:` as %3A, `/` as %2F)".into(),
+        });
     }
     Ok(())
 }
@@ -604,9 +610,10 @@ impl Inner {
     ) -> Result<Vec<Box<dyn Received>>, TransportError> {
         let st = self.statements(queue)?;
         if st.ordered {
-            return Err(TransportError::Config(format!(
-                "queue `{queue}` keeps key order: receive it one message at a time (concurrency.receive_batch = 1)"
-            )));
+            return Err(TransportError::queue(
+                queue,
+                "keeps key order: receive it one message at a time (concurrency.receive_batch = 1)",
+            ));
         }
         let client = self.client().await?;
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
@@ -714,15 +721,21 @@ async fn check_layout(
         match found {
             Some(t) if accepted.contains(&t.as_str()) => {}
             Some(t) => {
-                return Err(TransportError::Config(format!(
-                    "queue `{queue}` has column {column} of type {t}; the queue layout needs {} (see sql/postgres/queue.sql)",
-                    accepted.join(" or ")
-                )));
+                return Err(TransportError::queue(
+                    queue,
+                    format!(
+                        "has column {column} of type {t}; the queue layout needs {} (see sql/postgres/queue.sql)",
+                        accepted.join(" or ")
+                    ),
+                ));
             }
             None => {
-                return Err(TransportError::Config(format!(
-                    "queue `{queue}` has no column {column}: it is not a queue table (see sql/postgres/queue.sql)"
-                )));
+                return Err(TransportError::queue(
+                    queue,
+                    format!(
+                        "has no column {column}: it is not a queue table (see sql/postgres/queue.sql)"
+                    ),
+                ));
             }
         }
     }
@@ -755,7 +768,7 @@ fn map_error(e: tokio_postgres::Error, queue: Option<&QueueName>) -> TransportEr
         let message = format!("{} (SQLSTATE {})", db.message(), code.code());
         if class == "28" {
             // Not an outage: waiting will not make the password right.
-            return TransportError::Config(format!(
+            return TransportError::Login(format!(
                 "the server refused the login: {message}; check the user and password in transport.connection_string (or PGUSER, PGPASSWORD, PGPASSFILE)"
             ));
         }
@@ -779,7 +792,7 @@ fn map_error(e: tokio_postgres::Error, queue: Option<&QueueName>) -> TransportEr
             cause = c.source();
         }
         if message.contains("password missing") {
-            return TransportError::Config(
+            return TransportError::Login(
                 "the server asks for a password and none was given: set it in transport.connection_string, PGPASSWORD or a password file (PGPASSFILE, ~/.pgpass)".into(),
             );
         }
@@ -1181,7 +1194,7 @@ impl QueueAdmin for PostgresTransport {
         };
         for queue in queues {
             match check_layout(&client, &self.inner.schema, queue).await {
-                Err(e @ TransportError::Config(_)) => return Err(e),
+                Err(e) if e.is_configuration() => return Err(e),
                 Err(e) => warnings.push(format!("cannot check the layout of `{queue}`: {e}")),
                 Ok(()) => {}
             }

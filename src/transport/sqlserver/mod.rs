@@ -31,7 +31,6 @@ use self::pool::{Connection, Manager};
 use super::batch;
 use super::delayed::{DelayedDelivery, Moved, delay_millis, delayed_headers};
 use super::headers::serialize_headers;
-use super::names::validate_schema_name;
 use super::row::RawRow;
 use super::unit_of_work::{Receipt, SqlReceived, SqlStore, split_batch};
 use super::{
@@ -40,6 +39,7 @@ use super::{
 };
 use crate::config::{Dialect, FailedKey, OrderingConfig, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
+use crate::names::validate_schema_name;
 
 /// Rows deleted per statement by [`Transport::purge_expired`] (NServiceBus default).
 const PURGE_BATCH: i64 = 10_000;
@@ -92,10 +92,13 @@ pub fn parse_connection_string(raw: &str) -> Result<tiberius::Config, TransportE
         for secret in password_values(raw) {
             message = message.replace(&secret, "***");
         }
-        TransportError::Config(format!(
-            "transport.connection_string is not a usable ADO.NET connection string ({message}): {}",
-            crate::config::secret::redact(raw)
-        ))
+        TransportError::Setting {
+            setting: "transport.connection_string",
+            message: format!(
+                "not a usable ADO.NET connection string ({message}): {}",
+                crate::config::secret::redact(raw)
+            ),
+        }
     })
 }
 
@@ -645,9 +648,10 @@ impl Inner {
     ) -> Result<Vec<Box<dyn Received>>, TransportError> {
         let st = self.statements(queue);
         if st.ordered {
-            return Err(TransportError::Config(format!(
-                "queue `{queue}` keeps key order: receive it one message at a time (concurrency.receive_batch = 1)"
-            )));
+            return Err(TransportError::queue(
+                queue,
+                "keeps key order: receive it one message at a time (concurrency.receive_batch = 1)",
+            ));
         }
         let mut conn = self.conn().await?;
         if self.dialect == Dialect::Babelfish {
@@ -1173,9 +1177,10 @@ fn dialect_check(
     server_is_babelfish: bool,
 ) -> Result<Vec<String>, TransportError> {
     match (dialect, server_is_babelfish) {
-        (Dialect::Sqlserver, true) => Err(TransportError::Config(
-            "the server is Babelfish for PostgreSQL, which rejects the SQL Server receive statement (DELETE through a CTE); set transport.dialect = \"babelfish\"".into(),
-        )),
+        (Dialect::Sqlserver, true) => Err(TransportError::Setting {
+            setting: "transport.dialect",
+            message: "the server is Babelfish for PostgreSQL, which rejects the SQL Server receive statement (DELETE through a CTE); set transport.dialect = \"babelfish\"".into(),
+        }),
         (Dialect::Babelfish, true) => Ok(vec![
             "dialect babelfish: Babelfish ignores READPAST, so receivers claim rows: a row another receive holds is passed over within 1 ms and counted in throttlehost_lock_conflicts_total{kind=\"lock_timeout\"} (see sql/sqlserver/README.md)".into(),
         ]),
@@ -1618,7 +1623,7 @@ mod tests {
     #[test]
     fn the_exact_dialect_on_babelfish_stops_the_start_naming_the_setting() {
         let err = dialect_check(Dialect::Sqlserver, true).unwrap_err();
-        assert!(matches!(err, TransportError::Config(_)));
+        assert!(matches!(err, TransportError::Setting { .. }));
         assert!(
             err.to_string()
                 .contains("transport.dialect = \"babelfish\""),

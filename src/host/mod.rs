@@ -501,6 +501,29 @@ fn check_abilities(config: &Config, transport: &dyn Transport) -> Result<(), Hos
     Ok(())
 }
 
+/// What a failed step of preparing `queue` becomes: a database that is away, or a setting or
+/// table layout the transport refused (its error names the queue and what to change), stays
+/// a transport error, so the caller may wait for the database; anything else is a `Prepare`
+/// error with what to do about it.
+fn preparing<'q>(
+    queue: &'q QueueName,
+    what: &'static str,
+    remedy: &'static str,
+) -> impl FnOnce(TransportError) -> HostError + 'q {
+    move |e| match e {
+        TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
+            HostError::Transport(e)
+        }
+        e if e.is_configuration() => HostError::Transport(e),
+        e => HostError::Prepare {
+            queue: queue.to_string(),
+            what,
+            source: e,
+            remedy,
+        },
+    }
+}
+
 /// Creates the queues (when configured), runs the transport's start-up checks, warns about
 /// settings that cannot work well, and purges expired messages (when configured).
 /// Creates the delayed table of every queue with delayed delivery on.
@@ -513,17 +536,11 @@ async fn create_delayed_tables(
     };
     for qc in config.queues.iter().filter(|q| q.delayed_delivery.enabled) {
         let name = QueueName::new(&qc.name)?;
-        delayed.create_delayed(&name).await.map_err(|e| match e {
-            TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
-                HostError::Transport(e)
-            }
-            e => HostError::Prepare {
-                queue: name.to_string(),
-                what: "create its delayed table",
-                source: e,
-                remedy: "create it with a privileged account, or set queues.delayed_delivery.enabled = false",
-            },
-        })?;
+        delayed.create_delayed(&name).await.map_err(preparing(
+            &name,
+            "create its delayed table",
+            "create it with a privileged account, or set queues.delayed_delivery.enabled = false",
+        ))?;
     }
     Ok(())
 }
@@ -544,20 +561,11 @@ async fn prepare_transport(
     if config.host.create_queues {
         create_delayed_tables(config, transport).await?;
         for q in to_create {
-            transport.create_queue(q).await.map_err(|e| match e {
-                    // Not a problem with the queue: the caller may wait for the database.
-                    TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
-                        HostError::Transport(e)
-                    }
-                    // A table of another layout: its error names the queue and what to change.
-                    e if e.is_configuration() => HostError::Transport(e),
-                    e => HostError::Prepare {
-                        queue: q.to_string(),
-                        what: "create its table",
-                        source: e,
-                        remedy: "create the queues with a privileged account, then set host.create_queues = false",
-                    },
-                })?;
+            transport.create_queue(q).await.map_err(preparing(
+                q,
+                "create its table",
+                "create the queues with a privileged account, then set host.create_queues = false",
+            ))?;
         }
     }
     let ordered = config.queues.iter().filter(|q| q.ordering.is_ordered());
@@ -567,18 +575,11 @@ async fn prepare_transport(
         ordering
             .order_by_key(&name, &q.ordering)
             .await
-            .map_err(|e| match e {
-                TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
-                    HostError::Transport(e)
-                }
-                e if e.is_configuration() => HostError::Transport(e),
-                e => HostError::Prepare {
-                    queue: name.to_string(),
-                    what: "prepare ordered receives (queues.ordering)",
-                    source: e,
-                    remedy: "on PostgreSQL an account that may not create indexes and tables needs sql/postgres/ordering.sql, and with failed_key = \"hold\" sql/postgres/held.sql, run first by one that may",
-                },
-            })?;
+            .map_err(preparing(
+                &name,
+                "prepare ordered receives (queues.ordering)",
+                "on PostgreSQL an account that may not create indexes and tables needs sql/postgres/ordering.sql, and with failed_key = \"hold\" sql/postgres/held.sql, run first by one that may",
+            ))?;
     }
     let warnings = transport.startup_checks(&receive_names).await?;
     for warning in warnings {

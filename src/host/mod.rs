@@ -261,20 +261,7 @@ impl HostBuilder {
             overrides: Default::default(),
         });
 
-        let admin = if self.serve_admin {
-            serve_admin(&inner)?
-        } else {
-            None
-        };
-        start_heartbeat(&inner, admin.as_ref().map(|a| a.address));
-
-        tracing::info!(
-            host = %inner.config.load().host.name,
-            instance = %inner.instance,
-            transport = %inner.transport.describe(),
-            queues = inner.queues.len(),
-            "host started"
-        );
+        let admin = announce(&inner, self.serve_admin)?;
         Ok(Host {
             inner,
             service_stop: controller.stop,
@@ -283,6 +270,21 @@ impl HostBuilder {
             admin,
         })
     }
+}
+
+/// Makes a started host known: its admin endpoint (when asked for), its heartbeat in the
+/// fleet, and a log line.
+fn announce(inner: &Arc<HostInner>, serve: bool) -> Result<Option<AdminServer>, HostError> {
+    let admin = if serve { serve_admin(inner)? } else { None };
+    start_heartbeat(inner, admin.as_ref().map(|a| a.address));
+    tracing::info!(
+        host = %inner.config.load().host.name,
+        instance = %inner.instance,
+        transport = %inner.transport.describe(),
+        queues = inner.queues.len(),
+        "host started"
+    );
+    Ok(admin)
 }
 
 /// Refuses a process memory threshold the process is over before it handles anything: its

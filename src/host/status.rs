@@ -3,10 +3,11 @@
 use std::collections::BTreeMap;
 
 use super::HostInner;
+use crate::queue::QueueRuntime;
 use crate::status::{
     DirectionStatus, FleetShareStatus, HostStatus, QueueStatus, ResourceStatus, ThrottlingStatus,
 };
-use crate::throttling::controller::DirectionDecision;
+use crate::throttling::controller::{Decision, DirectionDecision};
 use crate::throttling::explain::{describe_condition, explain};
 use crate::throttling::{Condition, Direction};
 
@@ -51,24 +52,7 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
                 )
             })
             .collect();
-        let mut resources: Vec<ResourceStatus> = Vec::new();
-        for dir in [&d.delivery, &d.publishing] {
-            for c in &dir.conditions {
-                let shared = !matches!(c.condition, Condition::RateImbalance | Condition::Override);
-                if shared && !resources.iter().any(|r| r.condition == c.condition) {
-                    let on = c.threshold > 0.0;
-                    resources.push(ResourceStatus {
-                        condition: c.condition,
-                        value: c.value,
-                        threshold: on.then_some(c.threshold),
-                        resume_below: on.then_some(c.threshold * resume_ratio),
-                        percent_of_threshold: on.then(|| 100.0 * c.value / c.threshold),
-                        active: c.active,
-                        text: describe_condition(c, resume_ratio),
-                    });
-                }
-            }
-        }
+        let resources = resource_statuses(d, resume_ratio);
         ThrottlingStatus {
             sampled_at_seconds: d.at.as_secs_f64(),
             enabled: s.enabled,
@@ -99,34 +83,57 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
         in_process: host.in_process(),
         database_silent_seconds: host.transport.silent_for().map(|d| d.as_secs_f64()),
         throttling,
-        queues: host
-            .queues
-            .iter()
-            .map(|q| {
-                let settings = q.settings();
-                let (succeeded_total, failed_total) = q.outcomes.totals();
-                QueueStatus {
-                    name: q.name.to_string(),
-                    model: q.model,
-                    max: settings.max,
-                    limit: q.gate.effective(),
-                    fleet: settings.fleet_max.map(|fleet_max| FleetShareStatus {
-                        fleet_max,
-                        share: q.gate.fleet_share().min(fleet_max),
-                    }),
-                    in_flight: q.gate.in_flight(),
-                    peak_in_flight: q.gate.peak(),
-                    depth: q.depth.get(),
-                    loops: q.loops(),
-                    circuit_breaker: q.breaker.describe(),
-                    error_queue: q.error_queue.to_string(),
-                    error_queue_depth: q.error_depth.get(),
-                    succeeded_total,
-                    failed_total,
-                    downstream: q.downstream.reading(),
-                }
-            })
-            .collect(),
+        queues: host.queues.iter().map(|q| queue_status(q)).collect(),
+    }
+}
+
+/// The resources both directions watch, each once (rate imbalance and overrides belong to
+/// one direction and are shown there).
+fn resource_statuses(d: &Decision, resume_ratio: f64) -> Vec<ResourceStatus> {
+    let mut resources: Vec<ResourceStatus> = Vec::new();
+    for dir in [&d.delivery, &d.publishing] {
+        for c in &dir.conditions {
+            let shared = !matches!(c.condition, Condition::RateImbalance | Condition::Override);
+            if shared && !resources.iter().any(|r| r.condition == c.condition) {
+                let on = c.threshold > 0.0;
+                resources.push(ResourceStatus {
+                    condition: c.condition,
+                    value: c.value,
+                    threshold: on.then_some(c.threshold),
+                    resume_below: on.then_some(c.threshold * resume_ratio),
+                    percent_of_threshold: on.then(|| 100.0 * c.value / c.threshold),
+                    active: c.active,
+                    text: describe_condition(c, resume_ratio),
+                });
+            }
+        }
+    }
+    resources
+}
+
+/// One receiving queue as `/status` shows it.
+fn queue_status(q: &QueueRuntime) -> QueueStatus {
+    let settings = q.settings();
+    let (succeeded_total, failed_total) = q.outcomes.totals();
+    QueueStatus {
+        name: q.name.to_string(),
+        model: q.model,
+        max: settings.max,
+        limit: q.gate.effective(),
+        fleet: settings.fleet_max.map(|fleet_max| FleetShareStatus {
+            fleet_max,
+            share: q.gate.fleet_share().min(fleet_max),
+        }),
+        in_flight: q.gate.in_flight(),
+        peak_in_flight: q.gate.peak(),
+        depth: q.depth.get(),
+        loops: q.loops(),
+        circuit_breaker: q.breaker.describe(),
+        error_queue: q.error_queue.to_string(),
+        error_queue_depth: q.error_depth.get(),
+        succeeded_total,
+        failed_total,
+        downstream: q.downstream.reading(),
     }
 }
 

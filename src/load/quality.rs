@@ -186,16 +186,10 @@ fn next_episode(
         let end =
             engaged_now.and_then(|e| (e..ticks.len()).find(|&i| state(i) == 0 || handed_over(i)));
         let last = end.unwrap_or(ticks.len() - 1);
-        for (i, tick) in ticks.iter().enumerate().take(last + 1).skip(round) {
-            if let Some(r) = reading(tick, condition, direction) {
-                peak = peak.max(r.value / r.threshold);
-                // The cause lasts while the value is at or above the resume line, or while
-                // the condition is active below it (the memory ceiling holding receives back).
-                if r.value >= r.threshold * resume_ratio || r.active {
-                    cause_end = i;
-                }
-            }
-        }
+        let (round_peak, round_cause_end) =
+            scan(&ticks[round..=last], (condition, direction), resume_ratio);
+        peak = peak.max(round_peak);
+        cause_end = round_cause_end.map_or(cause_end, |i| round + i);
         // A crossing soon after the cause ended is this episode going on.
         let again = end.and_then(|e| {
             (e + 1..ticks.len())
@@ -217,8 +211,7 @@ fn next_episode(
     // a higher-ranked cause that goes on past this one (an operator's override taking over)
     // is one flip out, not a flap; a state swinging between causes counts every swing.
     let shows_own = |i: usize| Some(state(i)) == own;
-    let first = start.saturating_sub(1);
-    let flips = (first + 1..=last)
+    let flips = (start.saturating_sub(1) + 1..=last)
         .filter(|&i| shows_own(i) != shows_own(i - 1))
         .count() as u32;
     *from = last + 1;
@@ -232,6 +225,27 @@ fn next_episode(
         recovery_seconds: end
             .map(|e| ((ticks[e].t - ticks[cause_end].t).max(0.0) * 10.0).round() / 10.0),
     })
+}
+
+/// Over `ticks`: the peak of value / threshold, and the last tick where the cause was on:
+/// the value at or above the resume line, or the condition active below it (the memory
+/// ceiling holding receives back).
+fn scan(
+    ticks: &[Tick],
+    (condition, direction): (Condition, Direction),
+    resume_ratio: f64,
+) -> (f64, Option<usize>) {
+    let mut peak: f64 = 0.0;
+    let mut cause_end = None;
+    for (i, tick) in ticks.iter().enumerate() {
+        if let Some(r) = reading(tick, condition, direction) {
+            peak = peak.max(r.value / r.threshold);
+            if r.value >= r.threshold * resume_ratio || r.active {
+                cause_end = Some(i);
+            }
+        }
+    }
+    (peak, cause_end)
 }
 
 #[cfg(test)]

@@ -172,31 +172,8 @@ fn round1(x: f64) -> f64 {
 pub fn summarize(run: &RunResult) -> Summary {
     let observed = Observed::of(run);
     let states = observed.states;
-    let seen = |direction: &str, code: &u8| {
-        states
-            .get(direction)
-            .is_some_and(|m| m.contains_key(&code.to_string()))
-    };
     let e = &run.expect;
-    let mut missing = Vec::new();
-    let mut unexpected = Vec::new();
-    for (direction, expected, absent) in [
-        ("delivery", &e.delivery_states, &e.delivery_absent),
-        ("publishing", &e.publishing_states, &e.publishing_absent),
-    ] {
-        missing.extend(
-            expected
-                .iter()
-                .filter(|c| !seen(direction, c))
-                .map(|c| format!("{direction}:{c}")),
-        );
-        unexpected.extend(
-            absent
-                .iter()
-                .filter(|c| seen(direction, c))
-                .map(|c| format!("{direction}:{c}")),
-        );
-    }
+    let (missing, unexpected) = state_expectations(e, &states);
     let (max_delay, peak_rss, min_limit) =
         (observed.max_delay, observed.peak_rss, observed.min_limit);
     let a = &run.accounting;
@@ -260,6 +237,39 @@ pub fn summarize(run: &RunResult) -> Summary {
         episodes,
         control_violations,
     }
+}
+
+/// The expected states that were not seen, and the absent ones that were, as
+/// `direction:code`.
+fn state_expectations(
+    e: &Expect,
+    states: &BTreeMap<&'static str, BTreeMap<String, f64>>,
+) -> (Vec<String>, Vec<String>) {
+    let seen = |direction: &str, code: &u8| {
+        states
+            .get(direction)
+            .is_some_and(|m| m.contains_key(&code.to_string()))
+    };
+    let mut missing = Vec::new();
+    let mut unexpected = Vec::new();
+    for (direction, expected, absent) in [
+        ("delivery", &e.delivery_states, &e.delivery_absent),
+        ("publishing", &e.publishing_states, &e.publishing_absent),
+    ] {
+        missing.extend(
+            expected
+                .iter()
+                .filter(|c| !seen(direction, c))
+                .map(|c| format!("{direction}:{c}")),
+        );
+        unexpected.extend(
+            absent
+                .iter()
+                .filter(|c| seen(direction, c))
+                .map(|c| format!("{direction}:{c}")),
+        );
+    }
+    (missing, unexpected)
 }
 
 /// What a run's samples show: seconds in each state per direction (rounded to 0.1 s), the

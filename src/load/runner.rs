@@ -496,12 +496,19 @@ impl DispatchObserver for Ledger {
     }
 }
 
-/// Runs a scenario to the end.
-pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult, LoadError> {
+/// What a run starts from: the host's configuration, the transport with fresh tables and the
+/// backlog stored, the ledger that accounts for every message, and the message body.
+struct Prepared {
+    config: Config,
+    transport: Arc<dyn Transport>,
+    queue_names: Vec<QueueName>,
+    ledger: Arc<Ledger>,
+    body: Vec<u8>,
+}
+
+async fn prepare(scenario: &Scenario, options: &LoadOptions) -> Result<Prepared, LoadError> {
     let mut sensor = SystemSensor::new();
     let config = host_config(scenario, options, &mut sensor);
-    let sample_interval = config.throttling.sample_interval;
-    let resume_ratio = config.throttling.resume_ratio;
     let transport: Arc<dyn Transport> = transport::connect(&config.transport).await?;
     let queue_names = fresh_tables(scenario, &config, transport.as_ref()).await?;
     let fleet_limited = scenario
@@ -515,7 +522,36 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         .unwrap_or_else(|e| e.into_inner()) = vec![0; scenario.processes as usize];
     let body = vec![b'x'; scenario.message_size.bytes() as usize];
     store_backlog(scenario, &transport, &body, &ledger).await?;
+    Ok(Prepared {
+        config,
+        transport,
+        queue_names,
+        ledger,
+        body,
+    })
+}
 
+/// Messages still in the queues or their delayed tables after a run.
+async fn left_in(transport: &dyn Transport, queue_names: &[QueueName]) -> u64 {
+    let mut remaining = 0;
+    for q in queue_names {
+        remaining += transport.peek_depth(q).await.unwrap_or(0);
+        remaining += delayed_waiting(transport, q).await;
+    }
+    remaining
+}
+
+/// Runs a scenario to the end.
+pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult, LoadError> {
+    let Prepared {
+        config,
+        transport,
+        queue_names,
+        ledger,
+        body,
+    } = prepare(scenario, options).await?;
+    let sample_interval = config.throttling.sample_interval;
+    let resume_ratio = config.throttling.resume_ratio;
     let host = HostBuilder::new(config)
         .transport(transport.clone())
         .observer(ledger.clone())
@@ -564,11 +600,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         eprintln!();
     }
 
-    let mut remaining = 0;
-    for q in &queue_names {
-        remaining += transport.peek_depth(q).await.unwrap_or(0);
-        remaining += delayed_waiting(transport.as_ref(), q).await;
-    }
+    let remaining = left_in(transport.as_ref(), &queue_names).await;
     let description = transport.describe();
     let Session {
         recorder,

@@ -82,10 +82,7 @@ impl Batch {
 /// Runs the peeker until receiving stops.
 pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     q.loops.store(1, Ordering::Relaxed);
-    // Receive tasks outstanding (waiting out a delay, waiting for a gate permit, or running)
-    // are bounded by max; the gate bounds those that run by the effective limit.
-    let mut slot_count = q.settings().max;
-    let slots = Arc::new(Semaphore::new(slot_count as usize));
+    let mut slots = Slots::new(q.settings().max);
     // Idle from the start: one peek per peek_interval. After messages were seen, the next
     // empty peeks come sooner (50 ms doubling), so a trickle of messages, or a queue that
     // looked empty because its rows were locked by receives just started, is followed closely
@@ -101,84 +98,117 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
                 continue;
             }
         };
-        if depth == 0 {
-            if !idle_pause(&ctx, &q, backoff.next(q.settings().peek_interval)).await {
-                break;
+        let got_any = depth > 0 && {
+            let batch = start_receives(&q, &ctx, &mut slots, depth).await;
+            tokio::select! {
+                _ = batch.wait() => {}
+                _ = ctx.stop.cancelled() => break,
             }
-            continue;
-        }
-        // While the breaker is triggered, one receive per peek.
-        // While batches can form, a receive takes up to receive_batch messages, and fewer
-        // receive tasks are outstanding, or their permits would split the batches.
-        let settings = q.settings();
-        let batching = settings.receive_batch > 1 && ctx.throttle.delivery.is_open();
-        slot_count = resize(
-            &slots,
-            slot_count,
-            settings.receivers_for(settings.max, batching),
-        );
-        let batch_size = if batching {
-            u64::from(settings.receive_batch)
-        } else {
-            1
+            batch.got_any()
         };
-        let size = if q.breaker.is_triggered() {
-            1
-        } else {
-            depth.div_ceil(batch_size)
-        };
-        let batch = Arc::new(Batch::new());
-        for _ in 0..size {
-            if batch.exhausted() {
-                break;
-            }
-            let slot = loop {
-                // A reload that raises max while every slot is taken must add slots now, not
-                // after this batch ends (a deep queue's batch can last minutes).
-                let reconfigured = q.reconfigured();
-                tokio::select! {
-                    s = slots.clone().acquire_owned() => break s.ok(),
-                    _ = batch.wait_exhausted() => break None,
-                    _ = ctx.stop.cancelled() => break None,
-                    _ = reconfigured => {
-                        let settings = q.settings();
-                        let target = settings.receivers_for(settings.max, batching);
-                        slot_count = resize(&slots, slot_count, target);
-                    }
-                }
-            };
-            let Some(slot) = slot else { break };
-            batch.start_one();
-            ctx.tasks
-                .spawn(receive_task(q.clone(), ctx.clone(), slot, batch.clone()));
-        }
-        tokio::select! {
-            _ = batch.wait() => {}
-            _ = ctx.stop.cancelled() => break,
-        }
-        if batch.got_any() {
+        if got_any {
             backoff.reset();
         } else if !idle_pause(&ctx, &q, backoff.next(q.settings().peek_interval)).await {
-            // The peek counted messages no receive could take: rows of an ordered queue
-            // waiting for their key's message in a handler, or rows another host took first.
-            // Peeking again at once spun a peek and a receive back to back for as long as a
-            // key waited; this backs off as an empty queue does.
+            // An empty queue, or a peek that counted messages no receive could take: rows of
+            // an ordered queue waiting for their key's message in a handler, or rows another
+            // host took first. Peeking again at once spun a peek and a receive back to back
+            // for as long as a key waited; this backs off as an empty queue does.
             break;
         }
     }
     q.loops.store(0, Ordering::Relaxed);
 }
 
-/// Follows a changed max: more slots at once; fewer as free slots can be taken back.
-fn resize(slots: &Semaphore, current: u32, max: u32) -> u32 {
-    let max = max.max(1);
-    if max > current {
-        slots.add_permits((max - current) as usize);
-        max
-    } else if max < current {
-        current - slots.forget_permits((current - max) as usize) as u32
+/// Starts one receive task per message the peek counted (per batch of messages while
+/// batches can form; one while the circuit breaker is triggered), each as a slot frees, and
+/// stops starting them once a receive finds the queue empty. Returns the batch to wait on.
+async fn start_receives(
+    q: &Arc<QueueRuntime>,
+    ctx: &Arc<ReceiveContext>,
+    slots: &mut Slots,
+    depth: u64,
+) -> Arc<Batch> {
+    // While batches can form, a receive takes up to receive_batch messages, and fewer
+    // receive tasks are outstanding, or their permits would split the batches.
+    let settings = q.settings();
+    let batching = settings.receive_batch > 1 && ctx.throttle.delivery.is_open();
+    slots.follow(q, batching);
+    let batch_size = if batching {
+        u64::from(settings.receive_batch)
     } else {
-        current
+        1
+    };
+    let size = if q.breaker.is_triggered() {
+        1
+    } else {
+        depth.div_ceil(batch_size)
+    };
+    let batch = Arc::new(Batch::new());
+    for _ in 0..size {
+        if batch.exhausted() {
+            break;
+        }
+        let Some(slot) = slots.take(q, ctx, &batch, batching).await else {
+            break;
+        };
+        batch.start_one();
+        ctx.tasks
+            .spawn(receive_task(q.clone(), ctx.clone(), slot, batch.clone()));
+    }
+    batch
+}
+
+/// The receive tasks a queue may have outstanding (waiting out a delay, waiting for a gate
+/// permit, or running): bounded by max, while the gate bounds those that run by the
+/// effective limit.
+struct Slots {
+    semaphore: Arc<Semaphore>,
+    count: u32,
+}
+
+impl Slots {
+    fn new(max: u32) -> Self {
+        Slots {
+            semaphore: Arc::new(Semaphore::new(max as usize)),
+            count: max,
+        }
+    }
+
+    /// Follows the queue's max (fewer while batches can form): more slots at once; fewer
+    /// as free slots can be taken back.
+    fn follow(&mut self, q: &QueueRuntime, batching: bool) {
+        let settings = q.settings();
+        let target = settings.receivers_for(settings.max, batching).max(1);
+        if target > self.count {
+            self.semaphore.add_permits((target - self.count) as usize);
+            self.count = target;
+        } else if target < self.count {
+            let forgotten = self
+                .semaphore
+                .forget_permits((self.count - target) as usize);
+            self.count -= forgotten as u32;
+        }
+    }
+
+    /// A free slot; None when the batch ran dry or shutdown began first. A reload that raises
+    /// max while every slot is taken adds slots now, not after this batch ends (a deep
+    /// queue's batch can last minutes).
+    async fn take(
+        &mut self,
+        q: &QueueRuntime,
+        ctx: &ReceiveContext,
+        batch: &Batch,
+        batching: bool,
+    ) -> Option<OwnedSemaphorePermit> {
+        loop {
+            let reconfigured = q.reconfigured();
+            tokio::select! {
+                s = self.semaphore.clone().acquire_owned() => return s.ok(),
+                _ = batch.wait_exhausted() => return None,
+                _ = ctx.stop.cancelled() => return None,
+                _ = reconfigured => self.follow(q, batching),
+            }
+        }
     }
 }
 

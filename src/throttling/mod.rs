@@ -15,6 +15,7 @@ pub(crate) mod ceiling;
 pub mod controller;
 pub(crate) mod explain;
 pub(crate) mod law;
+pub(crate) mod policy;
 pub(crate) mod rates;
 pub mod sensors;
 pub(crate) mod service;

@@ -2,12 +2,15 @@
 //!
 //! 1. **senses**: the resource sensor, the host's counters through a [`HostProbe`], the rate
 //!    windows, and the backlog's drain rate;
-//! 2. **decides**: runs the [`Controller`];
-//! 3. **applies**: sets both admissions and hands the queue limits to a [`LimitSink`];
+//! 2. **decides**: runs the [`Policy`]'s tick (the controller, with what the delivery ceiling
+//!    held since the last tick);
+//! 3. **applies**: sets both admissions and hands the queue limits to a [`LimitSink`]; until
+//!    the next tick, reads what the ceiling guards every few milliseconds and sets
+//!    delivery's allowance from [`Policy::between_ticks`];
 //! 4. **exports**: metrics, the status snapshot, and every decision to subscribers (the load
 //!    tool records each tick this way, not on a timer of its own).
 //!
-//! The service is policy: it knows nothing of receivers, dispatchers or transports. The host
+//! The service knows nothing of receivers, dispatchers or transports. The host
 //! implements the two narrow traits. It runs on a thread of its own (see
 //! [`crate::isolate::spawn_isolated`]), so handlers that saturate the worker threads cannot delay a tick.
 
@@ -19,10 +22,9 @@ use serde::Serialize;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::ceiling::{AdmissionCounts, Ceiling, Usage};
-use super::controller::{
-    CeilingHolds, Controller, Decision, MachineFacts, QueueLoad, Readings, Thresholds,
-};
+use super::ceiling::{AdmissionCounts, Usage};
+use super::controller::{Decision, MachineFacts, QueueLoad, Readings, Thresholds};
+use super::policy::Policy;
 use super::rates::{DrainMeter, RateWindow};
 use super::sensors::ResourceSensor;
 use super::{Clock, Condition, Direction, Throttle};
@@ -89,7 +91,7 @@ const DECISION_BUFFER: usize = 4096;
 
 /// The host's handle on its throttling: settings, overrides, the latest snapshot.
 pub struct ThrottleControl {
-    controller: Mutex<Controller>,
+    policy: Mutex<Policy>,
     machine: MachineFacts,
     snapshot: ArcSwapOption<Snapshot>,
     reconfigured: tokio::sync::Notify,
@@ -101,7 +103,7 @@ impl ThrottleControl {
     pub fn new(config: ThrottlingConfig, machine: MachineFacts) -> Self {
         let thresholds = Thresholds::resolve(&config, machine);
         ThrottleControl {
-            controller: Mutex::new(Controller::new(config, thresholds)),
+            policy: Mutex::new(Policy::new(config, thresholds)),
             machine,
             snapshot: ArcSwapOption::empty(),
             reconfigured: tokio::sync::Notify::new(),
@@ -109,26 +111,26 @@ impl ThrottleControl {
         }
     }
 
-    fn controller(&self) -> std::sync::MutexGuard<'_, Controller> {
-        self.controller.lock().unwrap_or_else(|e| e.into_inner())
+    fn policy(&self) -> std::sync::MutexGuard<'_, Policy> {
+        self.policy.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Replaces the settings (hot reload); delays and limits carry over.
     pub fn reconfigure(&self, config: ThrottlingConfig) {
         let thresholds = Thresholds::resolve(&config, self.machine);
-        self.controller().reconfigure(config, thresholds);
+        self.policy().reconfigure(config, thresholds);
         self.reconfigured.notify_waiters();
     }
 
     /// Sets a direction's override until the next reload.
     pub fn set_override(&self, direction: Direction, mode: OverrideMode) {
-        self.controller().set_override(direction, mode);
+        self.policy().set_override(direction, mode);
         self.reconfigured.notify_waiters();
     }
 
     /// The settings in force (overrides included).
     pub fn config(&self) -> ThrottlingConfig {
-        self.controller().config().clone()
+        self.policy().config().clone()
     }
 
     /// The latest snapshot (None before the first tick).
@@ -172,21 +174,12 @@ const FRESH_DEPTH_SHARE: f64 = 0.8;
 pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
     let host_metrics = parts.metrics.host();
     let mut loop_state = LoopState::default();
-    let mut ceiling = Ceiling::default();
     let mut last_upkeep = parts.clock.now();
     let control = parts.control.clone();
     loop {
         let config = control.config();
         let reconfigured = control.reconfigured.notified();
-        let snapshot = tick(&mut parts, &config, &mut loop_state, ceiling.take_holds());
-        let applies = config.enabled && config.delivery.override_mode != OverrideMode::Never;
-        let limits_total = snapshot
-            .decision
-            .queue_limits
-            .values()
-            .map(|l| u64::from(*l))
-            .sum();
-        ceiling.arm(&snapshot.thresholds, applies, limits_total);
+        let snapshot = tick(&mut parts, &config, &mut loop_state);
         export(&host_metrics, &snapshot);
         parts.control.snapshot.store(Some(snapshot.clone()));
         let _ = parts.control.decisions.send(snapshot);
@@ -200,12 +193,7 @@ pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
         let next_tick = tokio::time::Instant::now() + config.sample_interval;
         tokio::pin!(reconfigured);
         loop {
-            enforce_ceiling(&mut ceiling, &mut parts);
-            let step = if ceiling.is_armed() {
-                ceiling.next_read_in()
-            } else {
-                config.sample_interval
-            };
+            let step = enforce_ceiling(&mut parts).unwrap_or(config.sample_interval);
             let wake = next_tick.min(tokio::time::Instant::now() + step);
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -220,18 +208,20 @@ pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
 }
 
 /// One read of the delivery ceiling: reads what it guards, sets delivery's allowance.
-fn enforce_ceiling(ceiling: &mut Ceiling, parts: &mut ServiceParts) {
+/// Returns when it wants the next read, or None when it guards nothing.
+fn enforce_ceiling(parts: &mut ServiceParts) -> Option<Duration> {
     let admission = &parts.throttle.delivery;
-    if !ceiling.is_armed() {
+    let mut policy = parts.control.policy();
+    if !policy.ceiling_armed() {
         admission.allow(None);
-        return;
+        return None;
     }
     // Only what is guarded: the process's own numbers cost one read of a small file; the
     // machine's memory one more.
-    let (process_memory, threads, system_memory_used) = if ceiling.guards(Condition::SystemMemory) {
+    let (process_memory, threads, system_memory_used) = if policy.guards(Condition::SystemMemory) {
         let r = parts.sensor.read();
         (r.process_memory, r.threads, r.system_memory_used)
-    } else if ceiling.guards(Condition::ProcessMemory) || ceiling.guards(Condition::Threads) {
+    } else if policy.guards(Condition::ProcessMemory) || policy.guards(Condition::Threads) {
         let p = parts.sensor.process();
         (p.memory, p.threads, 0)
     } else {
@@ -251,7 +241,8 @@ fn enforce_ceiling(ceiling: &mut Ceiling, parts: &mut ServiceParts) {
         // counted as its holds, they showed a memory condition after its cause had gone.
         held: admission.is_held() && admission.waiting_on_allowance() > 0,
     };
-    admission.allow(ceiling.enforce(tokio::time::Instant::now(), usage, counts));
+    admission.allow(policy.between_ticks(tokio::time::Instant::now(), usage, counts));
+    Some(policy.next_read_in())
 }
 
 #[derive(Default)]
@@ -261,27 +252,16 @@ struct LoopState {
     last_size: u64,
 }
 
-/// Sense, decide, apply.
-///
-/// `held`: where the delivery ceiling held receives back since the last tick, and the room it
-/// measured there (see [`super::ceiling`]).
-fn tick(
-    parts: &mut ServiceParts,
-    config: &ThrottlingConfig,
-    st: &mut LoopState,
-    held: CeilingHolds,
-) -> Arc<Snapshot> {
+/// Sense, decide (the policy), apply.
+fn tick(parts: &mut ServiceParts, config: &ThrottlingConfig, st: &mut LoopState) -> Arc<Snapshot> {
     let now = parts.clock.now();
-    let readings = Readings {
-        held,
-        ..sense(parts, config, st, now)
-    };
+    let sensed = sense(parts, config, st, now);
     let queues = parts.probe.queues();
     let loads: Vec<QueueLoad> = queues.iter().map(|q| q.load.clone()).collect();
-    let (decision, thresholds) = {
-        let mut controller = parts.control.controller();
-        let decision = controller.tick(now, &readings, &loads);
-        (decision, *controller.thresholds())
+    let (decision, readings, thresholds) = {
+        let mut policy = parts.control.policy();
+        let (decision, readings) = policy.tick(now, sensed, &loads);
+        (decision, readings, *policy.thresholds())
     };
     for direction in Direction::ALL {
         let d = decision.direction(direction);

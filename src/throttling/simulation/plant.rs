@@ -4,9 +4,9 @@
 //! the rate the store allows; stored messages wait in a backlog; receivers take them as their
 //! queue's limit, delivery's delay and pace and the delivery ceiling allow; handlers run for a
 //! latency while holding memory, and finish. Time moves in 10 ms steps. The policy is the
-//! host's own: the [`Ceiling`] reads the usage at every step (as the service reads it every few
-//! milliseconds) and the [`Controller`] ticks every sample interval on readings built as the
-//! service builds them (the same [`RateWindow`]s and [`DrainMeter`]). Minutes of behaviour
+//! host's own [`Policy`]: its delivery ceiling reads the usage at every step (as the service
+//! reads it every few milliseconds) and its controller ticks every sample interval on readings
+//! built as the service builds them (the same [`RateWindow`]s and [`DrainMeter`]). Minutes of behaviour
 //! take milliseconds, and a run is the same every time.
 
 use std::collections::VecDeque;
@@ -15,8 +15,9 @@ use std::time::Duration;
 use crate::config::{MemoryThreshold, ThrottlingConfig};
 use crate::load::quality::{self, Episode, Tick};
 use crate::throttling::Direction;
-use crate::throttling::ceiling::{AdmissionCounts, Ceiling, Usage};
-use crate::throttling::controller::{Controller, MachineFacts, QueueLoad, Readings, Thresholds};
+use crate::throttling::ceiling::{AdmissionCounts, Usage};
+use crate::throttling::controller::{MachineFacts, QueueLoad, Readings, Thresholds};
+use crate::throttling::policy::Policy;
 use crate::throttling::rates::{DrainMeter, RateWindow};
 
 pub const MIB: f64 = 1048576.0;
@@ -256,9 +257,9 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
     };
     let sample = cfg.sample_interval.as_secs_f64();
     let thresholds = Thresholds::resolve(&cfg, machine);
-    let mut controller = Controller::new(cfg.clone(), thresholds);
-    let mut ceiling = Ceiling::default();
-    ceiling.arm(&thresholds, true, u64::from(max));
+    // The host's own policy: the controller at each tick, the delivery ceiling in between.
+    let mut policy = Policy::new(cfg.clone(), thresholds);
+    policy.arm(u64::from(max));
     // The ceiling's clock: simulated seconds after this instant.
     let origin = tokio::time::Instant::now();
     let mut windows: [RateWindow; 2] = Default::default();
@@ -322,8 +323,8 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
                 ..AdmissionCounts::default()
             };
             let now = origin + Duration::from_secs_f64(t);
-            let allowance = ceiling
-                .enforce(now, usage, counts)
+            let allowance = policy
+                .between_ticks(now, usage, counts)
                 .map_or(f64::MAX, |a| a as f64);
             let wanted = free
                 .min(w.backlog.floor())
@@ -356,7 +357,6 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
                 threads: w.threads(),
                 database_sessions: w.sessions(),
                 database_size: w.backlog as u64,
-                held: ceiling.take_holds(),
                 ..Readings::default()
             };
             readings.delivery = windows[0].record(
@@ -373,9 +373,9 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
             readings.publishing.waiting = w.offered.len() as u64;
             readings.database_drain_per_sec =
                 drain.record(now, w.stored_total, readings.database_size);
-            let d = controller.tick(
+            let (d, _) = policy.tick(
                 now,
-                &readings,
+                readings,
                 &[QueueLoad {
                     name: "q".into(),
                     max,
@@ -383,7 +383,6 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
                 }],
             );
             limit = d.queue_limits["q"];
-            ceiling.arm(&thresholds, true, u64::from(limit));
             delivery.set(d.delivery.delay, d.delivery.pace);
             publishing.set(d.publishing.delay, d.publishing.pace);
             out.ticks.push(quality::tick(t, &d));

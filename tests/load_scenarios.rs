@@ -360,13 +360,56 @@ fn a_load_hovering_at_the_threshold_is_one_steady_episode() {
     let s = scenario("hovering", 0.6);
     assert_appeared_and_cleared("hovering", &s, "delivery", 3);
     assert_controlled("hovering", &s, "in_process", 1.15);
+    assert_one_episode("hovering", &s, "in_process");
+}
+
+/// Hovering with `resume_ratio = 1.0` (no band in value): still one episode of at most two
+/// state changes, held by the band in time and the minimum time in a state.
+#[test]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
+fn without_hysteresis_a_hovering_load_does_not_flap() {
+    let s = scenario("no-hysteresis", 1.0);
+    assert_appeared_and_cleared("no-hysteresis", &s, "delivery", 3);
+    assert_controlled("no-hysteresis", &s, "in_process", 1.15);
+    assert_one_episode("no-hysteresis", &s, "in_process");
+}
+
+/// Offered load pinned 2 % above the in-process threshold: one episode, at most two flips.
+#[test]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
+fn a_load_pinned_just_above_the_threshold_is_one_episode() {
+    let s = scenario("pinned", 1.0);
+    assert_appeared_and_cleared("pinned", &s, "delivery", 3);
+    assert_controlled("pinned", &s, "in_process", 1.15);
+    assert_one_episode("pinned", &s, "in_process");
+}
+
+/// Ten times the sends for 2 s into 1 s handlers: delivery rate imbalance is engaged and
+/// cleared within the bounds, for the start (the pipeline filling) and for the burst, each
+/// its own episode.
+#[test]
+#[ignore = "wall-clock; delivery-rate bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
+fn a_tenfold_delivery_burst_is_paced_once_and_clears() {
+    let s = scenario("delivery-burst", 1.0);
+    assert_appeared_and_cleared("delivery-burst", &s, "delivery", 1);
+    assert_controlled("delivery-burst", &s, "rate_imbalance", f64::INFINITY);
     let episodes = s["episodes"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|e| e["condition"] == "in_process")
+        .filter(|e| e["condition"] == "rate_imbalance")
         .count();
-    assert_eq!(episodes, 1, "hovering: {:#}", s["episodes"]);
+    assert_eq!(episodes, 2, "the start and the burst: {:#}", s["episodes"]);
+}
+
+fn assert_one_episode(name: &str, s: &Value, condition: &str) {
+    let episodes = s["episodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["condition"] == condition)
+        .count();
+    assert_eq!(episodes, 1, "{name}: {:#}", s["episodes"]);
 }
 
 /// A 10x publish burst for 2 s against a slow store: publishing is paced (state 2) once,

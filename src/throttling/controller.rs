@@ -102,6 +102,9 @@ pub struct Readings {
     pub database_size: u64,
     /// Database connections in use.
     pub database_sessions: u64,
+    /// Messages waiting in this host's receiving queues (their last known depths): the
+    /// backlog a delivery pace holds back.
+    pub queued: u64,
     /// How fast the stored backlog drains (messages/s over the last seconds), when known:
     /// what publishing is paced against under publishing pressure.
     pub database_drain_per_sec: Option<f64>,
@@ -352,6 +355,9 @@ struct DirectionState {
     delay: Duration,
     /// Messages per second admitted while pacing; None = not pacing.
     pace_rate: Option<f64>,
+    /// Messages queued when a rate pace took hold: what queues up beyond it while the pace
+    /// holds and relaxes is held back by the pace, and is let in before the pace ends.
+    queued_at_pace: Option<u64>,
     /// The condition whose actions are in effect (kept while they relax).
     cause: Option<Condition>,
     /// Since when no condition has been active while `cause` is kept (see `min_dwell`).
@@ -427,6 +433,8 @@ struct DirectionTick<'a> {
     drain: Option<f64>,
     /// The stored backlog grew since the last tick.
     backlog_growing: bool,
+    /// Messages waiting in the receiving queues (delivery; 0 for publishing).
+    queued: u64,
     config: &'a crate::config::DirectionConfig,
 }
 
@@ -739,6 +747,10 @@ impl Controller {
             backlog_growing: self
                 .last_database_size
                 .is_some_and(|last| readings.database_size > last),
+            queued: match direction {
+                Direction::Delivery => readings.queued,
+                Direction::Publishing => 0,
+            },
             config: &config,
         };
         let top = conditions
@@ -801,14 +813,28 @@ impl Controller {
                 target = Some(target.map_or(r, |t: f64| t.min(r)));
             }
         }
+        let rate_paced = conditions
+            .iter()
+            .any(|c| tick.applies && c.active && c.condition == Condition::RateImbalance);
         let st = &mut self.directions[tick.direction.index()];
+        if rate_paced {
+            st.queued_at_pace.get_or_insert(tick.queued);
+        }
+        // Requests waiting on the pace: in the admission, and (delivery) the messages that
+        // queued up beyond what was queued when a rate pace took hold. Receivers wait in the
+        // admission only for messages they were started for; without the queued ones, a pace
+        // that relaxed ended with 190 messages held back in the queue, and they were all
+        // received within half a second.
+        let held_back = st
+            .queued_at_pace
+            .map_or(0, |base| tick.queued.saturating_sub(base));
+        let waiting = rates.waiting.max(held_back);
         st.pace_rate = match (tick.applies, target, st.pace_rate) {
             (false, _, _) => None,
             (true, Some(t), _) => Some(t),
             (true, None, Some(p)) => {
                 let mut next = p * law::PACE_RELAX_GROWTH;
-                let passes_within_a_sample =
-                    |rate: f64| rates.waiting as f64 <= rate * tick.dt.max(0.05);
+                let passes_within_a_sample = |rate: f64| waiting as f64 <= rate * tick.dt.max(0.05);
                 // After a cause that paces against the drain, the requests that waited it out
                 // are let in no faster than the backlog drains, with room to spare only as far
                 // as its resource is below the threshold (the drain law, not a free release),
@@ -841,6 +867,9 @@ impl Controller {
             }
             (true, None, None) => None,
         };
+        if st.pace_rate.is_none() {
+            st.queued_at_pace = None;
+        }
         st.pace_rate
             .and_then(|r| law::pace_interval(r, tick.config.max_delay))
     }

@@ -255,8 +255,11 @@ struct LoopState {
 /// Sense, decide (the policy), apply.
 fn tick(parts: &mut ServiceParts, config: &ThrottlingConfig, st: &mut LoopState) -> Arc<Snapshot> {
     let now = parts.clock.now();
-    let sensed = sense(parts, config, st, now);
     let queues = parts.probe.queues();
+    let sensed = Readings {
+        queued: queues.iter().map(|q| q.depth).sum(),
+        ..sense(parts, config, st, now)
+    };
     let loads: Vec<QueueLoad> = queues.iter().map(|q| q.load.clone()).collect();
     let (decision, readings, thresholds) = {
         let mut policy = parts.control.policy();

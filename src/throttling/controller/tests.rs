@@ -186,6 +186,7 @@ fn the_highest_ranked_active_condition_decides_and_all_stay_visible() {
         threads: 500,
         database_size: 100_000,
         database_sessions: 100,
+        queued: 100_000,
         delivery: imbalanced(500.0, 10.0, 5000),
         publishing: imbalanced(500.0, 10.0, 5000),
         database_drain_per_sec: None,
@@ -544,6 +545,57 @@ fn rate_imbalance_paces_at_outgoing_times_overdrive_and_relaxes_gradually() {
         vec![150.0],
         "100 -> 150 -> 225 (> 2 x 85 offered: done)"
     );
+}
+
+/// After a delivery rate episode, the messages that queued up while the pace held receives
+/// back are let in by the relaxing pace before it ends: receivers wait in the admission only
+/// for messages they were started for, so counted from the admission alone the pace ended
+/// with them still queued, and they were all received at once.
+#[test]
+fn a_relaxing_delivery_pace_lasts_until_what_it_held_back_would_pass_within_a_sample() {
+    let mut c = controller();
+    let engaged = Readings {
+        delivery: imbalanced(300.0, 80.0, 4500),
+        queued: 10,
+        ..quiet()
+    };
+    let d = c.tick(secs(0.0), &engaged, &queues());
+    assert_eq!(d.delivery.state, 1);
+    assert_eq!(d.delivery.pace_rate, Some(100.0), "80 x 1.25");
+    // Balanced again, with 400 more queued than when the pace took hold.
+    let balanced = Readings {
+        delivery: imbalanced(85.0, 80.0, 4500),
+        queued: 410,
+        ..quiet()
+    };
+    let mut rates = Vec::new();
+    let mut t = 0.5;
+    while let Some(rate) = c.tick(secs(t), &balanced, &queues()).delivery.pace_rate {
+        rates.push(rate);
+        t += 0.5;
+        assert!(t < 10.0, "the pace ends: {rates:?}");
+    }
+    assert_eq!(
+        rates,
+        vec![150.0, 225.0, 337.5, 506.25, 759.375],
+        "opens by half per sample until 400 pass within 0.5 s (at 1 139/s)"
+    );
+    // Once nothing is held back, the pace ends as soon as new receives pass with room.
+    let mut c = controller();
+    c.tick(secs(0.0), &engaged, &queues());
+    let nothing_held = Readings {
+        queued: 10,
+        ..balanced
+    };
+    let first = c
+        .tick(secs(0.5), &nothing_held, &queues())
+        .delivery
+        .pace_rate;
+    let second = c
+        .tick(secs(1.0), &nothing_held, &queues())
+        .delivery
+        .pace_rate;
+    assert_eq!((first, second), (Some(150.0), None));
 }
 
 /// Requests that waited out a database-size episode make incoming exceed outgoing; that is
@@ -906,6 +958,7 @@ fn arb_readings() -> impl Strategy<Value = Readings> {
             threads: th,
             database_size: db,
             database_sessions: se,
+            queued: db,
             delivery: imbalanced(d.0, d.1, d.2),
             publishing: imbalanced(p.0, p.1, p.2),
             database_drain_per_sec: None,

@@ -357,6 +357,7 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
                 threads: w.threads(),
                 database_sessions: w.sessions(),
                 database_size: w.backlog as u64,
+                queued: w.backlog as u64,
                 ..Readings::default()
             };
             readings.delivery = windows[0].record(

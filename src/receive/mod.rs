@@ -251,22 +251,6 @@ async fn dispatch_and_commit(
     }
 }
 
-/// What a peek of the queue's depth came to.
-pub(crate) enum Peeked {
-    /// Rows no receive holds (recorded in the queue's depth cell).
-    Depth(u64),
-    /// The transport failed; pause this long before trying again.
-    Failed(Duration),
-}
-
-/// Peeks the queue's depth, the same in every model ([`QueueRuntime::peek`]).
-pub(crate) async fn peek(q: &QueueRuntime, ctx: &ReceiveContext) -> Peeked {
-    match q.peek(&*ctx.transport).await {
-        Ok(depth) => Peeked::Depth(depth),
-        Err(wait) => Peeked::Failed(wait),
-    }
-}
-
 /// Sleeps unless shutdown begins; returns false if it did.
 pub(crate) async fn pause(ctx: &ReceiveContext, d: Duration) -> bool {
     if d.is_zero() {
@@ -403,10 +387,10 @@ impl IdlePolling {
             if !idle_pause(ctx, q, wait).await {
                 return None;
             }
-            match peek(q, ctx).await {
-                Peeked::Depth(0) => {}
-                Peeked::Depth(depth) => return Some(depth),
-                Peeked::Failed(wait) => {
+            match q.peek(ctx.transport.as_ref()).await {
+                Ok(0) => {}
+                Ok(depth) => return Some(depth),
+                Err(wait) => {
                     if !pause(ctx, wait).await {
                         return None;
                     }

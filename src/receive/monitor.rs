@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use super::{Backoff, Peeked, QueueRuntime, ReceiveContext, Turn, idle_pause, pause, peek, turn};
+use super::{Backoff, QueueRuntime, ReceiveContext, Turn, idle_pause, pause, turn};
 
 /// Counts receive tasks of one batch until each has run its receive, or one found nothing.
 struct Batch(watch::Sender<BatchState>);
@@ -89,9 +89,9 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     // instead of collecting for a whole interval and starting all at once.
     let backoff = Backoff::idle();
     while !ctx.stop.is_cancelled() {
-        let depth = match peek(&q, &ctx).await {
-            Peeked::Depth(depth) => depth,
-            Peeked::Failed(wait) => {
+        let depth = match q.peek(ctx.transport.as_ref()).await {
+            Ok(depth) => depth,
+            Err(wait) => {
                 if !pause(&ctx, wait).await {
                     break;
                 }

@@ -800,10 +800,12 @@ impl Controller {
     ) -> Option<Duration> {
         let rates = tick.rates;
         let mut target: Option<f64> = None;
+        let mut rate_paced = false;
         for c in conditions.iter().filter(|c| tick.applies && c.active) {
             let rate = if tick.paced_by_drain(c) {
                 tick.drain.map(|d| law::paced_rate(d, condition_overage(c)))
             } else if c.condition == Condition::RateImbalance {
+                rate_paced = true;
                 Some(rates.recent_outgoing_per_sec * tick.config.overdrive_percent as f64 / 100.0)
                     .filter(|r| *r > 0.0)
             } else {
@@ -813,9 +815,6 @@ impl Controller {
                 target = Some(target.map_or(r, |t: f64| t.min(r)));
             }
         }
-        let rate_paced = conditions
-            .iter()
-            .any(|c| tick.applies && c.active && c.condition == Condition::RateImbalance);
         let st = &mut self.directions[tick.direction.index()];
         if rate_paced {
             st.queued_at_pace.get_or_insert(tick.queued);

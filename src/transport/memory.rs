@@ -828,10 +828,7 @@ impl super::BatchReceive for MemoryTransport {
     ) -> Result<Vec<Box<dyn Received>>, TransportError> {
         let state = self.shared.queue(queue)?;
         if lock(&state).ordering.is_some() {
-            return Err(TransportError::queue(
-                queue,
-                "keeps key order: receive it one message at a time (concurrency.receive_batch = 1)",
-            ));
+            return Err(super::refuse_ordered_batch(queue));
         }
         super::batch::EachOnItsOwn::receive(self, queue, max).await
     }

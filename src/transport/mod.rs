@@ -213,6 +213,15 @@ pub(crate) fn insert_columns(
     Ok((ttbrs, headers))
 }
 
+/// The refusal every transport gives a batch receive from an ordered queue: a batch would
+/// take a key's messages together.
+pub(crate) fn refuse_ordered_batch(queue: &QueueName) -> TransportError {
+    TransportError::queue(
+        queue,
+        "keeps key order: receive it one message at a time (concurrency.receive_batch = 1)",
+    )
+}
+
 /// The refusal every transport gives an ordered queue in transaction mode `none`.
 pub(crate) fn check_orderable(
     mode: TransactionMode,

@@ -648,10 +648,7 @@ impl Inner {
     ) -> Result<Vec<Box<dyn Received>>, TransportError> {
         let st = self.statements(queue);
         if st.ordered {
-            return Err(TransportError::queue(
-                queue,
-                "keeps key order: receive it one message at a time (concurrency.receive_batch = 1)",
-            ));
+            return Err(super::refuse_ordered_batch(queue));
         }
         let mut conn = self.conn().await?;
         if self.dialect == Dialect::Babelfish {

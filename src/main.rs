@@ -297,6 +297,11 @@ fn main() -> ExitCode {
     );
     cli::init_logging(cli.log_format == LogFormat::Json, quiet_default);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
+    // Blocking handlers run on the blocking pool, whose idle threads live 10 s by default:
+    // the thread count (a throttling condition) then stayed over its resume line for 10 s
+    // after blocking handlers were done, and state 9 outlasted its cause by 14 s. Idle for a
+    // second, a thread goes; a burst of blocking calls starts new ones in microseconds.
+    builder.thread_keep_alive(std::time::Duration::from_secs(1));
     if let Some(workers) = cli.worker_threads() {
         builder.worker_threads(workers);
     }

@@ -52,7 +52,9 @@ impl fmt::Display for Direction {
 }
 
 /// A throttling condition. Each maps to a BizTalk state code in the directions it applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize, PartialOrd, Ord,
+)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Condition {

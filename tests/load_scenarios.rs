@@ -396,19 +396,13 @@ fn a_tenfold_delivery_burst_is_paced_once_and_clears_without_a_release_burst() {
     // rise by at most 90 in one tick. A pace that ended with ~190 messages still queued let
     // them in within two ticks (+122 in one); opening over a few samples, the largest rise
     // was 48.
-    let csv = std::fs::read_to_string(out.join("timeline.csv")).unwrap();
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let column = |name: &str| header.iter().position(|c| *c == name).unwrap();
-    let (t, in_process) = (column("t_seconds"), column("in_process"));
-    let series: Vec<(f64, i64)> = lines
-        .map(|l| l.split(',').collect::<Vec<_>>())
-        .map(|f| (f[t].parse().unwrap(), f[in_process].parse().unwrap()))
+    let series: Vec<(f64, i64)> = timeline_columns(&out, ["t_seconds", "in_process"])
+        .into_iter()
+        .map(|[t, in_process]| (t.parse().unwrap(), in_process.parse().unwrap()))
         .filter(|(at, _)| *at >= 25.0)
         .collect();
     let rise = series.windows(2).map(|w| w[1].1 - w[0].1).max().unwrap();
     assert!(rise <= 90, "in process rose by {rise} in one tick");
-    let _ = std::fs::remove_dir_all(out);
     assert_appeared_and_cleared("delivery-burst", &s, "delivery", 1);
     assert_controlled("delivery-burst", &s, "rate_imbalance", f64::INFINITY);
     let episodes = s["episodes"]
@@ -418,6 +412,35 @@ fn a_tenfold_delivery_burst_is_paced_once_and_clears_without_a_release_burst() {
         .filter(|e| e["condition"] == "rate_imbalance")
         .count();
     assert_eq!(episodes, 2, "the start and the burst: {:#}", s["episodes"]);
+}
+
+/// A backlog at start into 2 s handlers: delivery's rate imbalance engages within 2 samples,
+/// before the first message has completed, as one episode within the bounds.
+#[test]
+#[ignore = "wall-clock; the cold start is checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
+fn a_backlog_at_start_engages_the_rate_imbalance_before_anything_completes() {
+    let (s, out) = run("cold-start", 1.0, None);
+    assert_passed("cold-start", &s);
+    let [_, done] = timeline_columns(&out, ["delivery_state", "messages_done"])
+        .into_iter()
+        .find(|[state, _]| state == "1")
+        .expect("state 1 appeared");
+    assert_eq!(done, "0", "engaged before the first completion");
+    assert_appeared_and_cleared("cold-start", &s, "delivery", 1);
+    assert_controlled("cold-start", &s, "rate_imbalance", f64::INFINITY);
+}
+
+/// The named columns of every row of a run's `timeline.csv`; removes the run's directory.
+fn timeline_columns<const N: usize>(out: &std::path::Path, names: [&str; N]) -> Vec<[String; N]> {
+    let csv = std::fs::read_to_string(out.join("timeline.csv")).unwrap();
+    let _ = std::fs::remove_dir_all(out);
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let columns = names.map(|name| header.iter().position(|c| *c == name).unwrap());
+    lines
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .map(|f| columns.map(|c| f[c].to_string()))
+        .collect()
 }
 
 fn assert_one_episode(name: &str, s: &Value, condition: &str) {

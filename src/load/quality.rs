@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use super::record::Sample;
+use super::record::{PhaseSpan, Sample};
 use crate::throttling::controller::Decision;
 use crate::throttling::{Condition, Direction};
 
@@ -74,9 +74,60 @@ pub struct Episode {
     /// State changes of the direction from just before the crossing to the end, re-crossings
     /// within [`SAME_EPISODE_WITHIN`] of the cause's end included.
     pub flips: u32,
-    /// Seconds from the cause ending (the last tick at or above the resume line, or with the
-    /// condition active) to state 0; None if the direction never returned to 0.
+    /// Seconds from the cause ending to state 0; None if the direction never returned to 0.
+    /// The cause ends where the run says it does, independently of the controller: at the
+    /// end of the phase that offered it ([`CauseSpan`]), or, where no phase says, at the last
+    /// tick the value was at or above its resume line.
     pub recovery_seconds: Option<f64>,
+}
+
+/// When a run offered the cause of a condition: a scenario phase that names it in `causes`
+/// (seconds on the run's clock). Recovery is measured from its end, not from what the
+/// controller made of it: the memory ceiling holds memory under the resume line while the
+/// cause goes on, and a draining backlog keeps database size over it after the cause ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CauseSpan {
+    /// The condition the phase causes.
+    pub condition: Condition,
+    /// Phase start, seconds.
+    pub start: f64,
+    /// Phase end, seconds.
+    pub end: f64,
+}
+
+/// When a run's phases offered each cause (the scenario's `causes`).
+pub fn cause_spans(phases: &[PhaseSpan]) -> Vec<CauseSpan> {
+    phases
+        .iter()
+        .flat_map(|p| {
+            p.causes.iter().map(|&condition| CauseSpan {
+                condition,
+                start: p.start,
+                end: p.end,
+            })
+        })
+        .collect()
+}
+
+/// Phases this close are one span of a cause (the runner starts a phase as the last ends).
+const CONTIGUOUS: f64 = 0.5;
+
+/// The end of the cause of `condition` for an episode round seen from `from` to `to`
+/// seconds: the last run of back-to-back phases naming it that started by `to` and ended no
+/// more than [`SAME_EPISODE_WITHIN`] before `from`.
+fn cause_span_end(causes: &[CauseSpan], condition: Condition, from: f64, to: f64) -> Option<f64> {
+    let mut spans: Vec<(f64, f64)> = Vec::new();
+    for c in causes.iter().filter(|c| c.condition == condition) {
+        match spans.last_mut() {
+            Some(last) if c.start - last.1 <= CONTIGUOUS => last.1 = last.1.max(c.end),
+            _ => spans.push((c.start, c.end)),
+        }
+    }
+    spans
+        .iter()
+        .rev()
+        .find(|(start, end)| *start <= to && *end >= from - SAME_EPISODE_WITHIN)
+        .map(|(_, end)| *end)
 }
 
 /// A crossing this soon after the cause of an episode ended belongs to that episode: an
@@ -124,12 +175,19 @@ pub fn tick(t: f64, d: &Decision) -> Tick {
     }
 }
 
-/// Every episode of every guarded condition in a timeline, in order of crossing.
-pub fn episodes(ticks: &[Tick], resume_ratio: f64) -> Vec<Episode> {
+/// Every episode of every guarded condition in a timeline, in order of crossing, with the
+/// phases that offered each cause.
+pub fn episodes(ticks: &[Tick], resume_ratio: f64, causes: &[CauseSpan]) -> Vec<Episode> {
     let mut all = Vec::new();
     for (condition, direction) in GUARDED {
         let mut i = 0;
-        while let Some(e) = next_episode(ticks, (condition, direction), resume_ratio, &mut i) {
+        let scoring = Scoring {
+            condition,
+            direction,
+            resume_ratio,
+            causes,
+        };
+        while let Some(e) = next_episode(ticks, &scoring, &mut i) {
             all.push(e);
         }
     }
@@ -143,13 +201,18 @@ fn reading(tick: &Tick, condition: Condition, direction: Direction) -> Option<&R
         .find(|r| r.condition == condition && r.direction == direction && r.threshold > 0.0)
 }
 
-/// Finds the episode starting at or after `*from`; leaves `*from` after its end.
-fn next_episode(
-    ticks: &[Tick],
-    (condition, direction): (Condition, Direction),
+/// What one condition's episodes are scored by.
+struct Scoring<'a> {
+    condition: Condition,
+    direction: Direction,
     resume_ratio: f64,
-    from: &mut usize,
-) -> Option<Episode> {
+    causes: &'a [CauseSpan],
+}
+
+/// Finds the episode starting at or after `*from`; leaves `*from` after its end.
+fn next_episode(ticks: &[Tick], scoring: &Scoring, from: &mut usize) -> Option<Episode> {
+    let (condition, direction, resume_ratio) =
+        (scoring.condition, scoring.direction, scoring.resume_ratio);
     // An episode starts when the value crosses its threshold or the condition engages before
     // it does (the memory ceiling acts ahead of the line), whichever comes first.
     let over = |i: usize| {
@@ -164,7 +227,7 @@ fn next_episode(
     };
     let engaged = engages(start);
     let mut peak: f64 = 0.0;
-    let mut cause_end = start;
+    let mut cause_end = ticks[start].t;
     let mut round = start;
     let mut engaged_now = engaged;
     // The slowest engagement of any crossing in the episode.
@@ -189,11 +252,14 @@ fn next_episode(
         let (round_peak, round_cause_end) =
             scan(&ticks[round..=last], (condition, direction), resume_ratio);
         peak = peak.max(round_peak);
-        cause_end = round_cause_end.map_or(cause_end, |i| round + i);
+        let by_value = round_cause_end.map(|i| ticks[round + i].t);
+        cause_end = cause_span_end(scoring.causes, condition, ticks[round].t, ticks[last].t)
+            .or(by_value)
+            .unwrap_or(cause_end);
         // A crossing soon after the cause ended is this episode going on.
         let again = end.and_then(|e| {
             (e + 1..ticks.len())
-                .take_while(|&i| ticks[i].t - ticks[cause_end].t <= SAME_EPISODE_WITHIN)
+                .take_while(|&i| ticks[i].t - cause_end <= SAME_EPISODE_WITHIN)
                 .find(|&i| over(i))
         });
         match again {
@@ -222,14 +288,12 @@ fn next_episode(
         engage_samples,
         peak_ratio: (peak * 1000.0).round() / 1000.0,
         flips,
-        recovery_seconds: end
-            .map(|e| ((ticks[e].t - ticks[cause_end].t).max(0.0) * 10.0).round() / 10.0),
+        recovery_seconds: end.map(|e| ((ticks[e].t - cause_end).max(0.0) * 10.0).round() / 10.0),
     })
 }
 
-/// Over `ticks`: the peak of value / threshold, and the last tick where the cause was on:
-/// the value at or above the resume line, or the condition active below it (the memory
-/// ceiling holding receives back).
+/// Over `ticks`: the peak of value / threshold, and the last tick the value was at or above
+/// its resume line (what the reading says of the cause, whatever the controller made of it).
 fn scan(
     ticks: &[Tick],
     (condition, direction): (Condition, Direction),
@@ -240,7 +304,7 @@ fn scan(
     for (i, tick) in ticks.iter().enumerate() {
         if let Some(r) = reading(tick, condition, direction) {
             peak = peak.max(r.value / r.threshold);
-            if r.value >= r.threshold * resume_ratio || r.active {
+            if r.value >= r.threshold * resume_ratio {
                 cause_end = Some(i);
             }
         }
@@ -282,7 +346,7 @@ mod tests {
             &[50.0, 90.0, 105.0, 110.0, 98.0, 95.0, 80.0, 40.0, 30.0, 30.0],
             &[0, 0, 3, 3, 3, 3, 3, 3, 0, 0],
         );
-        let e = episodes(&t, 0.9);
+        let e = episodes(&t, 0.9, &[]);
         assert_eq!(e.len(), 1);
         let e = &e[0];
         assert_eq!(e.condition, Condition::InProcess);
@@ -304,7 +368,7 @@ mod tests {
             ],
             &[0, 0, 0, 3, 3, 0, 3, 3, 0, 0],
         );
-        let e = &episodes(&t, 0.9)[0];
+        let e = &episodes(&t, 0.9, &[])[0];
         assert_eq!(e.engage_samples, Some(2));
         assert_eq!(e.peak_ratio, 2.0);
         // State 0 at t=2.5 while the condition is still active, and back to 3: the same
@@ -316,7 +380,7 @@ mod tests {
             &[50.0, 120.0, 101.0, 50.0, 101.0, 105.0, 50.0, 50.0],
             &[0, 3, 3, 0, 3, 3, 0, 0],
         );
-        let all = episodes(&t, 0.9);
+        let all = episodes(&t, 0.9, &[]);
         assert_eq!(all.len(), 1, "one episode: {all:?}");
         assert_eq!(all[0].flips, 4);
         assert_eq!(all[0].recovery_seconds, Some(0.5));
@@ -327,7 +391,7 @@ mod tests {
         states.extend([0; 21]);
         values.extend([120.0, 50.0, 50.0]);
         states.extend([3, 0, 0]);
-        let all = episodes(&timeline(&values, &states), 0.9);
+        let all = episodes(&timeline(&values, &states), 0.9, &[]);
         assert_eq!(all.len(), 2, "two episodes: {all:?}");
         assert!(all.iter().all(|e| e.flips == 2));
     }
@@ -339,13 +403,13 @@ mod tests {
             &[50.0, 120.0, 110.0, 95.0, 40.0, 30.0, 30.0],
             &[0, 3, 3, 10, 10, 10, 0],
         );
-        assert_eq!(episodes(&t, 0.9)[0].flips, 2);
+        assert_eq!(episodes(&t, 0.9, &[])[0].flips, 2);
         // Swinging 3 -> 4 -> 3 -> 4 -> 3 -> 0 flaps: every swing in or out of 3 counts.
         let t = timeline(
             &[50.0, 120.0, 110.0, 105.0, 104.0, 101.0, 40.0],
             &[0, 3, 4, 3, 4, 3, 0],
         );
-        assert_eq!(episodes(&t, 0.9)[0].flips, 6);
+        assert_eq!(episodes(&t, 0.9, &[])[0].flips, 6);
     }
 
     #[test]
@@ -365,7 +429,7 @@ mod tests {
                 active: true,
             });
         }
-        let e = &episodes(&t, 0.9)[0];
+        let e = &episodes(&t, 0.9, &[])[0];
         assert_eq!(e.condition, Condition::InProcess);
         assert_eq!(e.flips, 2);
         assert_eq!(e.recovery_seconds, Some(0.0));
@@ -374,18 +438,85 @@ mod tests {
     #[test]
     fn an_episode_that_never_engages_or_never_recovers_says_so() {
         let t = timeline(&[50.0, 120.0, 130.0, 40.0], &[0, 0, 0, 0]);
-        let e = &episodes(&t, 0.9)[0];
+        let e = &episodes(&t, 0.9, &[])[0];
         assert_eq!(e.engage_samples, None);
         assert_eq!(e.recovery_seconds, None);
         let t = timeline(&[50.0, 120.0, 130.0, 40.0], &[0, 3, 3, 3]);
-        let e = &episodes(&t, 0.9)[0];
+        let e = &episodes(&t, 0.9, &[])[0];
         assert_eq!(e.engage_samples, Some(0));
         assert_eq!(e.recovery_seconds, None, "still throttled at the end");
     }
 
     #[test]
+    fn recovery_is_measured_from_the_end_of_the_phase_that_offered_the_cause() {
+        let cause = |end: f64| CauseSpan {
+            condition: Condition::InProcess,
+            start: 0.5,
+            end,
+        };
+        // Held under the resume line from t=1.5 while the cause goes on until t=3.0; state 0
+        // at t=4.0. By the value the cause ended at t=1.0, by the phase at t=3.0.
+        let held = timeline(
+            &[50.0, 120.0, 95.0, 80.0, 80.0, 80.0, 80.0, 40.0, 30.0, 30.0],
+            &[0, 3, 3, 3, 3, 3, 3, 3, 0, 0],
+        );
+        assert_eq!(episodes(&held, 0.9, &[])[0].recovery_seconds, Some(3.0));
+        assert_eq!(
+            episodes(&held, 0.9, &[cause(3.0)])[0].recovery_seconds,
+            Some(1.0)
+        );
+        // The cause ended at t=1.0 but the value drains slowly, over the resume line until
+        // t=3.5; state 0 at t=4.5: 3.5 s after the cause, not 1.0 s after the value.
+        let draining = timeline(
+            &[
+                50.0, 120.0, 110.0, 105.0, 100.0, 95.0, 92.0, 91.0, 50.0, 30.0,
+            ],
+            &[0, 3, 3, 3, 3, 3, 3, 3, 3, 0],
+        );
+        assert_eq!(episodes(&draining, 0.9, &[])[0].recovery_seconds, Some(1.0));
+        assert_eq!(
+            episodes(&draining, 0.9, &[cause(1.0)])[0].recovery_seconds,
+            Some(3.5)
+        );
+        // Another condition's phase, or one long before, says nothing of this episode.
+        let other = CauseSpan {
+            condition: Condition::ProcessMemory,
+            ..cause(1.0)
+        };
+        let long_before = CauseSpan {
+            start: -30.0,
+            end: -20.0,
+            ..cause(0.0)
+        };
+        for causes in [[other], [long_before]] {
+            assert_eq!(
+                episodes(&draining, 0.9, &causes)[0].recovery_seconds,
+                Some(1.0)
+            );
+        }
+    }
+
+    #[test]
+    fn back_to_back_phases_of_one_cause_are_one_span() {
+        let causes = [(0.0, 2.0), (2.1, 5.0), (9.0, 12.0)].map(|(start, end)| CauseSpan {
+            condition: Condition::InProcess,
+            start,
+            end,
+        });
+        assert_eq!(
+            cause_span_end(&causes, Condition::InProcess, 1.0, 4.0),
+            Some(5.0)
+        );
+        assert_eq!(
+            cause_span_end(&causes, Condition::InProcess, 9.5, 14.0),
+            Some(12.0)
+        );
+        assert_eq!(cause_span_end(&causes, Condition::Threads, 1.0, 4.0), None);
+    }
+
+    #[test]
     fn no_crossing_no_episode() {
         let t = timeline(&[50.0, 99.0, 100.0, 60.0], &[0, 0, 0, 0]);
-        assert!(episodes(&t, 0.9).is_empty());
+        assert!(episodes(&t, 0.9, &[]).is_empty());
     }
 }

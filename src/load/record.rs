@@ -38,6 +38,8 @@ pub struct PhaseSpan {
     pub end: f64,
     /// The simulate handlers' call latencies in the phase, seconds, sorted.
     pub latencies: Vec<f32>,
+    /// The conditions the phase's load causes (the scenario's `causes`).
+    pub causes: Vec<crate::throttling::Condition>,
 }
 
 /// Message accounting of a run.

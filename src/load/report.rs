@@ -184,7 +184,11 @@ pub fn summarize(run: &RunResult) -> Summary {
         0.0
     };
     let expectations_met = missing.is_empty() && unexpected.is_empty();
-    let episodes = quality::episodes(&quality::ticks(&run.samples), run.resume_ratio);
+    let episodes = quality::episodes(
+        &quality::ticks(&run.samples),
+        run.resume_ratio,
+        &quality::cause_spans(&run.phases),
+    );
     let mut control_violations = control_violations(&run.expect, &episodes);
     control_violations.extend(fleet_violations(&run.expect, a.fleet_in_flight.as_ref()));
     Summary {

@@ -821,6 +821,7 @@ impl Session<'_> {
             start,
             end: self.started.elapsed().as_secs_f64(),
             latencies: take_latencies(&self.inner),
+            causes: phase.causes.clone(),
         });
     }
 
@@ -878,6 +879,7 @@ impl Session<'_> {
             start: drain_start,
             end: self.started.elapsed().as_secs_f64(),
             latencies: take_latencies(&self.inner),
+            causes: Vec::new(),
         });
         let last_done = *self
             .ledger
@@ -909,6 +911,7 @@ impl Session<'_> {
             start: settle_start,
             end: self.started.elapsed().as_secs_f64(),
             latencies: Vec::new(),
+            causes: Vec::new(),
         });
         cleared
     }

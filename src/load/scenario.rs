@@ -276,6 +276,12 @@ pub struct Phase {
     /// its messages in flight roll back in the database, and nothing may be lost.
     #[serde(default)]
     pub kill_peer: Option<u32>,
+    /// The throttling conditions this phase's load causes (`process_memory`, `in_process`,
+    /// `rate_imbalance`, ...): an episode's recovery is measured from the end of the phase that
+    /// caused it, not from what the controller made of it. Unnamed, from the last sample its
+    /// value was at or above the resume line.
+    #[serde(default)]
+    pub causes: Vec<crate::throttling::Condition>,
 }
 
 impl Phase {

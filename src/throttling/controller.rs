@@ -358,6 +358,9 @@ struct DirectionState {
     /// Messages queued when a rate pace took hold: what queues up beyond it while the pace
     /// holds and relaxes is held back by the pace, and is let in before the pace ends.
     queued_at_pace: Option<u64>,
+    /// Delivery only: since when the window has held enough receives and no completion (see
+    /// [`Controller::outgoing_judged`]).
+    nothing_done_since: Option<Duration>,
     /// The condition whose actions are in effect (kept while they relax).
     cause: Option<Condition>,
     /// Since when no condition has been active while `cause` is kept (see `min_dwell`).
@@ -444,6 +447,24 @@ impl DirectionTick<'_> {
         self.direction == Direction::Publishing
             && c.condition.paces_publishing()
             && self.drain.is_some()
+    }
+
+    /// The rate the drain law paces `c` at: its own overage's, except for database size once
+    /// its cause has ended (sends offered now below the drain: what is left is the sends that
+    /// waited out the episode). Those are let in toward a setpoint below the resume line
+    /// ([`law::release_rate`]) instead of at the threshold, so the depth falls through the
+    /// line while they go in and the condition clears meanwhile: the state ends when the last
+    /// of them is in, not a fall through the band, `resume_after` and `min_dwell` later.
+    fn drain_paced_rate(&self, c: &ConditionStatus, resume_ratio: f64) -> Option<f64> {
+        let drain = self.drain?;
+        Some(
+            if c.condition == Condition::DatabaseSize && self.rates.recent_incoming_per_sec < drain
+            {
+                law::release_rate(drain, c.value, c.threshold, resume_ratio)
+            } else {
+                law::paced_rate(drain, condition_overage(c))
+            },
+        )
     }
 }
 
@@ -803,7 +824,7 @@ impl Controller {
         let mut rate_paced = false;
         for c in conditions.iter().filter(|c| tick.applies && c.active) {
             let rate = if tick.paced_by_drain(c) {
-                tick.drain.map(|d| law::paced_rate(d, condition_overage(c)))
+                tick.drain_paced_rate(c, self.config.resume_ratio)
             } else if c.condition == Condition::RateImbalance {
                 rate_paced = true;
                 Some(rates.recent_outgoing_per_sec * tick.config.overdrive_percent as f64 / 100.0)
@@ -853,11 +874,12 @@ impl Controller {
                             && tick.paced_by_drain(c)
                     })
                 });
-                if let (Some(c), Some(d)) = (relaxing_from, tick.drain)
+                if let Some(capped) =
+                    relaxing_from.and_then(|c| tick.drain_paced_rate(c, self.config.resume_ratio))
                     && tick.backlog_growing
                     && !passes_within_a_sample(p)
                 {
-                    next = next.min(law::paced_rate(d, condition_overage(c)));
+                    next = next.min(capped);
                 }
                 // Done when new requests pass with room to spare and those still waiting
                 // would pass within one sample at this pace anyway (no burst at the end).
@@ -927,6 +949,41 @@ impl Controller {
         }
     }
 
+    /// The outgoing rate a rate imbalance is judged against, if any, and whether a value over
+    /// it may engage the condition: the window's measured rate once it holds `min_samples`
+    /// incoming messages and a completion.
+    ///
+    /// Delivery is also judged before anything has completed (a cold start with a backlog and
+    /// slow handlers, where the window's rates would show the imbalance only a handler latency
+    /// later, then engage 5 or more samples late): the outgoing rate reads as under one message
+    /// per window, the least the window measures, so any receives over it count. It may engage
+    /// once nothing has completed for a whole sample since the window held enough receives, so
+    /// a batch received between one tick and its first completion is not an imbalance.
+    /// Publishing is not: a bulk send's requests are all counted before its single insert
+    /// completes, so nothing completed there is the insert in progress.
+    fn outgoing_judged(
+        &mut self,
+        direction: Direction,
+        now: Duration,
+        rates: &RateReading,
+        dir_config: &crate::config::DirectionConfig,
+    ) -> Option<(f64, bool)> {
+        let st = &mut self.directions[direction.index()];
+        let enough = rates.samples >= dir_config.min_samples;
+        let nothing_done =
+            direction == Direction::Delivery && enough && rates.outgoing_per_sec == 0.0;
+        if !nothing_done {
+            st.nothing_done_since = None;
+        }
+        if nothing_done {
+            let since = *st.nothing_done_since.get_or_insert(now);
+            let floor = 1.0 / dir_config.sampling_window.as_secs_f64();
+            Some((floor, now > since))
+        } else {
+            (enough && rates.outgoing_per_sec > 0.0).then_some((rates.outgoing_per_sec, true))
+        }
+    }
+
     /// Every condition that applies to `direction`, with its value, threshold and activity.
     fn conditions(
         &mut self,
@@ -936,20 +993,22 @@ impl Controller {
         dir_config: &crate::config::DirectionConfig,
     ) -> Vec<ConditionStatus> {
         let rates = readings.rates(direction);
-        let rate_limit = rates.outgoing_per_sec * dir_config.overdrive_percent as f64 / 100.0;
         let idx = direction.index();
-        // Judged only with enough samples, a measured outgoing rate, and outside the quiet
-        // window after another cause; otherwise it reads as off (threshold 0), not as a value
-        // over a line nobody is watching.
-        let rate_judged = now >= self.directions[idx].rate_quiet_until
-            && rates.samples >= dir_config.min_samples
-            && rates.outgoing_per_sec > 0.0;
+        let outgoing = self.outgoing_judged(direction, now, &rates, dir_config);
+        let rate_limit = outgoing.map_or(0.0, |(rate, _)| {
+            rate * dir_config.overdrive_percent as f64 / 100.0
+        });
+        // Judged only with enough samples, an outgoing rate to judge against, and outside the
+        // quiet window after another cause; otherwise it reads as off (threshold 0), not as a
+        // value over a line nobody is watching.
+        let rate_judged = now >= self.directions[idx].rate_quiet_until && outgoing.is_some();
+        let may_engage = outgoing.is_some_and(|(_, confirmed)| confirmed);
         let resume_after = self.config.resume_after;
         let rate = &mut self.directions[idx].rate;
         let rate_active = if rate_judged {
             rate.update(
                 now,
-                rates.incoming_per_sec > rate_limit,
+                may_engage && rates.incoming_per_sec > rate_limit,
                 rates.incoming_per_sec >= rate_limit * self.config.resume_ratio,
                 resume_after,
             )
@@ -991,6 +1050,20 @@ impl Controller {
                 value,
                 threshold,
             });
+        }
+        // Another cause taking the direction at this tick starts the rate's quiet window now
+        // (see `rate_quiet_until`): a rate not yet engaged is not judged while it holds.
+        let other_active = conditions
+            .iter()
+            .any(|c| c.active && c.condition != Condition::RateImbalance);
+        if other_active && !rate_active && self.applies(direction) {
+            self.directions[idx].rate = Latch::default();
+            if let Some(rate) = conditions
+                .iter_mut()
+                .find(|c| c.condition == Condition::RateImbalance)
+            {
+                rate.threshold = 0.0;
+            }
         }
         conditions
     }

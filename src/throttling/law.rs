@@ -35,6 +35,15 @@ pub const PACE_GAIN: f64 = 2.0;
 pub const PACE_FACTOR_MIN: f64 = 0.25;
 /// ...and at most this share below it (the backlog may grow back to the threshold).
 pub const PACE_FACTOR_MAX: f64 = 1.25;
+/// Where database size is held while the sends that waited out its episode are let in, as a
+/// share of its resume line: far enough below it that the condition clears meanwhile.
+pub const RELEASE_SETPOINT: f64 = 0.97;
+/// ...approached this many times as steeply as the threshold is held: the depth falls
+/// through the resume line within a few seconds, so the condition's `resume_after` and the
+/// state's `min_dwell` pass while the waiting sends still go in...
+pub const RELEASE_GAIN: f64 = 15.0;
+/// ...with the pace nearly closed while far above it (never fully: a pace of 0 is none).
+pub const RELEASE_FACTOR_MIN: f64 = 0.05;
 
 /// Above this share of its threshold a shrinking resource is approaching it: the limit may
 /// not let the messages in flight grow past what would take the resource to its resume line.
@@ -145,6 +154,19 @@ pub fn grow(limit: u32, max: u32, headroom: f64, step: u32) -> u32 {
 /// between resume line and threshold, a little more (it settles at the threshold).
 pub fn paced_rate(drain_per_sec: f64, e: f64) -> f64 {
     drain_per_sec * (1.0 - PACE_GAIN * e).clamp(PACE_FACTOR_MIN, PACE_FACTOR_MAX)
+}
+
+/// The rate the sends that waited out a database-size episode are let in at once its cause
+/// has ended: the drain times `1 - PACE_GAIN x RELEASE_GAIN x e`, where `e` is the depth's
+/// distance above [`RELEASE_SETPOINT`] of the resume line as a share of the threshold,
+/// bounded. The depth falls at nearly the drain rate while far above the setpoint and
+/// settles at it; the pace ends once what still waits would pass within a sample.
+pub fn release_rate(drain_per_sec: f64, value: f64, threshold: f64, resume_ratio: f64) -> f64 {
+    if threshold <= 0.0 {
+        return drain_per_sec;
+    }
+    let e = (value - threshold * resume_ratio * RELEASE_SETPOINT) / threshold;
+    drain_per_sec * (1.0 - PACE_GAIN * RELEASE_GAIN * e).clamp(RELEASE_FACTOR_MIN, PACE_FACTOR_MAX)
 }
 
 /// The spacing of admissions for a rate, capped by `max`; None for no usable rate.
@@ -280,6 +302,25 @@ mod tests {
         assert_eq!(paced_rate(300.0, 1.0), 75.0, "floor: a quarter");
         assert_eq!(paced_rate(300.0, -0.05), 330.0);
         assert_eq!(paced_rate(300.0, -0.5), 375.0, "ceiling");
+    }
+
+    #[test]
+    fn released_sends_take_the_depth_below_the_resume_line_and_settle_there() {
+        // Threshold 1000, resume line 900, setpoint 873: at the line 0.027 x 30 below the
+        // drain.
+        assert_eq!(
+            release_rate(100.0, 873.0, 1000.0, 0.9),
+            100.0,
+            "at the setpoint"
+        );
+        assert!((release_rate(100.0, 900.0, 1000.0, 0.9) - 19.0).abs() < 1e-9);
+        assert_eq!(
+            release_rate(100.0, 1000.0, 1000.0, 0.9),
+            5.0,
+            "nearly closed"
+        );
+        assert_eq!(release_rate(100.0, 500.0, 1000.0, 0.9), 125.0, "ceiling");
+        assert_eq!(release_rate(100.0, 500.0, 0.0, 0.9), 100.0, "no threshold");
     }
 
     #[test]

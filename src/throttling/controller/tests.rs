@@ -268,9 +268,11 @@ fn memory_delay_is_proportional_to_the_overage_and_grows_while_it_persists() {
 #[test]
 fn database_size_paces_publishing_against_the_drain_rate() {
     let mut c = controller();
+    // Sends offered faster than the backlog drains: the cause goes on.
     let big = Readings {
         database_size: 55_000,
         database_drain_per_sec: Some(300.0),
+        publishing: imbalanced(400.0, 300.0, 50),
         ..quiet()
     };
     let d = c.tick(secs(0.0), &big, &queues());
@@ -280,6 +282,16 @@ fn database_size_paces_publishing_against_the_drain_rate() {
     assert_eq!(d.publishing.pace.unwrap().as_micros(), 4_166);
     assert_eq!(d.publishing.delay, Duration::ZERO, "paced, not delayed");
     assert_eq!(d.delivery.state, 0, "delivery keeps draining");
+    // Offered below the drain: the cause has ended, and the sends still waiting are let in
+    // while the depth falls below its resume line (nearly closed this far above it).
+    let ended = Readings {
+        publishing: imbalanced(100.0, 300.0, 50),
+        ..big
+    };
+    let d = c.tick(secs(0.5), &ended, &queues());
+    assert_eq!(d.publishing.state, 6);
+    let rate = d.publishing.pace_rate.unwrap();
+    assert!((rate - 15.0).abs() < 1e-9, "300 x 0.05: {rate}");
     // Without a measured drain the delay law applies (severity 1: small).
     let d = controller().tick(
         secs(0.0),
@@ -671,7 +683,7 @@ fn a_rate_imbalance_left_behind_by_another_cause_does_not_take_over() {
 }
 
 #[test]
-fn no_pacing_without_a_measured_outgoing_rate() {
+fn before_anything_completes_delivery_engages_after_a_sample_unpaced_and_publishing_waits() {
     let mut c = controller();
     let r = Readings {
         delivery: imbalanced(50.0, 0.0, 500),
@@ -679,9 +691,45 @@ fn no_pacing_without_a_measured_outgoing_rate() {
         ..quiet()
     };
     let d = c.tick(secs(0.0), &r, &queues());
-    assert_eq!(d.delivery.pace, None);
+    assert_eq!(
+        (d.delivery.state, d.publishing.state),
+        (0, 0),
+        "not yet a sample"
+    );
+    let rate = |d: &DirectionDecision| {
+        *d.conditions
+            .iter()
+            .find(|s| s.condition == Condition::RateImbalance)
+            .unwrap()
+    };
+    // Judged against under one completion per 15 s window, x 1.25 overdrive.
+    assert!((rate(&d.delivery).threshold - 1.25 / 15.0).abs() < 1e-9);
+    assert_eq!(
+        rate(&d.publishing).threshold,
+        0.0,
+        "a bulk insert in progress"
+    );
+    let d = c.tick(secs(0.5), &r, &queues());
+    assert_eq!((d.delivery.state, d.publishing.state), (1, 0));
+    assert_eq!(d.delivery.pace, None, "no measured rate to pace at");
     assert_eq!(d.publishing.pace, None);
-    assert_eq!((d.delivery.state, d.publishing.state), (0, 0));
+}
+
+#[test]
+fn a_batch_received_just_before_a_tick_is_no_imbalance_once_it_completes() {
+    let mut c = controller();
+    let received = Readings {
+        delivery: imbalanced(200.0, 0.0, 100),
+        ..quiet()
+    };
+    assert_eq!(c.tick(secs(0.0), &received, &queues()).delivery.state, 0);
+    let completed = Readings {
+        delivery: imbalanced(100.0, 100.0, 100),
+        ..quiet()
+    };
+    for t in [0.5, 1.0, 1.5] {
+        assert_eq!(c.tick(secs(t), &completed, &queues()).delivery.state, 0);
+    }
 }
 
 #[test]

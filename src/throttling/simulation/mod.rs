@@ -10,6 +10,9 @@
 mod plant;
 
 use crate::load::quality;
+use crate::throttling::Condition::{
+    DatabaseSessions, DatabaseSize, InProcess, ProcessMemory, RateImbalance, SystemMemory, Threads,
+};
 use crate::throttling::Direction;
 use proptest::prelude::*;
 
@@ -30,7 +33,12 @@ fn assert_controlled_with(outcome: &Outcome, peak: f64, resume_ratio: f64) {
 #[test]
 fn memory_per_message_rising_in_steps_is_held_at_its_threshold() {
     // 80 msg/s, 1 s handlers; memory per message 0.25 -> 1.25 MiB, then off.
-    let step = |mib: f64| Phase::new(8.0, 80.0).latency(1.0).memory(mib * MIB);
+    let step = |mib: f64| {
+        Phase::new(8.0, 80.0)
+            .latency(1.0)
+            .memory(mib * MIB)
+            .causes(&[ProcessMemory])
+    };
     let phases = [
         step(0.25),
         step(0.5),
@@ -54,7 +62,10 @@ fn in_process_never_passes_its_threshold_by_more_than_one() {
     cfg.in_process_per_cpu = 50;
     let phases: Vec<Phase> = [0.05, 0.2, 0.5, 1.0, 2.0, 0.05]
         .iter()
-        .map(|&latency| Phase::new(6.0, if latency < 0.1 { 40.0 } else { 100.0 }).latency(latency))
+        .map(|&latency| match latency < 0.1 {
+            true => Phase::new(6.0, 40.0).latency(latency),
+            false => Phase::new(6.0, 100.0).latency(latency).causes(&[InProcess]),
+        })
         .collect();
     let outcome = simulate(cfg, 200, &phases);
     assert_controlled(&outcome, 51.0 / 50.0);
@@ -62,7 +73,10 @@ fn in_process_never_passes_its_threshold_by_more_than_one() {
 
 #[test]
 fn a_cause_switching_on_and_off_every_three_seconds_flips_at_most_twice_per_episode() {
-    let on = Phase::new(3.0, 60.0).latency(0.5).memory(2.0 * MIB);
+    let on = Phase::new(3.0, 60.0)
+        .latency(0.5)
+        .memory(2.0 * MIB)
+        .causes(&[ProcessMemory]);
     let off = Phase::new(3.0, 60.0);
     let phases = [
         on,
@@ -85,7 +99,10 @@ fn a_cause_switching_on_and_off_every_three_seconds_flips_at_most_twice_per_epis
 /// each direction still shows one episode within the bounds.
 #[test]
 fn with_no_band_in_value_memory_held_at_its_threshold_is_one_episode() {
-    let on = Phase::new(15.0, 60.0).latency(1.0).memory(1.5 * MIB);
+    let on = Phase::new(15.0, 60.0)
+        .latency(1.0)
+        .memory(1.5 * MIB)
+        .causes(&[ProcessMemory]);
     let off = Phase::new(20.0, 20.0);
     let mut cfg = config(0.25);
     cfg.resume_ratio = 1.0;
@@ -117,7 +134,9 @@ fn rate_config() -> ThrottlingConfig {
 fn delivery_rate_phases() -> [Phase; 3] {
     [
         Phase::new(5.0, 100.0).latency(0.01),
-        Phase::new(14.0, 150.0).latency(3.0),
+        Phase::new(14.0, 150.0)
+            .latency(3.0)
+            .causes(&[RateImbalance]),
         Phase::new(20.0, 50.0).latency(0.01),
     ]
 }
@@ -155,7 +174,7 @@ fn a_delivery_rate_burst_is_paced_once_without_a_release_burst() {
 #[test]
 fn a_publishing_rate_burst_against_a_slow_store_is_paced_once() {
     let steady = Phase::new(8.0, 40.0).store(100.0);
-    let burst = Phase::new(2.0, 400.0).store(100.0);
+    let burst = Phase::new(2.0, 400.0).store(100.0).causes(&[RateImbalance]);
     let after = Phase::new(25.0, 40.0).store(100.0);
     let outcome = simulate(rate_config(), 64, &[steady, burst, after]);
     let episodes = outcome.episodes_in(Direction::Publishing, 0.9);
@@ -170,34 +189,85 @@ fn a_publishing_rate_burst_against_a_slow_store_is_paced_once() {
     assert_eq!(outcome.left_unsent, 0, "every send stored in the end");
 }
 
-/// A backlog waiting at start and slow handlers: receives outrun completions before any
-/// message has completed; delivery's rate condition engages within 2 samples of the
-/// imbalance being judged possible.
+/// A backlog waiting at start and 3 s handlers: 500 receives in the first sample and nothing
+/// completed for 3 s. Delivery's rate condition engages within 2 samples of the window holding
+/// enough receives, before the first message completes, and the episode is within the bounds.
 #[test]
-fn rate_imbalance_engages_at_a_cold_start_with_a_backlog() {
+fn rate_imbalance_engages_at_a_cold_start_with_a_backlog_before_anything_completes() {
     let outcome = simulate_with_backlog(
         rate_config(),
         500,
         3000,
         &[Phase::new(20.0, 20.0).latency(3.0), Phase::new(20.0, 0.0)],
     );
-    plant::assert_controlled(&outcome.episodes_in(Direction::Delivery, 0.9), 1.15);
+    let episodes = outcome.episodes_in(Direction::Delivery, 0.9);
+    plant::assert_controlled(&episodes, 1.15);
+    assert_eq!(episodes.len(), 1, "{episodes:?}");
+    let enough = outcome
+        .delivered
+        .iter()
+        .position(|&(started, _, _)| started >= 50)
+        .expect("receives");
+    let engaged = (0..outcome.ticks.len())
+        .find(|&i| outcome.ticks[i].states[0] == 1)
+        .expect("engaged");
+    assert!(
+        engaged <= enough + 2,
+        "engaged at tick {engaged}, enough receives at {enough}"
+    );
+    assert_eq!(
+        outcome.delivered[engaged].1, 0,
+        "engaged before the first completion"
+    );
 }
 
-/// Database size (state 6), an open-loop publisher: the consumer drains 80 a second, sends
-/// come at 200 a second; publishing is paced against the drain so the depth stays at most
-/// 1.10 x its threshold, and the state clears within 10 s once the publisher slows.
+/// Database size (state 6), an open-loop publisher: the consumers drain 80 a second, sends
+/// come at 200 a second until the depth passes its threshold of 1500 and for a while after.
+/// Publishing is paced against the drain so the depth stays at most 1.10 x its threshold.
+/// Once the publisher slows, the sends that waited are let in while the depth falls through
+/// its resume line, and the state clears as the last of them goes in: within 10 s of the
+/// flood ending with 2 s of it held back. A longer flood leaves more waiting than 10 s of
+/// draining can take: then the state clears within 5 s (the line's `resume_after` and the
+/// state's `min_dwell`) of the earliest moment the depth plus the sends still waiting could
+/// be under the resume line.
 #[test]
 fn database_size_is_held_and_released_with_an_open_loop_publisher() {
-    let mut cfg = config(0.25);
-    cfg.database_size = 1500;
-    let slow = |seconds, rate| Phase::new(seconds, rate).latency(0.1);
-    let outcome = simulate(
-        cfg,
-        8,
-        &[slow(5.0, 40.0), slow(25.0, 200.0), slow(40.0, 20.0)],
-    );
-    plant::assert_controlled(&outcome.episodes(0.9), 1.10);
+    for (flood, recovery_bound) in [(14.0, Some(10.0)), (25.0, None)] {
+        let mut cfg = config(0.25);
+        cfg.database_size = 1500;
+        let slow = |seconds, rate| Phase::new(seconds, rate).latency(0.1);
+        let outcome = simulate(
+            cfg,
+            8,
+            &[
+                slow(5.0, 40.0),
+                slow(flood, 200.0).causes(&[DatabaseSize]),
+                slow(40.0, 20.0),
+            ],
+        );
+        let episodes = outcome.episodes(0.9);
+        assert_eq!(episodes.len(), 1, "{episodes:?}");
+        let e = &episodes[0];
+        assert_eq!(e.condition, DatabaseSize);
+        assert!(e.engage_samples.is_some_and(|n| n <= 2), "{e:?}");
+        assert!(e.peak_ratio <= 1.10, "{e:?}");
+        assert!(e.flips <= 2, "{e:?}");
+        let recovery = e.recovery_seconds.expect("recovered");
+        let flood_end = 5.0 + flood;
+        let workable = outcome
+            .ticks
+            .iter()
+            .zip(&outcome.pending)
+            .find(|(tick, pending)| tick.t >= flood_end && **pending <= 1350.0)
+            .map(|(tick, _)| tick.t - flood_end)
+            .expect("worked off");
+        let bound = recovery_bound.unwrap_or(workable + 5.0);
+        assert!(
+            recovery <= bound,
+            "state 0 {recovery} s after the flood, {workable} s before the depth and the waiting \
+             sends could be under the resume line"
+        );
+    }
 }
 
 /// Two causes back to back: memory-hungry handlers, then slow cheap ones that fill the
@@ -206,8 +276,11 @@ fn database_size_is_held_and_released_with_an_open_loop_publisher() {
 fn memory_then_in_process_are_two_clean_episodes() {
     let mut cfg = config(0.25);
     cfg.in_process_per_cpu = 50;
-    let memory = Phase::new(10.0, 60.0).latency(1.0).memory(1.5 * MIB);
-    let in_process = Phase::new(10.0, 100.0).latency(1.0);
+    let memory = Phase::new(10.0, 60.0)
+        .latency(1.0)
+        .memory(1.5 * MIB)
+        .causes(&[ProcessMemory]);
+    let in_process = Phase::new(10.0, 100.0).latency(1.0).causes(&[InProcess]);
     let outcome = simulate(cfg, 200, &[memory, in_process, Phase::new(20.0, 20.0)]);
     assert_controlled(&outcome, 1.15);
 }
@@ -218,7 +291,7 @@ fn in_process_pinned_just_above_its_threshold_is_one_episode() {
     let mut cfg = config(0.25);
     cfg.in_process_per_cpu = 50;
     // 51 a second for 1 s each: 51 in process if nothing held them.
-    let pinned = Phase::new(20.0, 51.0).latency(1.0);
+    let pinned = Phase::new(20.0, 51.0).latency(1.0).causes(&[InProcess]);
     let outcome = simulate(cfg, 200, &[pinned, Phase::new(20.0, 10.0)]);
     assert_controlled(&outcome, 1.15);
     assert_eq!(outcome.episodes_in(Direction::Delivery, 0.9).len(), 1);
@@ -231,7 +304,12 @@ fn system_memory_is_held_at_its_threshold() {
     let mut cfg = config(0.25);
     cfg.process_memory = MemoryThreshold::Off;
     cfg.system_memory = MemoryThreshold::Bytes((OTHERS_MEMORY + 64.0 * MIB) as u64);
-    let step = |mib: f64| Phase::new(8.0, 80.0).latency(1.0).memory(mib * MIB);
+    let step = |mib: f64| {
+        Phase::new(8.0, 80.0)
+            .latency(1.0)
+            .memory(mib * MIB)
+            .causes(&[SystemMemory])
+    };
     let phases = [step(0.5), step(1.0), step(1.5), Phase::new(20.0, 20.0)];
     let outcome = simulate(cfg, 200, &phases);
     assert_controlled(&outcome, 1.15);
@@ -245,7 +323,10 @@ fn system_memory_is_held_at_its_threshold() {
 fn threads_held_by_blocking_handlers_are_held_at_their_threshold() {
     let mut cfg = config(0.25);
     cfg.threads_per_cpu = 60;
-    let blocking = Phase::new(12.0, 100.0).latency(1.0).threads(1.0);
+    let blocking = Phase::new(12.0, 100.0)
+        .latency(1.0)
+        .threads(1.0)
+        .causes(&[Threads]);
     let outcome = simulate(
         cfg,
         200,
@@ -264,7 +345,10 @@ fn threads_held_by_blocking_handlers_are_held_at_their_threshold() {
 fn database_sessions_held_by_receives_are_held_at_their_threshold() {
     let mut cfg = config(0.25);
     cfg.database_sessions_per_cpu = 20;
-    let holding = Phase::new(12.0, 80.0).latency(0.5).sessions(1.0);
+    let holding = Phase::new(12.0, 80.0)
+        .latency(0.5)
+        .sessions(1.0)
+        .causes(&[DatabaseSessions]);
     let outcome = simulate(
         cfg,
         64,
@@ -283,7 +367,10 @@ fn database_sessions_held_by_receives_are_held_at_their_threshold() {
 fn two_causes_at_once_are_both_held() {
     let mut cfg = config(0.25);
     cfg.in_process_per_cpu = 50;
-    let both = Phase::new(12.0, 60.0).latency(2.0).memory(1.2 * MIB);
+    let both = Phase::new(12.0, 60.0)
+        .latency(2.0)
+        .memory(1.2 * MIB)
+        .causes(&[ProcessMemory, InProcess]);
     let outcome = simulate(
         cfg,
         200,
@@ -315,7 +402,12 @@ proptest! {
         max in 16u32..256,
     ) {
         let phases: Vec<Phase> = (1..=6)
-            .map(|i| Phase::new(5.0, rate).latency(latency).memory(top_mib * MIB * i as f64 / 6.0))
+            .map(|i| {
+                Phase::new(5.0, rate)
+                    .latency(latency)
+                    .memory(top_mib * MIB * i as f64 / 6.0)
+                    .causes(&[ProcessMemory])
+            })
             .chain([Phase::new(20.0, rate / 4.0)])
             .collect();
         let outcome = simulate(config(0.1), max, &phases);

@@ -13,12 +13,12 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::config::{MemoryThreshold, ThrottlingConfig};
-use crate::load::quality::{self, Episode, Tick};
-use crate::throttling::Direction;
+use crate::load::quality::{self, CauseSpan, Episode, Tick};
 use crate::throttling::ceiling::{AdmissionCounts, Usage};
 use crate::throttling::controller::{MachineFacts, QueueLoad, Readings, Thresholds};
 use crate::throttling::policy::Policy;
 use crate::throttling::rates::{DrainMeter, RateWindow};
+use crate::throttling::{Condition, Direction};
 
 pub const MIB: f64 = 1048576.0;
 const STEP: f64 = 0.01;
@@ -41,6 +41,8 @@ pub struct Phase {
     pub threads_per_message: f64,
     /// Database sessions a message holds while in its handler (1: its receive's connection).
     pub sessions_per_message: f64,
+    /// The conditions this phase causes: their episodes' recovery is measured from its end.
+    pub causes: &'static [Condition],
 }
 
 impl Phase {
@@ -54,7 +56,13 @@ impl Phase {
             memory_per_message: 0.0,
             threads_per_message: 0.0,
             sessions_per_message: 0.0,
+            causes: &[],
         }
+    }
+
+    /// Marks the phase as causing `causes`.
+    pub fn causes(self, causes: &'static [Condition]) -> Self {
+        Phase { causes, ..self }
     }
 
     pub fn threads(self, threads_per_message: f64) -> Self {
@@ -113,12 +121,17 @@ pub struct Outcome {
     pub stored: Vec<f64>,
     /// Sends still waiting in publishing's admission at the end.
     pub left_unsent: usize,
+    /// When the phases offered their causes.
+    pub causes: Vec<CauseSpan>,
+    /// At each tick: messages stored and waiting to be received, plus sends waiting in
+    /// publishing's admission (what database size must work off after a flood).
+    pub pending: Vec<f64>,
 }
 
 impl Outcome {
     /// Every episode, scored as `throttlehost load` scores a run.
     pub fn episodes(&self, resume_ratio: f64) -> Vec<Episode> {
-        quality::episodes(&self.ticks, resume_ratio)
+        quality::episodes(&self.ticks, resume_ratio, &self.causes)
     }
 
     /// Episodes judged in `direction`.
@@ -289,9 +302,17 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
         delivered: Vec::new(),
         stored: Vec::new(),
         left_unsent: 0,
+        causes: Vec::new(),
+        pending: Vec::new(),
     };
     for phase in phases {
         let end = t + phase.seconds;
+        out.causes
+            .extend(phase.causes.iter().map(|&condition| CauseSpan {
+                condition,
+                start: t,
+                end,
+            }));
         let (done_before, stored_before) = (w.done_total, w.stored_total);
         while t < end {
             publish(&mut w, phase, &mut publishing, t);
@@ -389,6 +410,7 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
             out.ticks.push(quality::tick(t, &d));
             out.delivered
                 .push((w.started_total, w.done_total, w.running.len() as u64));
+            out.pending.push(w.backlog + w.offered.len() as f64);
         }
         out.completed.push((w.done_total - done_before) as f64);
         out.stored.push((w.stored_total - stored_before) as f64);

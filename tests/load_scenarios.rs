@@ -136,12 +136,7 @@ fn assert_appeared_and_cleared(name: &str, summary: &Value, direction: &str, sta
 /// Every episode of `condition` engaged within 2 ticks, peaked at most at `peak`, flipped at
 /// most twice and recovered within 10 s; at least one episode happened.
 fn assert_controlled(name: &str, summary: &Value, condition: &str, peak: f64) {
-    let episodes: Vec<&Value> = summary["episodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["condition"] == condition)
-        .collect();
+    let episodes = episodes_of(summary, condition);
     assert!(
         !episodes.is_empty(),
         "{name}: no {condition} episode: {summary:#}"
@@ -367,10 +362,7 @@ fn a_cause_switched_on_and_off_is_controlled_every_time() {
 #[test]
 #[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn a_load_hovering_at_the_threshold_is_one_steady_episode() {
-    let s = scenario("hovering", 0.6);
-    assert_appeared_and_cleared("hovering", &s, "delivery", 3);
-    assert_controlled("hovering", &s, "in_process", 1.15);
-    assert_one_episode("hovering", &s, "in_process");
+    assert_one_held_in_process_episode("hovering", 0.6);
 }
 
 /// Hovering with `resume_ratio = 1.0` (no band in value): still one episode of at most two
@@ -378,20 +370,14 @@ fn a_load_hovering_at_the_threshold_is_one_steady_episode() {
 #[test]
 #[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn without_hysteresis_a_hovering_load_does_not_flap() {
-    let s = scenario("no-hysteresis", 1.0);
-    assert_appeared_and_cleared("no-hysteresis", &s, "delivery", 3);
-    assert_controlled("no-hysteresis", &s, "in_process", 1.15);
-    assert_one_episode("no-hysteresis", &s, "in_process");
+    assert_one_held_in_process_episode("no-hysteresis", 1.0);
 }
 
 /// Offered load pinned 2 % above the in-process threshold: one episode, at most two flips.
 #[test]
 #[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn a_load_pinned_just_above_the_threshold_is_one_episode() {
-    let s = scenario("pinned", 1.0);
-    assert_appeared_and_cleared("pinned", &s, "delivery", 3);
-    assert_controlled("pinned", &s, "in_process", 1.15);
-    assert_one_episode("pinned", &s, "in_process");
+    assert_one_held_in_process_episode("pinned", 1.0);
 }
 
 /// Ten times the sends for 2 s into 1 s handlers: delivery rate imbalance is engaged and
@@ -416,12 +402,7 @@ fn a_tenfold_delivery_burst_is_paced_once_and_clears_without_a_release_burst() {
     assert!(rise <= 90, "in process rose by {rise} in one tick");
     assert_appeared_and_cleared("delivery-burst", &s, "delivery", 1);
     assert_controlled("delivery-burst", &s, "rate_imbalance", f64::INFINITY);
-    let episodes = s["episodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["condition"] == "rate_imbalance")
-        .count();
+    let episodes = episodes_of(&s, "rate_imbalance").len();
     assert_eq!(episodes, 2, "the start and the burst: {:#}", s["episodes"]);
 }
 
@@ -454,14 +435,32 @@ fn timeline_columns<const N: usize>(out: &std::path::Path, names: [&str; N]) -> 
         .collect()
 }
 
-fn assert_one_episode(name: &str, s: &Value, condition: &str) {
-    let episodes = s["episodes"]
+/// The run's episodes of `condition`.
+fn episodes_of<'a>(s: &'a Value, condition: &str) -> Vec<&'a Value> {
+    s["episodes"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|e| e["condition"] == condition)
-        .count();
-    assert_eq!(episodes, 1, "{name}: {:#}", s["episodes"]);
+        .collect()
+}
+
+fn assert_one_episode(name: &str, s: &Value, condition: &str) {
+    assert_eq!(
+        episodes_of(s, condition).len(),
+        1,
+        "{name}: {:#}",
+        s["episodes"]
+    );
+}
+
+/// An in-process scenario at `scale`: state 3 appears and clears, one episode within the
+/// bounds.
+fn assert_one_held_in_process_episode(name: &str, scale: f64) {
+    let s = scenario(name, scale);
+    assert_appeared_and_cleared(name, &s, "delivery", 3);
+    assert_controlled(name, &s, "in_process", 1.15);
+    assert_one_episode(name, &s, "in_process");
 }
 
 /// A 10x publish burst for 2 s against a slow store: publishing is paced (state 2) once,
@@ -470,11 +469,9 @@ fn assert_one_episode(name: &str, s: &Value, condition: &str) {
 fn a_publish_burst_is_paced_once_and_released() {
     let s = scenario("burst", 0.6);
     assert_appeared_and_cleared("burst", &s, "publishing", 2);
-    let rate: Vec<&Value> = s["episodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["condition"] == "rate_imbalance" && e["direction"] == "publishing")
+    let rate: Vec<&Value> = episodes_of(&s, "rate_imbalance")
+        .into_iter()
+        .filter(|e| e["direction"] == "publishing")
         .collect();
     assert!(!rate.is_empty(), "burst: no publishing rate episode: {s:#}");
     for e in rate {

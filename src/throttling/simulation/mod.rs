@@ -327,16 +327,7 @@ fn threads_held_by_blocking_handlers_are_held_at_their_threshold() {
         .latency(1.0)
         .threads(1.0)
         .causes(&[Threads]);
-    let outcome = simulate(
-        cfg,
-        200,
-        &[Phase::new(3.0, 20.0), blocking, Phase::new(20.0, 20.0)],
-    );
-    assert_controlled(&outcome, 1.15);
-    assert!(
-        outcome.ticks.iter().any(|t| t.states == [9, 9]),
-        "state 9 both ways"
-    );
+    assert_held_both_ways(cfg, 200, blocking, 20.0, 9);
 }
 
 /// Each message holds its receive's connection (state 8, both directions): sessions in use
@@ -349,15 +340,21 @@ fn database_sessions_held_by_receives_are_held_at_their_threshold() {
         .latency(0.5)
         .sessions(1.0)
         .causes(&[DatabaseSessions]);
+    assert_held_both_ways(cfg, 64, holding, 10.0, 8);
+}
+
+/// `holding` between a quiet start and end at `quiet` sends a second: its resource is held
+/// within 15 % of its threshold and both directions show `state`.
+fn assert_held_both_ways(cfg: ThrottlingConfig, max: u32, holding: Phase, quiet: f64, state: u8) {
     let outcome = simulate(
         cfg,
-        64,
-        &[Phase::new(3.0, 10.0), holding, Phase::new(20.0, 10.0)],
+        max,
+        &[Phase::new(3.0, quiet), holding, Phase::new(20.0, quiet)],
     );
     assert_controlled(&outcome, 1.15);
     assert!(
-        outcome.ticks.iter().any(|t| t.states == [8, 8]),
-        "state 8 both ways"
+        outcome.ticks.iter().any(|t| t.states == [state, state]),
+        "state {state} both ways"
     );
 }
 

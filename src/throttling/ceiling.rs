@@ -49,7 +49,8 @@ pub const CEILING_INTERVAL: Duration = Duration::from_millis(5);
 /// connection. Longer is not simply safer: 75 ms held `mixed`'s memory peaks at 0.92-1.14 x
 /// (1.07-1.36 x at 25 ms), but a receive counted here stays counted after its message is done,
 /// and on `database-sessions` (20 ms handlers, a limit of 10) the receives of the last 75 ms
-/// filled the room: the ceiling held delivery at 4 msg/s with no session in use.
+/// filled the room: the ceiling held delivery at 4 msg/s with no session in use. (Database
+/// sessions no longer count it at all: a receive's connection shows at once.)
 pub const CEILING_SETTLE: Duration = Duration::from_millis(25);
 /// Over how long the ceiling measures what the latest messages added.
 pub const CEILING_MARGINAL_WINDOW: Duration = Duration::from_millis(50);
@@ -164,9 +165,10 @@ impl Guard {
         now: Instant,
         value: u64,
         in_process: u64,
-        started: u64,
+        admission: AdmissionCounts,
         pending_bound: u64,
     ) -> Fit {
+        let started = admission.started;
         if in_process == 0 {
             // What the process holds by itself now, including what it kept from earlier
             // messages (allocator caches, lingering blocking threads, pooled connections):
@@ -186,16 +188,25 @@ impl Guard {
             fresh
         };
         // Receives let through within a settle time, whose cost may not show yet.
-        let recent = self
-            .reads
-            .iter()
-            .rev()
-            .find(|(at, _, _)| now.duration_since(*at) >= CEILING_SETTLE)
-            .or(self.reads.front())
-            .map_or(0, |(_, _, then)| started.saturating_sub(*then))
-            // At thousands of messages a second most of them are done already, and a message
-            // done holds nothing: only those still in flight can cost what does not show.
-            .min(pending_bound);
+        let recent = if self.condition == Condition::DatabaseSessions {
+            // A receive takes its connection as it starts and keeps it while its message is
+            // in process: its cost is in the pool's count at once, and only a receive out now
+            // may not have its connection yet. Counting the receives of the last settle time
+            // as well counted each twice: on `database-sessions` (20 ms handlers) those were
+            // in process and in the count, and the ceiling held delivery at about 200 msg/s
+            // with the sessions at half their threshold, showing state 8 meanwhile.
+            admission.receiving.min(pending_bound)
+        } else {
+            self.reads
+                .iter()
+                .rev()
+                .find(|(at, _, _)| now.duration_since(*at) >= CEILING_SETTLE)
+                .or(self.reads.front())
+                .map_or(0, |(_, _, then)| started.saturating_sub(*then))
+                // At thousands of messages a second most of them are done already, and a message
+                // done holds nothing: only those still in flight can cost what does not show.
+                .min(pending_bound)
+        };
         let estimate = Estimate {
             idle: self.idle,
             margin,
@@ -341,13 +352,7 @@ impl Ceiling {
             let fit = if guard.condition == Condition::InProcess {
                 counted_fit(guard.threshold, usage.in_process + admission.receiving)
             } else {
-                guard.read(
-                    now,
-                    value,
-                    usage.in_process,
-                    admission.started,
-                    pending_bound,
-                )
+                guard.read(now, value, usage.in_process, admission, pending_bound)
             };
             // A hold whose cause is gone by this read (the value fell since the last one) is
             // not pressure: reported, it showed a memory condition a tick after its messages
@@ -909,5 +914,45 @@ mod tests {
             ceiling.enforce(now, usage, AdmissionCounts::default()),
             None
         );
+    }
+
+    /// A receive's connection is in the pool's count from the moment it starts, so the
+    /// sessions guard adds only the receives out now to the count, not every receive of the
+    /// last settle time: with 20 ms handlers those are in process and counted already, and
+    /// counted twice they held delivery at half the threshold.
+    #[test]
+    fn sessions_count_each_receive_once() {
+        let mut ceiling = Ceiling::default();
+        let sessions = Thresholds {
+            database_sessions: Some(10),
+            ..Thresholds::default()
+        };
+        ceiling.arm(&sessions, true, 20);
+        let start = Instant::now();
+        let read = |ceiling: &mut Ceiling, step: u64, in_process: u64, receiving: u64| {
+            let usage = Usage {
+                database_sessions: in_process + receiving,
+                in_process,
+                ..Usage::default()
+            };
+            let counts = AdmissionCounts {
+                started: step + receiving,
+                receiving,
+                held: false,
+            };
+            ceiling.enforce(start + Duration::from_millis(5 * step), usage, counts)
+        };
+        // The idle pool holds nothing; then a receive starts every 5 ms read and 4 messages,
+        // each with its connection, are in process.
+        read(&mut ceiling, 0, 0, 0);
+        let mut allowance = None;
+        for step in 1..20 {
+            allowance = read(&mut ceiling, step, 4, 0);
+        }
+        assert_eq!(allowance, Some(6), "10 sessions, 4 in use: 6 more fit");
+        // Two receives out now that have their connections: counted once in the pool and
+        // once as receives out (one may not have its connection yet), never by the time
+        // they started.
+        assert_eq!(read(&mut ceiling, 20, 4, 2), Some(2));
     }
 }

@@ -521,7 +521,7 @@ fn closed_loop_producers_are_held_at_the_database_size() {
 }
 
 #[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/; its recovery is near its bound, as its scenario says (run: cargo test --test load_scenarios -- --ignored)"]
+#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn database_sessions_on_postgres() {
     let s = pg_scenario("database-sessions", 0.6);
     assert_appeared_and_cleared("database-sessions", &s, "publishing", 8);

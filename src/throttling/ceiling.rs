@@ -283,6 +283,8 @@ pub struct Ceiling {
     /// Reads in a row that found the host quiet: the pause before the next one doubles with
     /// each, up to [`CEILING_QUIET_INTERVAL`]; any admission or message in process ends it.
     quiet_reads: u32,
+    /// The database sessions read since the last tick, summed, and the reads.
+    sessions_read: (u64, u64),
 }
 
 impl Ceiling {
@@ -327,6 +329,14 @@ impl Ceiling {
         std::mem::take(&mut self.held)
     }
 
+    /// The database sessions in use, averaged over the reads since the last call, when it
+    /// guards them. A tick's one count is a sample of a value that moves by several within
+    /// milliseconds (a receive takes a connection as it starts, a send for its insert).
+    pub fn take_sessions_mean(&mut self) -> Option<f64> {
+        let (sum, reads) = std::mem::take(&mut self.sessions_read);
+        (reads > 0).then(|| sum as f64 / reads as f64)
+    }
+
     /// One read: returns how many more receives may start until the next read (`None`: no
     /// limit).
     pub fn enforce(
@@ -348,6 +358,10 @@ impl Ceiling {
         let mut tightest: Option<(Condition, Fit)> = None;
         for guard in &mut self.guards {
             let value = usage.of(guard.condition);
+            if guard.condition == Condition::DatabaseSessions {
+                self.sessions_read.0 += value;
+                self.sessions_read.1 += 1;
+            }
             let pending_bound = usage.in_process + self.limits_total;
             let fit = if guard.condition == Condition::InProcess {
                 counted_fit(guard.threshold, usage.in_process + admission.receiving)
@@ -954,5 +968,9 @@ mod tests {
         // once as receives out (one may not have its connection yet), never by the time
         // they started.
         assert_eq!(read(&mut ceiling, 20, 4, 2), Some(2));
+        // What the next tick hears: the sessions' mean over the reads since the last one.
+        let mean = ceiling.take_sessions_mean().expect("sessions are guarded");
+        assert!((mean - 82.0 / 21.0).abs() < 1e-9, "{mean}");
+        assert_eq!(ceiling.take_sessions_mean(), None, "no read since");
     }
 }

@@ -102,6 +102,9 @@ pub struct Readings {
     pub database_size: u64,
     /// Database connections in use.
     pub database_sessions: u64,
+    /// Database connections in use, averaged over the delivery ceiling's reads since the
+    /// last tick, when it guards them.
+    pub database_sessions_mean: Option<f64>,
     /// Messages waiting in this host's receiving queues (their last known depths): the
     /// backlog a delivery pace holds back.
     pub queued: u64,
@@ -438,6 +441,10 @@ struct DirectionTick<'a> {
     backlog_growing: bool,
     /// Messages waiting in the receiving queues (delivery; 0 for publishing).
     queued: u64,
+    /// Publishing, when it relaxes from database sessions and delivery has no other cause:
+    /// the sessions' mean since the last tick and their threshold, to let the sends that
+    /// waited out the episode in by ([`law::session_release_rate`]).
+    sessions_release: Option<(f64, f64)>,
     config: &'a crate::config::DirectionConfig,
 }
 
@@ -772,6 +779,7 @@ impl Controller {
                 Direction::Delivery => readings.queued,
                 Direction::Publishing => 0,
             },
+            sessions_release: self.sessions_release(direction, readings),
             config: &config,
         };
         let top = conditions
@@ -782,6 +790,25 @@ impl Controller {
         self.update_delay(&tick, top);
         let pace = self.update_pace(&tick, &conditions);
         self.update_state(&tick, top, conditions, pace, limits_reduced)
+    }
+
+    /// What publishing lets the sends that waited out a database-sessions episode in by, when
+    /// that is what it relaxes from ([`DirectionTick::sessions_release`]). Not while
+    /// delivery has another cause: its receivers then drain what that cause allows, and the
+    /// sessions' mean says nothing of what publishing adds.
+    fn sessions_release(&self, direction: Direction, readings: &Readings) -> Option<(f64, f64)> {
+        let relaxing = self.directions[direction.index()].cause;
+        let delivery = self.directions[Direction::Delivery.index()].cause;
+        let threshold = self.thresholds.database_sessions? as f64;
+        (direction == Direction::Publishing
+            && relaxing == Some(Condition::DatabaseSessions)
+            && delivery.is_none_or(|c| c == Condition::DatabaseSessions))
+        .then(|| {
+            let mean = readings
+                .database_sessions_mean
+                .unwrap_or(readings.database_sessions as f64);
+            (mean, threshold)
+        })
     }
 
     /// The delay: the top condition's, unless it paces instead; relaxing when none holds.
@@ -881,10 +908,23 @@ impl Controller {
                 {
                     next = next.min(capped);
                 }
+                // After database sessions, the sends that waited the episode out take
+                // connections from the receivers they fill: let in as the pace opened, each
+                // batch of them filled the receivers back to the threshold, and the state
+                // engaged again (twice in `database-sessions`). They go in at what holds the
+                // sessions' mean below the resume line, and the pace ends only once no more
+                // wait than arrive within a sample: ended when those waiting would pass
+                // within a sample at the pace, it let 80-90 in at once, and those engaged it.
+                let mut ends_at = next;
+                if let Some((mean, threshold)) = tick.sessions_release {
+                    let resume = self.config.resume_ratio;
+                    next = next.min(law::session_release_rate(p, mean, threshold, resume));
+                    ends_at = rates.recent_incoming_per_sec.max(1.0);
+                }
                 // Done when new requests pass with room to spare and those still waiting
                 // would pass within one sample at this pace anyway (no burst at the end).
                 let offered = rates.recent_incoming_per_sec.max(1.0);
-                (next < 2.0 * offered || !passes_within_a_sample(next)).then_some(next)
+                (next < 2.0 * offered || !passes_within_a_sample(ends_at)).then_some(next)
             }
             (true, None, None) => None,
         };

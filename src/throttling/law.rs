@@ -169,6 +169,29 @@ pub fn release_rate(drain_per_sec: f64, value: f64, threshold: f64, resume_ratio
     drain_per_sec * (1.0 - PACE_GAIN * RELEASE_GAIN * e).clamp(RELEASE_FACTOR_MIN, PACE_FACTOR_MAX)
 }
 
+/// Where the sessions in use are held on average while the sends that waited out a
+/// database-sessions episode are let in: this share of the resume line. A count of
+/// connections moves by several within milliseconds (a receive takes one as it starts, a send
+/// for the time of its insert), so its peaks stand well above its mean: at 0.75 of the line
+/// they still reached the threshold in one release run of `database-sessions` in four, the
+/// ceiling held receives, and the condition engaged again; at 0.6, in none of six.
+pub const SESSION_RELEASE_SHARE: f64 = 0.6;
+
+/// The pace the sends that waited out a database-sessions episode are let in at, from the
+/// pace so far, once its cause has cleared: that pace times the ratio of
+/// [`SESSION_RELEASE_SHARE`] of the resume line to the sessions' mean since the last tick
+/// (the sessions in use grow in proportion to what is let in, by Little's law), bounded by
+/// [`PACE_FACTOR_MIN`] below and the relaxing pace's own growth above.
+pub fn session_release_rate(pace: f64, mean: f64, threshold: f64, resume_ratio: f64) -> f64 {
+    let setpoint = threshold * resume_ratio * SESSION_RELEASE_SHARE;
+    let ratio = if mean > 0.0 {
+        setpoint / mean
+    } else {
+        PACE_RELAX_GROWTH
+    };
+    pace * ratio.clamp(PACE_FACTOR_MIN, PACE_RELAX_GROWTH)
+}
+
 /// The spacing of admissions for a rate, capped by `max`; None for no usable rate.
 pub fn pace_interval(rate_per_sec: f64, max: Duration) -> Option<Duration> {
     if !(rate_per_sec.is_finite() && rate_per_sec > 0.0) {
@@ -321,6 +344,18 @@ mod tests {
         );
         assert_eq!(release_rate(100.0, 500.0, 1000.0, 0.9), 125.0, "ceiling");
         assert_eq!(release_rate(100.0, 500.0, 0.0, 0.9), 100.0, "no threshold");
+    }
+
+    #[test]
+    fn sends_released_after_a_sessions_episode_hold_their_mean_at_the_setpoint() {
+        // Threshold 10, resume line 9, setpoint 5.4 sessions on average.
+        let at = |mean| session_release_rate(200.0, mean, 10.0, 0.9);
+        assert!((at(5.4) - 200.0).abs() < 1e-9, "at the setpoint: as before");
+        assert!((at(7.2) - 150.0).abs() < 1e-9, "above it: in proportion");
+        assert!((at(4.5) - 240.0).abs() < 1e-9, "below it: in proportion");
+        assert_eq!(at(1.0), 300.0, "far below: the relaxing pace's own growth");
+        assert_eq!(at(0.0), 300.0, "nothing in use");
+        assert_eq!(at(40.0), 50.0, "far above: the pace's floor");
     }
 
     #[test]

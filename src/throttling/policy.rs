@@ -47,6 +47,7 @@ impl Policy {
     ) -> (Decision, Readings) {
         let readings = Readings {
             held: self.ceiling.take_holds(),
+            database_sessions_mean: self.ceiling.take_sessions_mean(),
             ..readings
         };
         let decision = self.controller.tick(now, &readings, queues);

@@ -186,6 +186,7 @@ fn the_highest_ranked_active_condition_decides_and_all_stay_visible() {
         threads: 500,
         database_size: 100_000,
         database_sessions: 100,
+        database_sessions_mean: Some(100.0),
         queued: 100_000,
         delivery: imbalanced(500.0, 10.0, 5000),
         publishing: imbalanced(500.0, 10.0, 5000),
@@ -610,6 +611,77 @@ fn a_relaxing_delivery_pace_lasts_until_what_it_held_back_would_pass_within_a_sa
     assert_eq!((first, second), (Some(150.0), None));
 }
 
+/// After a sessions episode, publishing lets the sends that waited it out in at what holds the
+/// sessions' mean at 0.6 of their resume line (10.8 of 20 here), and its pace ends only once
+/// no more wait than arrive within a sample. While delivery has another cause, the mean says
+/// nothing of what publishing adds, and the pace relaxes as after any cause.
+#[test]
+fn sends_that_waited_out_a_sessions_episode_are_let_in_by_the_sessions_mean() {
+    let waiting = |waiting| RateReading {
+        waiting,
+        ..imbalanced(50.0, 50.0, 50)
+    };
+    let episode = Readings {
+        database_sessions: 25,
+        database_sessions_mean: Some(25.0),
+        in_process: 20,
+        database_drain_per_sec: Some(100.0),
+        publishing: waiting(500),
+        ..quiet()
+    };
+    let cleared = |mean: f64, waiting_now: u64| Readings {
+        database_sessions: mean as u64,
+        database_sessions_mean: Some(mean),
+        in_process: mean as u64,
+        publishing: waiting(waiting_now),
+        ..episode
+    };
+    let mut c = controller();
+    let d = c.tick(secs(0.0), &episode, &queues());
+    assert_eq!(d.publishing.state, 8);
+    assert_eq!(d.publishing.pace_rate, Some(50.0), "100 x (1 - 2 x 0.25)");
+    // Far below the setpoint the pace opens by the relaxing growth; at 1.5 x the setpoint it
+    // closes to two thirds.
+    let d = c.tick(secs(0.25), &cleared(2.0, 450), &queues());
+    assert!(d.publishing.recovering);
+    assert_eq!(d.publishing.pace_rate, Some(75.0));
+    let d = c.tick(secs(0.5), &cleared(16.2, 400), &queues());
+    assert!((d.publishing.pace_rate.unwrap() - 50.0).abs() < 1e-9);
+    // Opened again until 20 waiting would pass within a sample at the pace (at 380/s): still
+    // paced, since more wait than arrive within a sample (12.5 at 50/s). Then it ends.
+    let mut t = 0.75;
+    let mut rate = 0.0;
+    while rate < 300.0 {
+        rate = c
+            .tick(secs(t), &cleared(2.0, 300), &queues())
+            .publishing
+            .pace_rate
+            .unwrap();
+        t += 0.25;
+    }
+    let d = c.tick(secs(t), &cleared(2.0, 20), &queues());
+    assert!(d.publishing.pace_rate.is_some(), "20 still wait");
+    let d = c.tick(secs(t + 0.25), &cleared(2.0, 10), &queues());
+    assert_eq!(
+        d.publishing.pace_rate, None,
+        "no more wait than arrive in a sample"
+    );
+    // With delivery held by the in-process count, the sessions' mean does not close the pace.
+    let mut c = controller();
+    c.tick(secs(0.0), &episode, &queues());
+    let in_process = Readings {
+        in_process: 1200,
+        ..cleared(16.2, 400)
+    };
+    let d = c.tick(secs(0.25), &in_process, &queues());
+    assert_eq!(d.delivery.cause, Some(Condition::InProcess));
+    assert_eq!(
+        d.publishing.pace_rate,
+        Some(75.0),
+        "opens as after any cause"
+    );
+}
+
 /// Requests that waited out a database-size episode make incoming exceed outgoing; that is
 /// not an imbalance of its own. The state stays on the cause while the pace opens, the
 /// waiting requests are released over a few samples, and a rate imbalance can engage only on
@@ -1006,6 +1078,7 @@ fn arb_readings() -> impl Strategy<Value = Readings> {
             threads: th,
             database_size: db,
             database_sessions: se,
+            database_sessions_mean: Some(se as f64),
             queued: db,
             delivery: imbalanced(d.0, d.1, d.2),
             publishing: imbalanced(p.0, p.1, p.2),

@@ -415,3 +415,36 @@ proptest! {
         }
     }
 }
+
+/// Slow handlers hold the sessions (state 8 both ways) while the publisher's own inserts take
+/// connections on top, and about 900 sends wait the episode out. When the handlers are fast
+/// again, those sends go in at what holds the sessions' mean below the resume line: let in as
+/// the pace opened, they filled the receivers back to the threshold and the condition engaged
+/// again, ending 10.5 s after its cause.
+#[test]
+fn sends_that_waited_out_a_sessions_episode_go_in_without_engaging_it_again() {
+    let mut cfg = config(0.25);
+    cfg.database_sessions_per_cpu = 10;
+    let fast = |seconds: f64| {
+        Phase::new(seconds, 50.0)
+            .latency(0.02)
+            .sessions(1.0)
+            .inserts(0.003)
+    };
+    let slow = Phase::new(12.0, 100.0)
+        .latency(0.5)
+        .sessions(1.0)
+        .inserts(0.003)
+        .causes(&[DatabaseSessions]);
+    let outcome = simulate(cfg, 20, &[fast(5.0), slow, fast(20.0)]);
+    assert_controlled(&outcome, 1.15);
+    assert_eq!(outcome.left_unsent, 0, "every waiting send went in");
+    for e in outcome.episodes(0.9) {
+        let recovery = e.recovery_seconds.expect("state 0 came back");
+        assert!(
+            recovery <= 8.0,
+            "{:?}: state 0 {recovery} s after the slow handlers",
+            e.direction
+        );
+    }
+}

@@ -1,13 +1,16 @@
 //! A simulated host for the throttling policy (the "plant"), in simulated time.
 //!
 //! Sends are offered to a publisher, wait out publishing's delay and pace, and are stored at
-//! the rate the store allows; stored messages wait in a backlog; receivers take them as their
-//! queue's limit, delivery's delay and pace and the delivery ceiling allow; handlers run for a
-//! latency while holding memory, and finish. Time moves in 10 ms steps. The policy is the
-//! host's own [`Policy`]: its delivery ceiling reads the usage at every step (as the service
-//! reads it every few milliseconds) and its controller ticks every sample interval on readings
-//! built as the service builds them (the same [`RateWindow`]s and [`DrainMeter`]). Minutes of behaviour
-//! take milliseconds, and a run is the same every time.
+//! the rate the store allows (an insert holds a database session for its duration); stored
+//! messages wait in a backlog; receivers take them as their queue's limit, delivery's delay
+//! and pace and the delivery ceiling allow; handlers run for a latency while holding memory,
+//! threads or sessions, and finish. Time moves in 10 ms steps. The policy is the host's own
+//! [`Policy`]: its delivery ceiling reads the usage at every step, after the step's receives
+//! started (as the service's reads every few milliseconds see whatever just started; read
+//! before them, each message of a 20 ms handler showed in one read of two, and the sessions'
+//! mean read half of what was in use), and its controller ticks every sample interval on
+//! readings built as the service builds them (the same [`RateWindow`]s and [`DrainMeter`]).
+//! Minutes of behaviour take milliseconds, and a run is the same every time.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -41,6 +44,8 @@ pub struct Phase {
     pub threads_per_message: f64,
     /// Database sessions a message holds while in its handler (1: its receive's connection).
     pub sessions_per_message: f64,
+    /// How long an insert holds its connection, seconds: the publisher's own sessions.
+    pub insert_seconds: f64,
     /// The conditions this phase causes: their episodes' recovery is measured from its end.
     pub causes: &'static [Condition],
 }
@@ -56,6 +61,7 @@ impl Phase {
             memory_per_message: 0.0,
             threads_per_message: 0.0,
             sessions_per_message: 0.0,
+            insert_seconds: 0.0,
             causes: &[],
         }
     }
@@ -75,6 +81,14 @@ impl Phase {
     pub fn sessions(self, sessions_per_message: f64) -> Self {
         Phase {
             sessions_per_message,
+            ..self
+        }
+    }
+
+    /// Each insert holds a connection for `insert_seconds`.
+    pub fn inserts(self, insert_seconds: f64) -> Self {
+        Phase {
+            insert_seconds,
             ..self
         }
     }
@@ -198,6 +212,8 @@ struct World {
     offer_credit: f64,
     /// Sends admitted, waiting for the store.
     admitted: f64,
+    /// Connections the inserts of this step hold (an insert's share of a step).
+    insert_sessions: f64,
     store_credit: f64,
     backlog: f64,
     /// Each running message: its remaining seconds and what it holds.
@@ -231,7 +247,7 @@ impl World {
     }
 
     fn sessions(&self) -> u64 {
-        self.running.iter().map(|r| r.sessions).sum::<f64>() as u64
+        (self.insert_sessions + self.running.iter().map(|r| r.sessions).sum::<f64>()).round() as u64
     }
 }
 
@@ -277,12 +293,12 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
     let origin = tokio::time::Instant::now();
     let mut windows: [RateWindow; 2] = Default::default();
     let mut drain = DrainMeter::default();
-    let mut held = false;
     let mut w = World {
         base_memory: 16.0 * MIB,
         offered: VecDeque::new(),
         offer_credit: 0.0,
         admitted: 0.0,
+        insert_sessions: 0.0,
         store_credit: 0.0,
         backlog: backlog as f64,
         running: Vec::new(),
@@ -292,6 +308,17 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
         started_total: 0,
         done_total: 0,
     };
+    // What the ceiling allowed at its last read: it holds until the next one. Its first read
+    // is of the host before anything started.
+    let idle = Usage {
+        process_memory: w.memory() as u64,
+        system_memory_used: (OTHERS_MEMORY + w.memory()) as u64,
+        threads: w.threads(),
+        ..Usage::default()
+    };
+    let mut allowance = policy
+        .between_ticks(origin, idle, AdmissionCounts::default())
+        .map_or(f64::MAX, |a| a as f64);
     let mut delivery = Admission::default();
     let mut publishing = Admission::default();
     let mut limit = max;
@@ -330,6 +357,25 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
             } else {
                 f64::MAX / 4.0
             };
+            let wanted = free
+                .min(w.backlog.floor())
+                .min(w.receive_credit.floor())
+                .max(0.0);
+            let starts = delivery.paced(wanted.min(allowance));
+            let held = starts < wanted && starts >= allowance;
+            w.started_total += starts as u64;
+            for _ in 0..starts as u32 {
+                w.running.push(Running {
+                    left: phase.latency,
+                    memory: phase.memory_per_message,
+                    threads: phase.threads_per_message,
+                    sessions: phase.sessions_per_message,
+                });
+            }
+            w.backlog -= starts;
+            w.receive_credit = (w.receive_credit - starts).min(limit as f64);
+            // The ceiling reads what is in use now, the receives just started included, and
+            // allows what may start until its next read.
             let process_memory = w.memory() + jitter();
             let usage = Usage {
                 process_memory: process_memory as u64,
@@ -344,26 +390,9 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
                 ..AdmissionCounts::default()
             };
             let now = origin + Duration::from_secs_f64(t);
-            let allowance = policy
+            allowance = policy
                 .between_ticks(now, usage, counts)
                 .map_or(f64::MAX, |a| a as f64);
-            let wanted = free
-                .min(w.backlog.floor())
-                .min(w.receive_credit.floor())
-                .max(0.0);
-            let starts = delivery.paced(wanted.min(allowance));
-            held = starts < wanted && starts >= allowance;
-            w.started_total += starts as u64;
-            for _ in 0..starts as u32 {
-                w.running.push(Running {
-                    left: phase.latency,
-                    memory: phase.memory_per_message,
-                    threads: phase.threads_per_message,
-                    sessions: phase.sessions_per_message,
-                });
-            }
-            w.backlog -= starts;
-            w.receive_credit = (w.receive_credit - starts).min(limit as f64);
             t += STEP;
             if t + 1e-9 < next_tick {
                 continue;
@@ -446,6 +475,7 @@ fn publish(w: &mut World, phase: &Phase, admission: &mut Admission, t: f64) {
     w.store_credit -= stored;
     w.stored_total += stored as u64;
     w.backlog += stored;
+    w.insert_sessions = stored * phase.insert_seconds / STEP;
 }
 
 /// Every episode meets the control bounds: engaged within 2 samples, peak at most `peak` x

@@ -908,22 +908,25 @@ impl Controller {
                 {
                     next = next.min(capped);
                 }
+                let offered = rates.recent_incoming_per_sec.max(1.0);
                 // After database sessions, the sends that waited the episode out take
                 // connections from the receivers they fill: let in as the pace opened, each
                 // batch of them filled the receivers back to the threshold, and the state
                 // engaged again (twice in `database-sessions`). They go in at what holds the
-                // sessions' mean below the resume line, and the pace ends only once no more
-                // wait than arrive within a sample: ended when those waiting would pass
-                // within a sample at the pace, it let 80-90 in at once, and those engaged it.
+                // sessions' mean below the resume line, never below twice what is offered
+                // now (a host whose load keeps the mean above it would otherwise stay paced
+                // for good), and the pace ends only once no more wait than arrive within a
+                // sample: ended when those waiting would pass within a sample at the pace,
+                // it let 80-90 in at once, and those engaged it.
                 let mut ends_at = next;
                 if let Some((mean, threshold)) = tick.sessions_release {
                     let resume = self.config.resume_ratio;
-                    next = next.min(law::session_release_rate(p, mean, threshold, resume));
-                    ends_at = rates.recent_incoming_per_sec.max(1.0);
+                    let release = law::session_release_rate(p, mean, threshold, resume);
+                    next = next.min(release.max(2.0 * offered));
+                    ends_at = offered;
                 }
                 // Done when new requests pass with room to spare and those still waiting
                 // would pass within one sample at this pace anyway (no burst at the end).
-                let offered = rates.recent_incoming_per_sec.max(1.0);
                 (next < 2.0 * offered || !passes_within_a_sample(ends_at)).then_some(next)
             }
             (true, None, None) => None,

@@ -617,9 +617,10 @@ fn a_relaxing_delivery_pace_lasts_until_what_it_held_back_would_pass_within_a_sa
 /// nothing of what publishing adds, and the pace relaxes as after any cause.
 #[test]
 fn sends_that_waited_out_a_sessions_episode_are_let_in_by_the_sessions_mean() {
+    // 20 sends a second offered and stored.
     let waiting = |waiting| RateReading {
         waiting,
-        ..imbalanced(50.0, 50.0, 50)
+        ..imbalanced(20.0, 20.0, 50)
     };
     let episode = Readings {
         database_sessions: 25,
@@ -648,7 +649,7 @@ fn sends_that_waited_out_a_sessions_episode_are_let_in_by_the_sessions_mean() {
     let d = c.tick(secs(0.5), &cleared(16.2, 400), &queues());
     assert!((d.publishing.pace_rate.unwrap() - 50.0).abs() < 1e-9);
     // Opened again until 20 waiting would pass within a sample at the pace (at 380/s): still
-    // paced, since more wait than arrive within a sample (12.5 at 50/s). Then it ends.
+    // paced, since more wait than arrive within a sample (5 at 20/s). Then it ends.
     let mut t = 0.75;
     let mut rate = 0.0;
     while rate < 300.0 {
@@ -661,11 +662,29 @@ fn sends_that_waited_out_a_sessions_episode_are_let_in_by_the_sessions_mean() {
     }
     let d = c.tick(secs(t), &cleared(2.0, 20), &queues());
     assert!(d.publishing.pace_rate.is_some(), "20 still wait");
-    let d = c.tick(secs(t + 0.25), &cleared(2.0, 10), &queues());
+    let d = c.tick(secs(t + 0.25), &cleared(2.0, 4), &queues());
     assert_eq!(
         d.publishing.pace_rate, None,
         "no more wait than arrive in a sample"
     );
+    // A load that keeps the mean over the setpoint closes the pace to no less than twice
+    // what is offered (40/s): what waits goes in, and the pace ends.
+    let mut c = controller();
+    c.tick(secs(0.0), &episode, &queues());
+    let mut rates = Vec::new();
+    let mut t = 0.25;
+    let mut waiting_now = 100u64;
+    while let Some(rate) = c
+        .tick(secs(t), &cleared(16.2, waiting_now), &queues())
+        .publishing
+        .pace_rate
+    {
+        rates.push(rate);
+        waiting_now = waiting_now.saturating_sub((rate - 20.0) as u64 / 4);
+        t += 0.25;
+        assert!(t < 10.0, "the pace ends: {rates:?}");
+    }
+    assert!(rates.iter().all(|r| *r >= 40.0 - 1e-9), "{rates:?}");
     // With delivery held by the in-process count, the sessions' mean does not close the pace.
     let mut c = controller();
     c.tick(secs(0.0), &episode, &queues());

@@ -173,7 +173,7 @@ const FRESH_DEPTH_SHARE: f64 = 0.8;
 /// Runs the loop until `stop` is cancelled.
 pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
     let host_metrics = parts.metrics.host();
-    let mut loop_state = LoopState::default();
+    let mut loop_state = LoopState::starting(parts.clock.now());
     let mut last_upkeep = parts.clock.now();
     let control = parts.control.clone();
     loop {
@@ -250,6 +250,21 @@ struct LoopState {
     windows: [RateWindow; 2],
     drain: DrainMeter,
     last_size: u64,
+}
+
+impl LoopState {
+    /// The loop's state as the service starts at `now`: the rate windows begin at the
+    /// counters' origin, not at the first tick. A host starting on a backlog receives it
+    /// within milliseconds, and when its receivers ran before the first tick, the window's
+    /// first snapshot already held every receive: it counted none of them, and `cold-start`'s
+    /// rate imbalance never engaged (1 release run in 4).
+    fn starting(now: Duration) -> Self {
+        let mut state = LoopState::default();
+        for window in &mut state.windows {
+            window.record(now, (0, 0), Duration::ZERO);
+        }
+        state
+    }
 }
 
 /// Sense, decide (the policy), apply.
@@ -395,5 +410,28 @@ fn export(metrics: &HostMetrics, snapshot: &Snapshot) {
     for (value, v, threshold, t) in pairs {
         value.set(v as f64);
         threshold.set(off(t));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Receives made before the first tick count in its window.
+    #[test]
+    fn the_rate_windows_count_from_the_services_start() {
+        let mut state = LoopState::starting(Duration::ZERO);
+        let window = Duration::from_secs(5);
+        let first = state.windows[Direction::Delivery.index()].record(
+            Duration::from_millis(3),
+            (1000, 0),
+            window,
+        );
+        assert_eq!(first.samples, 1000);
+        let unseeded = RateWindow::default().record(Duration::from_millis(3), (1000, 0), window);
+        assert_eq!(
+            unseeded.samples, 0,
+            "a window begun at the first tick misses them"
+        );
     }
 }

@@ -246,6 +246,18 @@ impl World {
         (BASE_THREADS + self.running.iter().map(|r| r.threads).sum::<f64>()) as u64
     }
 
+    /// What the delivery ceiling reads, with `noise` on the process's memory.
+    fn usage(&self, noise: f64) -> Usage {
+        let process_memory = self.memory() + noise;
+        Usage {
+            process_memory: process_memory as u64,
+            system_memory_used: (OTHERS_MEMORY + process_memory) as u64,
+            in_process: self.running.len() as u64,
+            threads: self.threads(),
+            database_sessions: self.sessions(),
+        }
+    }
+
     fn sessions(&self) -> u64 {
         (self.insert_sessions + self.running.iter().map(|r| r.sessions).sum::<f64>()).round() as u64
     }
@@ -310,14 +322,8 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
     };
     // What the ceiling allowed at its last read: it holds until the next one. Its first read
     // is of the host before anything started.
-    let idle = Usage {
-        process_memory: w.memory() as u64,
-        system_memory_used: (OTHERS_MEMORY + w.memory()) as u64,
-        threads: w.threads(),
-        ..Usage::default()
-    };
     let mut allowance = policy
-        .between_ticks(origin, idle, AdmissionCounts::default())
+        .between_ticks(origin, w.usage(0.0), AdmissionCounts::default())
         .map_or(f64::MAX, |a| a as f64);
     let mut delivery = Admission::default();
     let mut publishing = Admission::default();
@@ -376,14 +382,7 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
             w.receive_credit = (w.receive_credit - starts).min(limit as f64);
             // The ceiling reads what is in use now, the receives just started included, and
             // allows what may start until its next read.
-            let process_memory = w.memory() + jitter();
-            let usage = Usage {
-                process_memory: process_memory as u64,
-                system_memory_used: (OTHERS_MEMORY + process_memory) as u64,
-                in_process: w.running.len() as u64,
-                threads: w.threads(),
-                database_sessions: w.sessions(),
-            };
+            let usage = w.usage(jitter());
             let counts = AdmissionCounts {
                 started: w.started_total,
                 held,

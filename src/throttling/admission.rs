@@ -7,6 +7,8 @@
 //! * **pacing**: admissions are spaced `pace` apart across all callers (rate imbalance). Paced
 //!   callers queue in FIFO order behind a fair async lock; only the head of the queue waits on
 //!   the timer, so thousands of waiting callers cost one wake-up per admission, not thousands.
+//!   Slots are due `pace` after the previous slot, not after the late wake-up that served it,
+//!   so the rate holds for paces finer than the timer; an idle pace banks one slot at most.
 //!
 //! When neither is set, [`Admission::admit`] is two relaxed atomic loads. Waiters are woken
 //! when the controller relaxes either setting, so a delay that ends early ends for them too.
@@ -277,8 +279,11 @@ impl Admission {
             if slot > now {
                 return RecheckAt(slot);
             }
-            self.next_slot_ns
-                .store(now.saturating_add(pace), Ordering::Relaxed);
+            // The next slot follows this one, not the wake-up: the timer wakes a waiter up
+            // to a millisecond late, and counted from the wake-up a 2.5 ms pace admitted one
+            // per 3 ms. A slot long past (an idle pace) gives at most one interval of credit.
+            let next = slot.max(now.saturating_sub(pace)).saturating_add(pace);
+            self.next_slot_ns.store(next, Ordering::Relaxed);
             Ready(Duration::from_nanos(now - start))
         })
         .await
@@ -428,6 +433,25 @@ mod tests {
         );
         let order = order.lock().unwrap();
         assert!(order.windows(2).all(|w| w[0] < w[1]), "FIFO");
+    }
+
+    /// The timer wakes a waiter up to a millisecond after its slot; counted from the wake-up,
+    /// a pace of 400 a second (2.5 ms) admitted about 333 (one per 3 ms). Slots follow each
+    /// other from where the last one was due, so waking late costs no admissions.
+    #[tokio::test(start_paused = true)]
+    async fn a_pace_finer_than_the_timer_admits_at_its_rate() {
+        let a = Arc::new(Admission::default());
+        a.set(Duration::ZERO, Some(Duration::from_micros(2500)));
+        let start = Instant::now();
+        for _ in 0..400 {
+            a.admit().await;
+        }
+        let elapsed = start.elapsed();
+        assert!(
+            elapsed <= Duration::from_millis(1000),
+            "400 admissions at 2.5 ms took {elapsed:?}"
+        );
+        assert!(elapsed >= Duration::from_millis(995), "{elapsed:?}");
     }
 
     #[tokio::test(start_paused = true)]

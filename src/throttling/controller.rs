@@ -441,6 +441,9 @@ struct DirectionTick<'a> {
     backlog_growing: bool,
     /// Messages waiting in the receiving queues (delivery; 0 for publishing).
     queued: u64,
+    /// Some receiver could take a message now (its queue is below its limit); always true
+    /// for publishing, which has no receivers.
+    room: bool,
     /// Publishing, when it relaxes from database sessions and delivery has no other cause:
     /// the sessions' mean since the last tick and their threshold, to let the sends that
     /// waited out the episode in by ([`law::session_release_rate`]).
@@ -581,8 +584,20 @@ impl Controller {
             .last_pressure
             .is_some_and(|at| now.saturating_sub(at) <= AFTER_PRESSURE);
         let (queue_limits, limits_reduced) = self.limit_queues(&pressure, queues, after_pressure);
-        let delivery = self.decide(Direction::Delivery, now, dt, readings, limits_reduced);
-        let publishing = self.decide(Direction::Publishing, now, dt, readings, false);
+        // A receiver with room: messages queued beyond what was queued when a rate pace took
+        // hold are the pace's doing only while one could take them.
+        let receivers_have_room = queues
+            .iter()
+            .any(|q| q.in_flight < queue_limits.get(&q.name).copied().unwrap_or(q.max));
+        let delivery = self.decide(
+            Direction::Delivery,
+            now,
+            dt,
+            readings,
+            limits_reduced,
+            receivers_have_room,
+        );
+        let publishing = self.decide(Direction::Publishing, now, dt, readings, false, true);
         self.last_database_size = Some(readings.database_size);
         Decision {
             at: now,
@@ -761,6 +776,7 @@ impl Controller {
         dt: f64,
         readings: &Readings,
         limits_reduced: bool,
+        room: bool,
     ) -> DirectionDecision {
         let config = self.direction_config(direction).clone();
         let conditions = self.conditions(direction, now, readings, &config);
@@ -779,6 +795,7 @@ impl Controller {
                 Direction::Delivery => readings.queued,
                 Direction::Publishing => 0,
             },
+            room,
             sessions_release: self.sessions_release(direction, readings),
             config: &config,
         };
@@ -872,70 +889,105 @@ impl Controller {
         // admission only for messages they were started for; without the queued ones, a pace
         // that relaxed ended with 190 messages held back in the queue, and they were all
         // received within half a second.
+        // A host whose receivers are all at their limits holds its queue back itself: a
+        // release line capping a pace that does not bind would never see that queue drain
+        // (28 a second offered into 21 handlers of 1 s stayed paced for 26 s).
         let held_back = st
             .queued_at_pace
+            .filter(|_| tick.room)
             .map_or(0, |base| tick.queued.saturating_sub(base));
         let waiting = rates.waiting.max(held_back);
-        st.pace_rate = match (tick.applies, target, st.pace_rate) {
+        let next = match (tick.applies, target, st.pace_rate) {
             (false, _, _) => None,
             (true, Some(t), _) => Some(t),
             (true, None, Some(p)) => {
-                let mut next = p * law::PACE_RELAX_GROWTH;
-                let passes_within_a_sample = |rate: f64| waiting as f64 <= rate * tick.dt.max(0.05);
-                // After a cause that paces against the drain, the requests that waited it out
-                // are let in no faster than the backlog drains, with room to spare only as far
-                // as its resource is below the threshold (the drain law, not a free release),
-                // while the stored backlog grows. While it does not, or once those left would
-                // pass within a sample at the pace so far, the pace opens by itself: the drain
-                // is measured from what is let in, so with the backlog keeping up a pace capped
-                // at the drain would hardly grow and never end.
-                //
-                // Only after database size: the backlog is its resource. After memory or
-                // sessions, a backlog that grows because another cause holds delivery (slow
-                // handlers filling the in-process count) would keep publishing paced, and its
-                // state showing memory, for as long as that other cause lasts.
-                let relaxing_from = st.cause.and_then(|cause| {
-                    conditions.iter().find(|c| {
-                        c.condition == cause
-                            && cause == Condition::DatabaseSize
-                            && tick.paced_by_drain(c)
-                    })
-                });
-                if let Some(capped) =
-                    relaxing_from.and_then(|c| tick.drain_paced_rate(c, self.config.resume_ratio))
-                    && tick.backlog_growing
-                    && !passes_within_a_sample(p)
-                {
-                    next = next.min(capped);
-                }
-                let offered = rates.recent_incoming_per_sec.max(1.0);
-                // After database sessions, the sends that waited the episode out take
-                // connections from the receivers they fill: let in as the pace opened, each
-                // batch of them filled the receivers back to the threshold, and the state
-                // engaged again (twice in `database-sessions`). They go in at what holds the
-                // sessions' mean below the resume line, never below twice what is offered
-                // now (a host whose load keeps the mean above it would otherwise stay paced
-                // for good), and the pace ends only once no more wait than arrive within a
-                // sample: ended when those waiting would pass within a sample at the pace,
-                // it let 80-90 in at once, and those engaged it.
-                let mut ends_at = next;
-                if let Some((mean, threshold)) = tick.sessions_release {
-                    let resume = self.config.resume_ratio;
-                    let release = law::session_release_rate(p, mean, threshold, resume);
-                    next = next.min(release.max(2.0 * offered));
-                    ends_at = offered;
-                }
-                // Done when new requests pass with room to spare and those still waiting
-                // would pass within one sample at this pace anyway (no burst at the end).
-                (next < 2.0 * offered || !passes_within_a_sample(ends_at)).then_some(next)
+                let cause = st.cause;
+                self.relaxed_pace(tick, conditions, cause, p, waiting)
             }
             (true, None, None) => None,
         };
+        let st = &mut self.directions[tick.direction.index()];
+        st.pace_rate = next;
         if st.pace_rate.is_none() {
             st.queued_at_pace = None;
         }
         st.pace_rate
             .and_then(|r| law::pace_interval(r, tick.config.max_delay))
+    }
+
+    /// The pace after its causes have cleared, from `p` so far, with `waiting` requests on it;
+    /// None once it ends.
+    fn relaxed_pace(
+        &self,
+        tick: &DirectionTick,
+        conditions: &[ConditionStatus],
+        cause: Option<Condition>,
+        p: f64,
+        waiting: u64,
+    ) -> Option<f64> {
+        let rates = tick.rates;
+        let mut next = p * law::PACE_RELAX_GROWTH;
+        let passes_within_a_sample = |rate: f64| waiting as f64 <= rate * tick.dt.max(0.05);
+        // After a cause that paces against the drain, the requests that waited it out
+        // are let in no faster than the backlog drains, with room to spare only as far
+        // as its resource is below the threshold (the drain law, not a free release),
+        // while the stored backlog grows. While it does not, or once those left would
+        // pass within a sample at the pace so far, the pace opens by itself: the drain
+        // is measured from what is let in, so with the backlog keeping up a pace capped
+        // at the drain would hardly grow and never end.
+        //
+        // Only after database size: the backlog is its resource. After memory or
+        // sessions, a backlog that grows because another cause holds delivery (slow
+        // handlers filling the in-process count) would keep publishing paced, and its
+        // state showing memory, for as long as that other cause lasts.
+        let relaxing_from = cause.and_then(|cause| {
+            conditions.iter().find(|c| {
+                c.condition == cause && cause == Condition::DatabaseSize && tick.paced_by_drain(c)
+            })
+        });
+        if let Some(capped) =
+            relaxing_from.and_then(|c| tick.drain_paced_rate(c, self.config.resume_ratio))
+            && tick.backlog_growing
+            && !passes_within_a_sample(p)
+        {
+            next = next.min(capped);
+        }
+        let offered = rates.recent_incoming_per_sec.max(1.0);
+        // After a rate imbalance, what the pace held back goes in at the resume line
+        // (recent outgoing x overdrive x resume ratio), and the pace ends once what is
+        // left would pass within a sample at that line. Opened by half a sample, the
+        // pace let a held-back queue in at four times the completions' rate, the
+        // window's incoming ran past the line again, and the state engaged a second
+        // time (`delivery-burst`: 110 received in one sample, state 0 after 11 s).
+        // What waits is the measure of need here, not the offered rate: a paced
+        // direction's incoming is what the pace lets in.
+        let mut needs_room = true;
+        if cause == Some(Condition::RateImbalance) {
+            let line = rates.recent_outgoing_per_sec * tick.config.overdrive_percent as f64 / 100.0
+                * self.config.resume_ratio;
+            // With nothing completed lately there is no line: hold where it is.
+            next = if line > 0.0 { next.min(line) } else { p };
+            needs_room = false;
+        }
+        // After database sessions, the sends that waited the episode out take
+        // connections from the receivers they fill: let in as the pace opened, each
+        // batch of them filled the receivers back to the threshold, and the state
+        // engaged again (twice in `database-sessions`). They go in at what holds the
+        // sessions' mean below the resume line, never below twice what is offered
+        // now (a host whose load keeps the mean above it would otherwise stay paced
+        // for good), and the pace ends only once no more wait than arrive within a
+        // sample: ended when those waiting would pass within a sample at the pace,
+        // it let 80-90 in at once, and those engaged it.
+        let mut ends_at = next;
+        if let Some((mean, threshold)) = tick.sessions_release {
+            let resume = self.config.resume_ratio;
+            let release = law::session_release_rate(p, mean, threshold, resume);
+            next = next.min(release.max(2.0 * offered));
+            ends_at = offered;
+        }
+        // Done when new requests pass with room to spare and those still waiting
+        // would pass within one sample at this pace anyway (no burst at the end).
+        ((needs_room && next < 2.0 * offered) || !passes_within_a_sample(ends_at)).then_some(next)
     }
 
     /// The state: the top cause, or the last cause while its actions relax.

@@ -531,15 +531,19 @@ fn rate_imbalance_paces_at_outgoing_times_overdrive_and_relaxes_gradually() {
         .find(|c| c.condition == Condition::RateImbalance)
         .unwrap();
     assert_eq!((status.value, status.threshold), (300.0, 100.0));
-    // Balanced again: the pace opens by half per sample instead of releasing its queue at
-    // once, and the state says so until it is gone.
-    let balanced = Readings {
-        publishing: imbalanced(85.0, 80.0, 4500),
-        ..quiet()
-    };
+    // Balanced again, with 60 sends waiting: they go in at the resume line (80 x 1.25 x 0.9
+    // = 90 a second), not at a pace that opens by half per sample, and the state says so
+    // until what is left (30) would pass within a sample (0.5 s) at that line.
     let mut rates = Vec::new();
     let mut t = 0.5;
-    loop {
+    for waiting in [60, 30, 30] {
+        let balanced = Readings {
+            publishing: RateReading {
+                waiting,
+                ..imbalanced(85.0, 80.0, 4500)
+            },
+            ..quiet()
+        };
         let d = c.tick(secs(t), &balanced, &queues());
         t += 0.5;
         match d.publishing.pace_rate {
@@ -553,11 +557,7 @@ fn rate_imbalance_paces_at_outgoing_times_overdrive_and_relaxes_gradually() {
             }
         }
     }
-    assert_eq!(
-        rates,
-        vec![150.0],
-        "100 -> 150 -> 225 (> 2 x 85 offered: done)"
-    );
+    assert_eq!(rates, vec![90.0], "60 waiting, then 30 pass within 0.5 s");
 }
 
 /// After a delivery rate episode, the messages that queued up while the pace held receives
@@ -575,40 +575,57 @@ fn a_relaxing_delivery_pace_lasts_until_what_it_held_back_would_pass_within_a_sa
     let d = c.tick(secs(0.0), &engaged, &queues());
     assert_eq!(d.delivery.state, 1);
     assert_eq!(d.delivery.pace_rate, Some(100.0), "80 x 1.25");
-    // Balanced again, with 400 more queued than when the pace took hold.
-    let balanced = Readings {
+    // Balanced again, with 400 more queued than when the pace took hold, going down by what
+    // the pace lets in (45 in 0.5 s at 90 a second) while none arrive.
+    let balanced = |held_back: u64| Readings {
         delivery: imbalanced(85.0, 80.0, 4500),
-        queued: 410,
+        queued: 10 + held_back,
         ..quiet()
     };
     let mut rates = Vec::new();
+    let mut held_back = 400;
     let mut t = 0.5;
-    while let Some(rate) = c.tick(secs(t), &balanced, &queues()).delivery.pace_rate {
+    while let Some(rate) = c
+        .tick(secs(t), &balanced(held_back), &queues())
+        .delivery
+        .pace_rate
+    {
         rates.push(rate);
+        held_back = held_back.saturating_sub(45);
         t += 0.5;
         assert!(t < 10.0, "the pace ends: {rates:?}");
     }
     assert_eq!(
         rates,
-        vec![150.0, 225.0, 337.5, 506.25, 759.375],
-        "opens by half per sample until 400 pass within 0.5 s (at 1 139/s)"
+        vec![90.0; 8],
+        "at the resume line (80 x 1.25 x 0.9) until 40 left pass within 0.5 s"
     );
-    // Once nothing is held back, the pace ends as soon as new receives pass with room.
+    // With nothing completed lately there is no line: the pace holds where it was.
     let mut c = controller();
     c.tick(secs(0.0), &engaged, &queues());
-    let nothing_held = Readings {
-        queued: 10,
-        ..balanced
+    let stalled = Readings {
+        delivery: imbalanced(10.0, 0.0, 4500),
+        ..balanced(400)
     };
+    let held = c.tick(secs(0.5), &stalled, &queues()).delivery.pace_rate;
+    assert_eq!(held, Some(100.0));
+    // With every receiver at its limit the queue is not the pace's doing: no line holds it.
+    let mut c = controller();
+    c.tick(secs(0.0), &engaged, &queues());
+    let full = [QueueLoad {
+        in_flight: 16,
+        ..QueueLoad::idle("orders", 16)
+    }];
+    let first = c.tick(secs(0.5), &balanced(400), &full).delivery.pace_rate;
+    assert_eq!(first, None, "receivers at their limit");
+    // Once nothing is held back, the pace ends at the first balanced sample.
+    let mut c = controller();
+    c.tick(secs(0.0), &engaged, &queues());
     let first = c
-        .tick(secs(0.5), &nothing_held, &queues())
+        .tick(secs(0.5), &balanced(0), &queues())
         .delivery
         .pace_rate;
-    let second = c
-        .tick(secs(1.0), &nothing_held, &queues())
-        .delivery
-        .pace_rate;
-    assert_eq!((first, second), (Some(150.0), None));
+    assert_eq!(first, None);
 }
 
 /// After a sessions episode, publishing lets the sends that waited it out in at what holds the

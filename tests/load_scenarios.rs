@@ -837,6 +837,15 @@ fn three_host_processes_share_a_fleet_wide_limit_and_survive_a_kill() {
         three >= 0.9 * one,
         "three hosts sharing 12: {three} msg/s, one host with 12: {one} msg/s"
     );
+    // The recorded limit is this process's share, not its local max (16): a third of 12
+    // while three hosts run, half of it once one is gone.
+    let limit = |phase: usize| fleet["phases"][phase]["mean_limit_second_half"].as_f64();
+    assert_eq!(limit(0), Some(4.0), "{:#}", fleet["phases"]);
+    assert!(
+        limit(1).is_some_and(|l| l > 4.0 && l <= 6.0),
+        "{:#}",
+        fleet["phases"]
+    );
     let done: Vec<u64> = fleet["messages_done_by_process"]
         .as_array()
         .unwrap()

@@ -66,6 +66,9 @@ impl Recorder {
                     .queues
                     .iter()
                     .map(|q| {
+                        // What the queue's gate allows once this tick is applied: the least
+                        // of its max, the controller's limit, the downstream guards' limit
+                        // and this instance's fleet share.
                         let limit = snapshot
                             .decision
                             .queue_limits
@@ -73,7 +76,8 @@ impl Recorder {
                             .copied()
                             .unwrap_or(q.load.max)
                             .min(q.load.max)
-                            .min(q.downstream_limit.unwrap_or(u32::MAX));
+                            .min(q.downstream_limit.unwrap_or(u32::MAX))
+                            .min(q.fleet_share.unwrap_or(u32::MAX));
                         (q.load.name.clone(), limit, q.load.in_flight, q.depth)
                     })
                     .collect();

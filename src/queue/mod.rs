@@ -421,6 +421,7 @@ impl QueueRuntime {
             },
             depth: self.depth.get(),
             downstream_limit: Some(self.downstream.limit()).filter(|l| *l != u32::MAX),
+            fleet_share: Some(self.gate.fleet_share()).filter(|s| *s != u32::MAX),
         }
     }
 

@@ -41,6 +41,8 @@ pub struct QueueReading {
     pub depth: u64,
     /// The limit the queue's downstream guards set (outage mode, latency-aware), if any.
     pub downstream_limit: Option<u32>,
+    /// This instance's share of the queue's fleet-wide limit, if it has one.
+    pub fleet_share: Option<u32>,
 }
 
 /// What the host tells the controller each tick: its counters, read without waiting for I/O

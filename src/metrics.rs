@@ -110,6 +110,13 @@ pub const METRICS: &[MetricDef] = &[
         "Admissions per second allowed while pacing (0 = not pacing)",
     ),
     def(
+        "throttling_waiting",
+        G,
+        None,
+        &["direction"],
+        "Requests waiting in the direction's admission now (a delay, a pace or a held ceiling): receives for delivery, sends for publishing",
+    ),
+    def(
         "throttling_condition_active",
         G,
         None,
@@ -592,6 +599,7 @@ impl Metrics {
                 override_mode: self.gauge("throttling_override", &dl),
                 recovering: self.gauge("throttling_recovering", &dl),
                 pace_rate: self.gauge("throttling_pace_messages_per_second", &dl),
+                waiting: self.gauge("throttling_waiting", &dl),
                 conditions: Condition::ALL
                     .iter()
                     .filter(|c| c.state_code(d).is_some())
@@ -752,6 +760,8 @@ pub struct DirectionMetrics {
     pub recovering: Gauge,
     /// Paced admissions per second.
     pub pace_rate: Gauge,
+    /// Requests waiting in the admission.
+    pub waiting: Gauge,
     /// One gauge per applicable condition.
     pub conditions: Vec<(Condition, Gauge)>,
     /// Incoming rate.

@@ -2,11 +2,14 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use throttlehost::HostBuilder;
-use throttlehost::config::{HandlerConfig, SimulateConfig};
+use throttlehost::config::{HandlerConfig, OverrideMode, SimulateConfig};
 use throttlehost::message::OutgoingMessage;
+use throttlehost::throttling::Direction;
 
 /// DESIGN section 6, written out here on purpose (not taken from the code's catalogue).
 const DESIGN_METRICS: &[&str] = &[
@@ -99,4 +102,74 @@ async fn every_design_metric_is_exported() {
     );
     host.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sends held by a publishing override show as waiting in its admission, and leave it when
+/// the override ends; delivery, with nothing held, shows none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_held_in_an_admission_show_as_waiting() {
+    let mut config = common::memory_config("orders");
+    config.queues[0].handler = Some(HandlerConfig::Simulate(SimulateConfig::default()));
+    config.throttling.publishing.override_mode = OverrideMode::Throttle;
+    let host = Arc::new(HostBuilder::new(config).start().await.unwrap());
+    let url = format!("http://{}/metrics", host.admin_address().unwrap());
+    let waiting = move |direction: &'static str| {
+        let url = url.clone();
+        async move {
+            let (_, text, _) =
+                tokio::task::spawn_blocking(move || common::http("GET", &url, b"", &[]))
+                    .await
+                    .unwrap();
+            let line = format!("throttlehost_throttling_waiting{{direction=\"{direction}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&line))
+                .map(|v| v.trim().parse::<f64>().unwrap())
+        }
+    };
+    // A send every 20 ms, each its own task: under the override's delay (100 ms and more)
+    // a few wait in the admission at any tick.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sender = {
+        let (host, stop) = (host.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut sends = Vec::new();
+            for i in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let (host, message) = (host.clone(), OutgoingMessage::new(format!("m{i}")));
+                sends.push(tokio::spawn(
+                    async move { host.send("orders", message).await },
+                ));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            sends
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut seen = None;
+    while tokio::time::Instant::now() < deadline && !seen.is_some_and(|n| n >= 1.0) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = waiting("publishing").await;
+    }
+    assert!(
+        seen.is_some_and(|n| n >= 1.0),
+        "publishing waiting: {seen:?}"
+    );
+    assert_eq!(waiting("delivery").await, Some(0.0));
+    stop.store(true, Ordering::Relaxed);
+    let sends = sender.await.unwrap();
+    host.inner()
+        .set_override(Direction::Publishing, OverrideMode::None);
+    for send in sends {
+        send.await.unwrap().unwrap();
+    }
+    let mut left = None;
+    while tokio::time::Instant::now() < deadline + Duration::from_secs(5) && left != Some(0.0) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = waiting("publishing").await;
+    }
+    assert_eq!(left, Some(0.0), "all sent");
+    let host = Arc::into_inner(host).expect("the sends are done");
+    host.shutdown().await;
 }

@@ -369,6 +369,7 @@ fn export(metrics: &HostMetrics, snapshot: &Snapshot) {
         };
         m.incoming.set(rates.incoming_per_sec);
         m.outgoing.set(rates.outgoing_per_sec);
+        m.waiting.set(rates.waiting as f64);
     }
     let off = |t: Option<u64>| t.unwrap_or(0) as f64;
     let pairs = [

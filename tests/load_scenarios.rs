@@ -467,8 +467,30 @@ fn assert_one_held_in_process_episode(name: &str, scale: f64) {
 /// without flapping, and lets go once the store has caught up.
 #[test]
 fn a_publish_burst_is_paced_once_and_released() {
-    let s = scenario("burst", 0.6);
+    let (s, out) = run("burst", 0.6, None);
+    assert_passed("burst", &s);
     assert_appeared_and_cleared("burst", &s, "publishing", 2);
+    // The timeline shows the pace and the sends it holds, and neither once state 0 is back.
+    let rows = timeline_columns(
+        &out,
+        [
+            "publishing_state",
+            "publishing_pace_per_second",
+            "publishing_waiting",
+        ],
+    );
+    let paced = |row: &[String; 3]| row[1].parse::<f64>().unwrap() > 0.0;
+    let waiting = |row: &[String; 3]| row[2].parse::<u64>().unwrap();
+    assert!(
+        rows.iter()
+            .any(|r| r[0] == "2" && paced(r) && waiting(r) > 0),
+        "no paced tick with sends waiting"
+    );
+    let last = rows.last().unwrap();
+    assert_eq!(
+        (last[0].as_str(), paced(last), waiting(last)),
+        ("0", false, 0)
+    );
     let rate: Vec<&Value> = episodes_of(&s, "rate_imbalance")
         .into_iter()
         .filter(|e| e["direction"] == "publishing")

@@ -429,7 +429,8 @@ pub fn write_csv(run: &RunResult, path: &Path) -> std::io::Result<()> {
 publishing_state,publishing_wait_seconds,publishing_active,publishing_incoming_per_second,publishing_outgoing_per_second,\
 process_memory_bytes,process_memory_threshold_bytes,system_memory_used_bytes,system_memory_threshold_bytes,\
 in_process,in_process_threshold,threads,threads_threshold,database_size,database_size_threshold,\
-database_sessions,database_sessions_threshold,messages_sent,messages_done",
+database_sessions,database_sessions_threshold,messages_sent,messages_done,\
+delivery_waiting,delivery_pace_per_second,publishing_waiting,publishing_pace_per_second,database_sessions_mean",
     );
     for q in &queue_names {
         let _ = write!(header, ",limit_{q},in_flight_{q},depth_{q}");
@@ -441,7 +442,7 @@ database_sessions,database_sessions_threshold,messages_sent,messages_done",
         let th = &s.snapshot.thresholds;
         let off = |t: Option<u64>| t.unwrap_or(0);
         let mut row = format!(
-            "{:.3},{},{},{:.6},{},{:.1},{:.1},{},{:.6},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{:.3},{},{},{:.6},{},{:.1},{:.1},{},{:.6},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.1},{},{:.1},{}",
             s.t,
             csv_field(&s.phase),
             d.delivery.state,
@@ -468,6 +469,13 @@ database_sessions,database_sessions_threshold,messages_sent,messages_done",
             off(th.database_sessions),
             s.sent,
             s.done,
+            r.delivery.waiting,
+            d.delivery.pace_rate.unwrap_or(0.0),
+            r.publishing.waiting,
+            d.publishing.pace_rate.unwrap_or(0.0),
+            // Empty when nothing guards the sessions (the ceiling keeps no mean then).
+            r.database_sessions_mean
+                .map_or(String::new(), |m| format!("{m:.1}")),
         );
         for (_, limit, in_flight, depth) in &s.queues {
             let _ = write!(row, ",{limit},{in_flight},{depth}");

@@ -19,6 +19,9 @@ use std::time::Duration;
 use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
 
+/// How late the timer may wake a paced waiter: twice its millisecond resolution.
+const TIMER_SLACK_NS: u64 = 2_000_000;
+
 /// One direction's admission control.
 #[derive(Debug)]
 pub struct Admission {
@@ -281,8 +284,12 @@ impl Admission {
             }
             // The next slot follows this one, not the wake-up: the timer wakes a waiter up
             // to a millisecond late, and counted from the wake-up a 2.5 ms pace admitted one
-            // per 3 ms. A slot long past (an idle pace) gives at most one interval of credit.
-            let next = slot.max(now.saturating_sub(pace)).saturating_add(pace);
+            // per 3 ms. Slots that fell due while the waiter slept are served at once, so a
+            // pace finer than the timer admits its rate in small batches (a 200 us pace gave
+            // 2 000 a second for 5 000 asked when only one interval could be caught up). A
+            // slot long past (an idle pace) leaves that much credit at most.
+            let catch_up = pace.max(TIMER_SLACK_NS);
+            let next = slot.max(now.saturating_sub(catch_up)).saturating_add(pace);
             self.next_slot_ns.store(next, Ordering::Relaxed);
             Ready(Duration::from_nanos(now - start))
         })
@@ -452,6 +459,24 @@ mod tests {
             "400 admissions at 2.5 ms took {elapsed:?}"
         );
         assert!(elapsed >= Duration::from_millis(995), "{elapsed:?}");
+    }
+
+    /// A pace finer than the timer's resolution: the slots that fell due while the waiter
+    /// slept are served as it wakes, so 5 000 a second are 5 000 a second.
+    #[tokio::test(start_paused = true)]
+    async fn a_pace_finer_than_a_millisecond_admits_at_its_rate() {
+        let a = Arc::new(Admission::default());
+        a.set(Duration::ZERO, Some(Duration::from_micros(200)));
+        let start = Instant::now();
+        for _ in 0..5000 {
+            a.admit().await;
+        }
+        let elapsed = start.elapsed();
+        assert!(
+            elapsed <= Duration::from_millis(1005),
+            "5 000 admissions at 200 us took {elapsed:?}"
+        );
+        assert!(elapsed >= Duration::from_millis(990), "{elapsed:?}");
     }
 
     #[tokio::test(start_paused = true)]

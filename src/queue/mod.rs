@@ -420,6 +420,7 @@ impl QueueRuntime {
                 in_flight: self.gate.in_flight(),
             },
             depth: self.depth.get(),
+            limit: self.gate.effective(),
             downstream_limit: Some(self.downstream.limit()).filter(|l| *l != u32::MAX),
             fleet_share: Some(self.gate.fleet_share()).filter(|s| *s != u32::MAX),
         }

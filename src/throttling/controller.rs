@@ -105,8 +105,8 @@ pub struct Readings {
     /// Database connections in use, averaged over the delivery ceiling's reads since the
     /// last tick, when it guards them.
     pub database_sessions_mean: Option<f64>,
-    /// Messages waiting in this host's receiving queues (their last known depths): the
-    /// backlog a delivery pace holds back.
+    /// Messages waiting in this host's receiving queues that have room below their limits
+    /// (their last known depths): the backlog a delivery pace can be holding back.
     pub queued: u64,
     /// How fast the stored backlog drains (messages/s over the last seconds), when known:
     /// what publishing is paced against under publishing pressure.
@@ -441,9 +441,6 @@ struct DirectionTick<'a> {
     backlog_growing: bool,
     /// Messages waiting in the receiving queues (delivery; 0 for publishing).
     queued: u64,
-    /// Some receiver could take a message now (its queue is below its limit); always true
-    /// for publishing, which has no receivers.
-    room: bool,
     /// Publishing, when it relaxes from database sessions and delivery has no other cause:
     /// the sessions' mean since the last tick and their threshold, to let the sends that
     /// waited out the episode in by ([`law::session_release_rate`]).
@@ -584,20 +581,8 @@ impl Controller {
             .last_pressure
             .is_some_and(|at| now.saturating_sub(at) <= AFTER_PRESSURE);
         let (queue_limits, limits_reduced) = self.limit_queues(&pressure, queues, after_pressure);
-        // A receiver with room: messages queued beyond what was queued when a rate pace took
-        // hold are the pace's doing only while one could take them.
-        let receivers_have_room = queues
-            .iter()
-            .any(|q| q.in_flight < queue_limits.get(&q.name).copied().unwrap_or(q.max));
-        let delivery = self.decide(
-            Direction::Delivery,
-            now,
-            dt,
-            readings,
-            limits_reduced,
-            receivers_have_room,
-        );
-        let publishing = self.decide(Direction::Publishing, now, dt, readings, false, true);
+        let delivery = self.decide(Direction::Delivery, now, dt, readings, limits_reduced);
+        let publishing = self.decide(Direction::Publishing, now, dt, readings, false);
         self.last_database_size = Some(readings.database_size);
         Decision {
             at: now,
@@ -776,7 +761,6 @@ impl Controller {
         dt: f64,
         readings: &Readings,
         limits_reduced: bool,
-        room: bool,
     ) -> DirectionDecision {
         let config = self.direction_config(direction).clone();
         let conditions = self.conditions(direction, now, readings, &config);
@@ -795,7 +779,6 @@ impl Controller {
                 Direction::Delivery => readings.queued,
                 Direction::Publishing => 0,
             },
-            room,
             sessions_release: self.sessions_release(direction, readings),
             config: &config,
         };
@@ -888,13 +871,10 @@ impl Controller {
         // queued up beyond what was queued when a rate pace took hold. Receivers wait in the
         // admission only for messages they were started for; without the queued ones, a pace
         // that relaxed ended with 190 messages held back in the queue, and they were all
-        // received within half a second.
-        // A host whose receivers are all at their limits holds its queue back itself: a
-        // release line capping a pace that does not bind would never see that queue drain
-        // (28 a second offered into 21 handlers of 1 s stayed paced for 26 s).
+        // received within half a second. (Only queues with room count: a queue at its limit
+        // holds its own backlog; see `Readings::queued`.)
         let held_back = st
             .queued_at_pace
-            .filter(|_| tick.room)
             .map_or(0, |base| tick.queued.saturating_sub(base));
         let waiting = rates.waiting.max(held_back);
         let next = match (tick.applies, target, st.pace_rate) {

@@ -39,6 +39,9 @@ pub struct QueueReading {
     pub load: QueueLoad,
     /// Last known depth.
     pub depth: u64,
+    /// The limit its gate applies now: the least of its max, the controller's limit, the
+    /// downstream guards' limit and this instance's fleet share.
+    pub limit: u32,
     /// The limit the queue's downstream guards set (outage mode, latency-aware), if any.
     pub downstream_limit: Option<u32>,
     /// This instance's share of the queue's fleet-wide limit, if it has one.
@@ -269,12 +272,25 @@ impl LoopState {
     }
 }
 
+/// Messages waiting in the queues that could take one now (below their limit): what a
+/// delivery pace can be holding back. A queue at its limit holds its own backlog, and counted
+/// as the pace's, it kept a relaxing pace at its release line, and the state showing rate
+/// imbalance, until that backlog drained (28 a second into 21 handlers of 1 s: 26 s), even
+/// with an idle queue beside it.
+fn queued_with_room(queues: &[QueueReading]) -> u64 {
+    queues
+        .iter()
+        .filter(|q| q.load.in_flight < q.limit)
+        .map(|q| q.depth)
+        .sum()
+}
+
 /// Sense, decide (the policy), apply.
 fn tick(parts: &mut ServiceParts, config: &ThrottlingConfig, st: &mut LoopState) -> Arc<Snapshot> {
     let now = parts.clock.now();
     let queues = parts.probe.queues();
     let sensed = Readings {
-        queued: queues.iter().map(|q| q.depth).sum(),
+        queued: queued_with_room(&queues),
         ..sense(parts, config, st, now)
     };
     let loads: Vec<QueueLoad> = queues.iter().map(|q| q.load.clone()).collect();
@@ -436,5 +452,24 @@ mod tests {
             unseeded.samples, 0,
             "a window begun at the first tick misses them"
         );
+    }
+
+    #[test]
+    fn only_queues_with_room_count_as_held_back() {
+        let queue = |name: &str, in_flight, limit, depth| QueueReading {
+            load: QueueLoad {
+                in_flight,
+                ..QueueLoad::idle(name, 64)
+            },
+            depth,
+            limit,
+            downstream_limit: None,
+            fleet_share: None,
+        };
+        let full = queue("orders", 21, 21, 900);
+        let idle = queue("invoices", 0, 64, 0);
+        let room = queue("shipping", 10, 64, 300);
+        assert_eq!(queued_with_room(&[full.clone(), idle.clone()]), 0);
+        assert_eq!(queued_with_room(&[full, idle, room]), 300);
     }
 }

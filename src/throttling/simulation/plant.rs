@@ -406,7 +406,12 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
                 threads: w.threads(),
                 database_sessions: w.sessions(),
                 database_size: w.backlog as u64,
-                queued: w.backlog as u64,
+                // As the service counts it: only while the queue has room below its limit.
+                queued: if (w.running.len() as u32) < limit {
+                    w.backlog as u64
+                } else {
+                    0
+                },
                 ..Readings::default()
             };
             readings.delivery = windows[0].record(

@@ -881,6 +881,7 @@ impl Controller {
             (false, _, _) => None,
             (true, Some(t), _) => Some(t),
             (true, None, Some(p)) => {
+                // Copied out: `st` borrows `self` mutably until here.
                 let cause = st.cause;
                 self.relaxed_pace(tick, conditions, cause, p, waiting)
             }
@@ -933,41 +934,45 @@ impl Controller {
             next = next.min(capped);
         }
         let offered = rates.recent_incoming_per_sec.max(1.0);
-        // After a rate imbalance, what the pace held back goes in at the resume line
-        // (recent outgoing x overdrive x resume ratio), and the pace ends once what is
-        // left would pass within a sample at that line. Opened by half a sample, the
-        // pace let a held-back queue in at four times the completions' rate, the
-        // window's incoming ran past the line again, and the state engaged a second
-        // time (`delivery-burst`: 110 received in one sample, state 0 after 11 s).
-        // What waits is the measure of need here, not the offered rate: a paced
-        // direction's incoming is what the pace lets in.
-        let mut needs_room = true;
-        if cause == Some(Condition::RateImbalance) {
-            let line = rates.recent_outgoing_per_sec * tick.config.overdrive_percent as f64 / 100.0
-                * self.config.resume_ratio;
-            // With nothing completed lately there is no line: hold where it is.
-            next = if line > 0.0 { next.min(line) } else { p };
-            needs_room = false;
-        }
-        // After database sessions, the sends that waited the episode out take
-        // connections from the receivers they fill: let in as the pace opened, each
-        // batch of them filled the receivers back to the threshold, and the state
-        // engaged again (twice in `database-sessions`). They go in at what holds the
-        // sessions' mean below the resume line, never below twice what is offered
-        // now (a host whose load keeps the mean above it would otherwise stay paced
-        // for good), and the pace ends only once no more wait than arrive within a
-        // sample: ended when those waiting would pass within a sample at the pace,
-        // it let 80-90 in at once, and those engaged it.
-        let mut ends_at = next;
-        if let Some((mean, threshold)) = tick.sessions_release {
-            let resume = self.config.resume_ratio;
-            let release = law::session_release_rate(p, mean, threshold, resume);
-            next = next.min(release.max(2.0 * offered));
-            ends_at = offered;
-        }
-        // Done when new requests pass with room to spare and those still waiting
-        // would pass within one sample at this pace anyway (no burst at the end).
-        ((needs_room && next < 2.0 * offered) || !passes_within_a_sample(ends_at)).then_some(next)
+        // Each release after a cause that would engage again if let in at once has its own
+        // line and its own end (the two are never both the relaxing cause); any other pace
+        // ends once new requests pass with room to spare and those still waiting would pass
+        // within one sample at this pace anyway (no burst at the end).
+        let (next, ends_at, needs_headroom) = match (cause, tick.sessions_release) {
+            // After a rate imbalance, what the pace held back goes in at the resume line
+            // (recent outgoing x overdrive x resume ratio), and the pace ends once what is
+            // left would pass within a sample at that line. Opened by half a sample, the
+            // pace let a held-back queue in at four times the completions' rate, the
+            // window's incoming ran past the line again, and the state engaged a second
+            // time (`delivery-burst`: 110 received in one sample, state 0 after 11 s).
+            // What waits is the measure of need here, not the offered rate: a paced
+            // direction's incoming is what the pace lets in.
+            (Some(Condition::RateImbalance), _) => {
+                let line = rates.recent_outgoing_per_sec * tick.config.overdrive_percent as f64
+                    / 100.0
+                    * self.config.resume_ratio;
+                // With nothing completed lately there is no line: hold where it is.
+                let next = if line > 0.0 { next.min(line) } else { p };
+                (next, next, false)
+            }
+            // After database sessions, the sends that waited the episode out take
+            // connections from the receivers they fill: let in as the pace opened, each
+            // batch of them filled the receivers back to the threshold, and the state
+            // engaged again (twice in `database-sessions`). They go in at what holds the
+            // sessions' mean below the resume line, never below twice what is offered
+            // now (a host whose load keeps the mean above it would otherwise stay paced
+            // for good), and the pace ends only once no more wait than arrive within a
+            // sample: ended when those waiting would pass within a sample at the pace,
+            // it let 80-90 in at once, and those engaged it.
+            (_, Some((mean, threshold))) => {
+                let resume = self.config.resume_ratio;
+                let release = law::session_release_rate(p, mean, threshold, resume);
+                (next.min(release.max(2.0 * offered)), offered, true)
+            }
+            _ => (next, next, true),
+        };
+        ((needs_headroom && next < 2.0 * offered) || !passes_within_a_sample(ends_at))
+            .then_some(next)
     }
 
     /// The state: the top cause, or the last cause while its actions relax.

@@ -25,9 +25,9 @@ use futures_util::FutureExt;
 use uuid::Uuid;
 
 use crate::config::{FailedKey, TransactionMode};
-use crate::handlers::{Context, Handler};
+use crate::handlers::{Context, Handler, Sender};
 use crate::message::{
-    FORWARD_DESTINATION_HEADER, Headers, Message, OutgoingMessage, RETRIES_HEADER,
+    FORWARD_DESTINATION_HEADER, Headers, Message, Origin, OutgoingMessage, RETRIES_HEADER,
     RETRIES_TIMESTAMP_HEADER, format_wire_time,
 };
 use crate::publish::Publisher;
@@ -72,29 +72,19 @@ pub trait DispatchObserver: Send + Sync + 'static {
 /// Who is processing: written into the fault headers.
 #[derive(Debug, Clone)]
 pub struct HostIdentity {
-    /// `NServiceBus.ProcessingEndpoint`: the host name from `[host] name`.
-    pub endpoint: String,
-    /// `NServiceBus.ProcessingMachine`: the machine's host name.
-    pub machine: String,
+    /// `NServiceBus.ProcessingEndpoint` and `ProcessingMachine`, `$.diagnostics.hostid`, and
+    /// the `Originating*` headers of what this host sends.
+    pub origin: Origin,
     /// `$.diagnostics.hostdisplayname`: the instance id.
     pub instance: String,
-    /// `$.diagnostics.hostid`: a stable UUID derived from endpoint, machine and instance.
-    pub host_id: Uuid,
 }
 
 impl HostIdentity {
     /// Builds the identity.
     pub fn new(endpoint: &str, instance: &str) -> Self {
-        let machine = sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into());
-        let host_id = Uuid::new_v5(
-            &Uuid::NAMESPACE_OID,
-            format!("{machine}/{endpoint}/{instance}").as_bytes(),
-        );
         HostIdentity {
-            endpoint: endpoint.to_string(),
-            machine,
+            origin: Origin::new(endpoint, instance),
             instance: instance.to_string(),
-            host_id,
         }
     }
 }
@@ -346,6 +336,11 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// Who this host is in the headers it writes.
+    pub(crate) fn origin(&self) -> &Origin {
+        &self.identity.origin
+    }
+
     /// A dispatcher sending through `publisher`.
     pub fn new(
         publisher: Arc<Publisher>,
@@ -475,11 +470,7 @@ impl Dispatcher {
         let Some(address) = message.header(FORWARD_DESTINATION_HEADER) else {
             return Destination::Here;
         };
-        let parsed = self
-            .publisher
-            .transport()
-            .delayed_delivery()
-            .and_then(|d| d.parse_forward_address(address));
+        let parsed = self.publisher.transport().resolve_address(address);
         match parsed {
             Some(to) if to == q.name => Destination::Here,
             Some(to) => Destination::Queue(to),
@@ -719,7 +710,12 @@ impl Dispatcher {
     ) -> Result<Vec<(QueueName, OutgoingMessage)>, Failure> {
         q.downstream.before_attempt().await;
         let send_immediately = self.mode == TransactionMode::None;
-        let mut ctx = Context::new(message, &q.name, attempt, &self.publisher, send_immediately);
+        let sender = Sender {
+            origin: &self.identity.origin,
+            publisher: &self.publisher,
+            send_immediately,
+        };
+        let mut ctx = Context::new(message, &q.name, attempt, sender);
         let started = Instant::now();
         let result = call_handler(q.handler.as_ref(), &mut ctx, settings.handler_timeout).await;
         let took = started.elapsed();
@@ -882,12 +878,10 @@ impl Dispatcher {
             RETRIES_TIMESTAMP_HEADER.into(),
             Some(format_wire_time(Utc::now())),
         );
-        if *home != q.name
-            && let Some(d) = self.publisher.transport().delayed_delivery()
-        {
+        if *home != q.name {
             retry.headers.insert(
                 FORWARD_DESTINATION_HEADER.into(),
-                Some(d.forward_address(&q.name)),
+                Some(self.publisher.transport().address(&q.name)),
             );
         }
         if !retry
@@ -924,7 +918,10 @@ impl Dispatcher {
         }
         let id = &self.identity;
         for (name, value) in [
-            ("NServiceBus.FailedQ", q.name.to_string()),
+            (
+                "NServiceBus.FailedQ",
+                self.publisher.transport().address(&q.name),
+            ),
             (
                 "NServiceBus.ExceptionInfo.ExceptionType",
                 failure.kind.to_string(),
@@ -943,9 +940,9 @@ impl Dispatcher {
                 attempts.to_string(),
             ),
             ("NServiceBus.TimeOfFailure", format_wire_time(Utc::now())),
-            ("NServiceBus.ProcessingMachine", id.machine.clone()),
-            ("NServiceBus.ProcessingEndpoint", id.endpoint.clone()),
-            ("$.diagnostics.hostid", id.host_id.to_string()),
+            ("NServiceBus.ProcessingMachine", id.origin.machine.clone()),
+            ("NServiceBus.ProcessingEndpoint", id.origin.endpoint.clone()),
+            ("$.diagnostics.hostid", id.origin.host_id.to_string()),
             ("$.diagnostics.hostdisplayname", id.instance.clone()),
         ] {
             headers.insert(name.into(), Some(value));

@@ -94,28 +94,9 @@ enum Command {
             default_value = "config/host.toml"
         )]
         config: PathBuf,
-        /// Destination queue.
-        #[arg(long, short)]
-        queue: String,
-        /// Message body text.
-        #[arg(long, conflicts_with = "body_file")]
-        body: Option<String>,
-        /// Read the body from this file.
-        #[arg(long)]
-        body_file: Option<PathBuf>,
-        /// A header, as NAME=VALUE (repeatable).
-        #[arg(long = "header", value_name = "NAME=VALUE")]
-        headers: Vec<String>,
-        /// How many copies to send (each with its own id).
-        #[arg(long, default_value_t = 1)]
-        count: u64,
-        /// Time to be received (seconds, or e.g. 30s, 5m); the message expires after it.
-        #[arg(long, value_parser = parse_ttbr)]
-        ttbr: Option<Duration>,
-        /// Deliver no sooner than this from now (e.g. 30s, 5m): stored in the queue's delayed
-        /// table until due. Not with --ttbr.
-        #[arg(long, value_parser = parse_delay, conflicts_with = "ttbr")]
-        delay: Option<Duration>,
+        /// What to send.
+        #[command(flatten)]
+        message: SendOptions,
     },
     /// Show a running host's throttling and queues. Exit code 0: not throttling,
     /// 1: throttling, 2: unreachable, 3: receiving impaired.
@@ -265,6 +246,58 @@ fn parse_delay(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// What `send` writes.
+#[derive(Debug, clap::Args)]
+struct SendOptions {
+    /// Destination queue.
+    #[arg(long, short)]
+    queue: String,
+    /// Message body text.
+    #[arg(long, conflicts_with = "body_file")]
+    body: Option<String>,
+    /// Read the body from this file.
+    #[arg(long)]
+    body_file: Option<PathBuf>,
+    /// A header, as NAME=VALUE (repeatable).
+    #[arg(long = "header", value_name = "NAME=VALUE")]
+    headers: Vec<String>,
+    /// How many copies to send (each with its own id).
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// Time to be received (seconds, or e.g. 30s, 5m); the message expires after it.
+    #[arg(long, value_parser = parse_ttbr)]
+    ttbr: Option<Duration>,
+    /// Deliver no sooner than this from now (e.g. 30s, 5m): stored in the queue's delayed
+    /// table until due. Not with --ttbr.
+    #[arg(long, value_parser = parse_delay, conflicts_with = "ttbr")]
+    delay: Option<Duration>,
+    /// The message type, written as NServiceBus.EnclosedMessageTypes (NServiceBus's
+    /// serializers need it to read the body): the type's full name, its base types after
+    /// it separated by ';', e.g. "Sales.Messages.PlaceOrder, Sales.Messages".
+    #[arg(long = "type", value_name = "TYPE")]
+    message_type: Option<String>,
+    /// Where replies go (NServiceBus.ReplyToAddress), a transport address such as
+    /// Sales@[dbo]@[Shop] or "public"."Sales"; none by default (nobody listens for them).
+    #[arg(long, value_name = "ADDRESS")]
+    reply_to: Option<String>,
+}
+
+impl From<SendOptions> for cli::send::SendArgs {
+    fn from(o: SendOptions) -> Self {
+        cli::send::SendArgs {
+            queue: o.queue,
+            body: o.body,
+            body_file: o.body_file,
+            headers: o.headers,
+            count: o.count,
+            ttbr: o.ttbr,
+            delay: o.delay,
+            message_type: o.message_type,
+            reply_to: o.reply_to,
+        }
+    }
+}
+
 fn parse_ttbr(s: &str) -> Result<Duration, String> {
     parse_duration(s).and_then(throttlehost::message::check_time_to_be_received)
 }
@@ -342,30 +375,7 @@ fn main() -> ExitCode {
                 };
                 cli::queues::queues(&config, action).await
             }
-            Command::Send {
-                config,
-                queue,
-                body,
-                body_file,
-                headers,
-                count,
-                ttbr,
-                delay,
-            } => {
-                cli::send::send(
-                    &config,
-                    cli::send::SendArgs {
-                        queue,
-                        body,
-                        body_file,
-                        headers,
-                        count,
-                        ttbr,
-                        delay,
-                    },
-                )
-                .await
-            }
+            Command::Send { config, message } => cli::send::send(&config, message.into()).await,
             Command::Status { url, json, fleet } => cli::status::status(&url, json, fleet).await,
             Command::Load {
                 file,

@@ -52,6 +52,22 @@ pub fn validate_queue_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a delayed table suffix (`<queue>.<suffix>`): 1 to 32 ASCII letters, digits and `_`.
+pub fn validate_delayed_table_suffix(suffix: &str) -> Result<(), String> {
+    if suffix.is_empty()
+        || suffix.len() > 32
+        || !suffix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(format!(
+            "`{}` is not a delayed table suffix: use 1 to 32 ASCII letters, digits and '_' (NServiceBus's default is `Delayed`)",
+            shown(suffix)
+        ));
+    }
+    Ok(())
+}
+
 /// A name as the user wrote it, unless it holds control characters (shown escaped then).
 fn shown(name: &str) -> String {
     if name.chars().any(char::is_control) {

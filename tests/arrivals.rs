@@ -256,6 +256,8 @@ async fn without_the_notification_a_message_is_found_by_peeking() {
     let setup = schema.transport(TransactionMode::ReceiveOnly, 2).await;
     setup.create_queue(&q("quiet")).await.unwrap();
     setup.create_queue(&q("error")).await.unwrap();
+    let delayed = setup.delayed_delivery().unwrap();
+    delayed.create_delayed(&q("quiet")).await.unwrap();
     let client = schema.client().await;
     let table = format!("\"{}\".\"quiet\"", schema.name);
     client
@@ -318,7 +320,7 @@ async fn with_notify_on_insert_off_nothing_is_added_and_peeks_find_messages() {
         .unwrap()
         .get(0);
     assert_eq!(triggers, 0, "no table of the schema got the trigger");
-    let channel = QueueStatements::new(&schema.name, &q("plain")).notify_channel;
+    let channel = QueueStatements::new(&schema.name, &q("plain"), "Delayed").notify_channel;
     let listening: i64 = client
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1",
@@ -341,7 +343,7 @@ async fn the_listener_reconnects_after_its_connection_is_killed() {
     let (host, probe) = probed_host(config, None).await;
     let sender = schema.transport(TransactionMode::ReceiveOnly, 2).await;
     let client = schema.client().await;
-    let channel = QueueStatements::new(&schema.name, &q("work")).notify_channel;
+    let channel = QueueStatements::new(&schema.name, &q("work"), "Delayed").notify_channel;
     let listener = || async {
         client
             .query_opt(

@@ -49,6 +49,15 @@ fn queues_and_send_work_from_the_command_line() {
     for q in ["orders", "error", "orders.node1", "shipping"] {
         assert!(out.contains(&format!("created {q}")), "{q}: {out}");
     }
+    let delayed = format!("created \"{}\".\"orders.Delayed\"", schema.name);
+    assert!(
+        out.contains(&delayed),
+        "the input queue's delayed table, as NServiceBus names it: {out}"
+    );
+    assert!(
+        !out.contains("shipping.Delayed") && !out.contains("error.Delayed"),
+        "only input queues with delayed delivery get one: {out}"
+    );
     let (code, _, _) = throttlehost(&["queues", "create", "-c", p]);
     assert_eq!(code, 0, "idempotent");
 
@@ -185,5 +194,89 @@ fn held_keys_are_listed_and_released_from_the_command_line() {
     assert!(out.contains("released 1"), "{out}");
     let (_, out, _) = throttlehost(&["queues", "held", "-c", p, "orders"]);
     assert!(out.trim().is_empty(), "{out}");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// `send` writes the headers NServiceBus's outgoing pipeline writes on a send: the intent,
+/// the type (`--type`), a conversation of its own, the originating endpoint, `DeliverAt` for
+/// a delayed send and `ReplyToAddress` when asked.
+#[test]
+fn send_writes_the_headers_an_nservicebus_endpoint_reads() {
+    use throttlehost::config::TransactionMode;
+    use throttlehost::message::{
+        CONVERSATION_ID_HEADER, CORRELATION_ID_HEADER, DELIVER_AT_HEADER,
+        ENCLOSED_MESSAGE_TYPES_HEADER, MESSAGE_ID_HEADER, MESSAGE_INTENT_HEADER,
+        ORIGINATING_ENDPOINT_HEADER, REPLY_TO_ADDRESS_HEADER,
+    };
+    use throttlehost::transport::{Payload, Transport};
+
+    let schema = PgSchema::new();
+    let path = config_file(&schema, &schema.connection_string());
+    let p = path.to_str().unwrap();
+    let (code, _, err) = throttlehost(&["queues", "create", "-c", p]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = throttlehost(&[
+        "send",
+        "-c",
+        p,
+        "--queue",
+        "orders",
+        "--body",
+        "{}",
+        "--type",
+        "Sales.Messages.PlaceOrder, Sales.Messages",
+        "--reply-to",
+        "Client@[dbo]@[Shop]",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_string();
+    let (code, _, err) = throttlehost(&[
+        "send", "-c", p, "--queue", "orders", "--body", "later", "--delay", "1h",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = throttlehost(&["send", "-c", p, "--queue", "orders", "--type", " "]);
+    assert_eq!(code, 2, "an empty --type is refused");
+    assert!(err.contains("--type"), "{err}");
+
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let t = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+        let r = t.receive(&common::q("orders")).await.unwrap().unwrap();
+        let Payload::Message(m) = r.payload() else {
+            panic!("a message")
+        };
+        assert_eq!(m.header(MESSAGE_ID_HEADER), Some(id.as_str()));
+        assert_eq!(m.header(MESSAGE_INTENT_HEADER), Some("Send"));
+        assert_eq!(
+            m.header(ENCLOSED_MESSAGE_TYPES_HEADER),
+            Some("Sales.Messages.PlaceOrder, Sales.Messages")
+        );
+        assert_eq!(m.header(CORRELATION_ID_HEADER), Some(id.as_str()));
+        assert!(
+            m.header(CONVERSATION_ID_HEADER)
+                .is_some_and(|c| c.len() == 36)
+        );
+        assert_eq!(m.header(ORIGINATING_ENDPOINT_HEADER), Some("throttlehost"));
+        assert_eq!(
+            m.header(REPLY_TO_ADDRESS_HEADER),
+            Some("Client@[dbo]@[Shop]")
+        );
+        r.commit().await.unwrap();
+        let c = schema.client().await;
+        let headers: String = c
+            .query_one(
+                &format!("SELECT Headers FROM \"{}\".\"orders.Delayed\"", schema.name),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let headers: std::collections::HashMap<String, Option<String>> =
+            serde_json::from_str(&headers).unwrap();
+        let at = headers[DELIVER_AT_HEADER].clone().unwrap();
+        assert!(
+            at.ends_with(" Z") && at.len() == "2026-01-01 00:00:00:000000 Z".len(),
+            "NServiceBus's wire time: {at}"
+        );
+    });
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }

@@ -1205,9 +1205,14 @@ pub async fn a_delayed_message_waits_in_its_table_until_due(h: &dyn Harness) {
         .header(FORWARD_DESTINATION_HEADER)
         .expect("the forward destination");
     assert_eq!(
-        d.parse_forward_address(destination),
+        t.resolve_address(destination),
         Some(q("in")),
         "it names its queue: {destination}"
+    );
+    assert_eq!(
+        destination,
+        t.address(&q("in")),
+        "written whole, as NServiceBus compares it with its own address"
     );
     r.commit().await.unwrap();
 }
@@ -1263,9 +1268,8 @@ pub async fn a_delayed_send_inside_a_receive_commits_with_it(h: &dyn Harness) {
 
 pub async fn a_forward_destination_set_by_the_sender_is_kept(h: &dyn Harness) {
     let t = with_delayed(h, &["in", "other"]).await;
-    let d = t.delayed_delivery().unwrap();
     let to_other = OutgoingMessage::new("for other")
-        .with_header(FORWARD_DESTINATION_HEADER, d.forward_address(&q("other")))
+        .with_header(FORWARD_DESTINATION_HEADER, t.address(&q("other")))
         .with_delay(Duration::ZERO);
     t.send(&q("in"), &to_other).await.unwrap();
     assert_eq!(
@@ -1283,7 +1287,7 @@ pub async fn a_forward_destination_set_by_the_sender_is_kept(h: &dyn Harness) {
         panic!("a message")
     };
     assert_eq!(
-        d.parse_forward_address(m.header(FORWARD_DESTINATION_HEADER).unwrap()),
+        t.resolve_address(m.header(FORWARD_DESTINATION_HEADER).unwrap()),
         Some(q("other"))
     );
     r.commit().await.unwrap();
@@ -1315,6 +1319,30 @@ pub async fn a_row_that_is_never_due_does_not_stall_the_mover(h: &dyn Harness) {
     assert_eq!((again.moved, again.waiting), (0, 1), "{again:?}");
 }
 
+/// `<queue>.Delayed`, with NServiceBus's capital D on both engines (quoted on PostgreSQL, so
+/// the case stays), and a delayed send lands in the table of that name.
+pub async fn the_delayed_table_is_named_as_nservicebus_names_it(h: &dyn Harness) {
+    let t = with_delayed(h, &["in"]).await;
+    let d = t.delayed_delivery().unwrap();
+    let table = d.delayed_table(&q("in"));
+    assert!(
+        ["\"in.Delayed\"", "[in.Delayed]", "in.Delayed"]
+            .iter()
+            .any(|name| table.ends_with(name)),
+        "{table}"
+    );
+    t.send(
+        &q("in"),
+        &OutgoingMessage::new("x").with_delay(Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(d.delayed_count(&q("in")).await.unwrap(), 1);
+    if h.insert_never_due("in").await {
+        assert_eq!(d.delayed_count(&q("in")).await.unwrap(), 2, "{table}");
+    }
+}
+
 pub async fn a_delayed_send_is_refused_without_a_table_or_with_an_expiry(h: &dyn Harness) {
     let t = setup(h, &["in"]).await;
     let e = t
@@ -1325,8 +1353,19 @@ pub async fn a_delayed_send_is_refused_without_a_table_or_with_an_expiry(h: &dyn
         .await
         .unwrap_err();
     assert!(
-        e.to_string().to_lowercase().contains("in.delayed"),
-        "names the table: {e}"
+        matches!(e, TransportError::DelayedTableNotFound { .. }),
+        "a missing delayed table is said as such: {e}"
+    );
+    assert!(e.to_string().contains("in.Delayed"), "names the table: {e}");
+    assert!(
+        e.to_string().contains("throttlehost queues create"),
+        "names the command that creates it: {e}"
+    );
+    let d = t.delayed_delivery().unwrap();
+    let e = d.delayed_count(&q("in")).await.unwrap_err();
+    assert!(
+        matches!(e, TransportError::DelayedTableNotFound { .. }),
+        "counting a missing delayed table says it is missing: {e}"
     );
     let both = OutgoingMessage::new("x")
         .with_time_to_be_received(Duration::from_secs(5))
@@ -1388,7 +1427,8 @@ macro_rules! conformance {
                 due_messages_move_in_batches_oldest_due_first,
                 a_delayed_send_inside_a_receive_commits_with_it,
                 a_forward_destination_set_by_the_sender_is_kept,
-                a_delayed_send_is_refused_without_a_table_or_with_an_expiry
+                a_delayed_send_is_refused_without_a_table_or_with_an_expiry,
+                the_delayed_table_is_named_as_nservicebus_names_it
             );
     };
     (@tests $harness:expr, $attrs:tt; $($name:ident),*) => {
@@ -1481,7 +1521,7 @@ impl Harness for PostgresHarness {
         c.execute(
             &format!(
                 "INSERT INTO {} (Headers, Body, Due) VALUES ('{{}}', NULL, 'infinity')",
-                self.table(&format!("{queue}.delayed"))
+                self.table(&format!("{queue}.Delayed"))
             ),
             &[],
         )

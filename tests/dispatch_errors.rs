@@ -57,7 +57,12 @@ async fn a_failing_message_goes_to_the_error_queue_with_fault_headers_after_its_
         None,
         "retry counters are removed"
     );
-    assert_eq!(m.header("NServiceBus.FailedQ"), Some("orders"));
+    let address = format!("\"{}\".\"orders\"", backlog.schema.name);
+    assert_eq!(
+        m.header("NServiceBus.FailedQ"),
+        Some(address.as_str()),
+        "the transport address, as NServiceBus writes it and ServiceControl retries to it"
+    );
     assert_eq!(
         m.header("NServiceBus.ExceptionInfo.ExceptionType"),
         Some("throttlehost.HandlerError")

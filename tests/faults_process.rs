@@ -613,7 +613,7 @@ async fn kill_9_while_delayed_messages_move_loses_nothing() {
         transport.send_batch(&q("in"), chunk).await.unwrap();
     }
     drain.sent = messages.iter().map(|m| m.logical_id()).collect();
-    let waiting = || async { drain.count("in").await + drain.count("in.delayed").await };
+    let waiting = || async { drain.count("in").await + drain.count("in.Delayed").await };
 
     let first = HostProcess::start(&drain.config);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -625,7 +625,7 @@ async fn kill_9_while_delayed_messages_move_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     first.kill_9();
-    let left = drain.count("in.delayed").await;
+    let left = drain.count("in.Delayed").await;
     assert!(left > 0, "killed while delayed messages wait ({left} left)");
 
     let second = HostProcess::start(&drain.config);

@@ -18,6 +18,7 @@ fn sqlserver_queue_sql_is_what_create_queue_runs() {
         "dbo",
         &QueueName::new("Sales").unwrap(),
         Dialect::Sqlserver,
+        "Delayed",
     )
     .create;
     assert_eq!(normalize(&file), normalize(&code));
@@ -29,12 +30,46 @@ fn postgres_queue_sql_is_what_create_queue_runs() {
     let code = throttlehost::transport::postgres::QueueStatements::new(
         "public",
         &QueueName::new("Sales").unwrap(),
+        "Delayed",
     )
     .create;
     assert_eq!(
         normalize(&file),
         normalize(&format!("CREATE SCHEMA IF NOT EXISTS \"public\";\n{code};"))
     );
+}
+
+#[test]
+fn postgres_delayed_sql_is_what_create_delayed_runs() {
+    let file = std::fs::read_to_string("sql/postgres/delayed.sql").unwrap();
+    let code = throttlehost::transport::postgres::QueueStatements::new(
+        "public",
+        &QueueName::new("Sales").unwrap(),
+        "Delayed",
+    )
+    .delayed
+    .create;
+    assert!(code.contains("\"public\".\"Sales.Delayed\""), "{code}");
+    assert!(code.contains("\"Sales.Delayed_Due\""), "{code}");
+    assert_eq!(
+        normalize(&file),
+        normalize(&format!("CREATE SCHEMA IF NOT EXISTS \"public\";\n{code};"))
+    );
+}
+
+#[test]
+fn sqlserver_delayed_sql_is_what_create_delayed_runs() {
+    let file = std::fs::read_to_string("sql/sqlserver/delayed.sql").unwrap();
+    let code = throttlehost::transport::sqlserver::QueueStatements::new(
+        "dbo",
+        &QueueName::new("Sales").unwrap(),
+        Dialect::Sqlserver,
+        "Delayed",
+    )
+    .delayed
+    .create;
+    assert!(code.contains("[dbo].[Sales.Delayed]"), "{code}");
+    assert_eq!(normalize(&file), normalize(&code));
 }
 
 #[test]
@@ -48,6 +83,7 @@ fn postgres_ordering_sql_is_what_an_ordered_queue_creates() {
     let code = throttlehost::transport::postgres::QueueStatements::new(
         "public",
         &QueueName::new("Sales").unwrap(),
+        "Delayed",
     )
     .with_ordering(&ordering)
     .ordering_indexes
@@ -74,6 +110,7 @@ fn postgres_notify_sql_is_what_create_queue_runs() {
     let code = throttlehost::transport::postgres::QueueStatements::new(
         "public",
         &QueueName::new("Sales").unwrap(),
+        "Delayed",
     )
     .notify_on_insert;
     assert_eq!(normalize(&file), normalize(&format!("{code};")));

@@ -12,7 +12,12 @@ use throttlehost::transport::sqlserver::statements::{
 };
 
 fn statements(dialect: Dialect) -> QueueStatements {
-    QueueStatements::new("dbo", &QueueName::new("Sales.Node-1").unwrap(), dialect)
+    QueueStatements::new(
+        "dbo",
+        &QueueName::new("Sales.Node-1").unwrap(),
+        dialect,
+        "Delayed",
+    )
 }
 
 #[test]

@@ -92,6 +92,8 @@ async fn store(
 ) -> Result<(), Box<Response>> {
     let (publisher, runtime) = (host.publisher(), host.runtime());
     let queue = queue.clone();
+    let origin = host.origin();
+    let messages: Vec<OutgoingMessage> = messages.into_iter().map(|m| m.sent_by(&origin)).collect();
     let sent = on_host(&runtime, async move {
         match messages.as_slice() {
             [one] => publisher.send(&queue, one).await,

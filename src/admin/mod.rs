@@ -71,6 +71,8 @@ pub trait AdminState: Send + Sync + 'static {
     fn accepts(&self, queue: &QueueName) -> bool;
     /// The throttled publisher ingest stores through.
     fn publisher(&self) -> Arc<Publisher>;
+    /// Who the host is in the headers of what it sends (ingest stamps its messages so).
+    fn origin(&self) -> crate::message::Origin;
     /// Sets a direction's override on this instance until the next reload or fleet order.
     fn set_override(&self, direction: Direction, mode: OverrideMode);
     /// Orders every instance on the database to override `direction` (see `crate::fleet`);

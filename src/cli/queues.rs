@@ -90,7 +90,10 @@ pub async fn queues(path: &Path, action: Action) -> ExitCode {
         }
     };
     let result = match action {
-        Action::Create(names) => create(&*transport, or_configured(names)).await,
+        Action::Create(names) => {
+            let delayed = delayed_queues(&config);
+            create(&*transport, or_configured(names), &delayed).await
+        }
         Action::List => match transport.list_queues().await {
             Ok(list) => {
                 for q in list {
@@ -178,7 +181,23 @@ async fn release(transport: &dyn Transport, name: &str, key: Option<&str>) -> Re
     Ok(())
 }
 
-async fn create(transport: &dyn Transport, names: Vec<String>) -> Result<(), String> {
+/// The configured input queues with delayed delivery on: each has a delayed table beside it.
+fn delayed_queues(config: &Config) -> Vec<String> {
+    config
+        .queues
+        .iter()
+        .filter(|q| q.delayed_delivery.enabled)
+        .map(|q| q.name.clone())
+        .collect()
+}
+
+/// Creates the queues `names`, and the delayed table of each that `delayed` lists (the
+/// host's start makes the same tables, and refuses to start without them when it may not).
+async fn create(
+    transport: &dyn Transport,
+    names: Vec<String>,
+    delayed: &[String],
+) -> Result<(), String> {
     if names.is_empty() {
         return Err("no queues named and none configured".into());
     }
@@ -186,6 +205,12 @@ async fn create(transport: &dyn Transport, names: Vec<String>) -> Result<(), Str
     for q in &names {
         transport.create_queue(q).await.map_err(|e| e.to_string())?;
         println!("created {q} (or it existed)");
+        if let Some(d) = transport.delayed_delivery()
+            && delayed.iter().any(|name| name == q.as_str())
+        {
+            d.create_delayed(q).await.map_err(|e| e.to_string())?;
+            println!("created {} (or it existed)", d.delayed_table(q));
+        }
     }
     Ok(())
 }

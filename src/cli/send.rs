@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use throttlehost::config::TransportKind;
-use throttlehost::message::OutgoingMessage;
+use throttlehost::message::{
+    ENCLOSED_MESSAGE_TYPES_HEADER, Origin, OutgoingMessage, REPLY_TO_ADDRESS_HEADER,
+};
 use throttlehost::transport::{self, QueueName, Transport};
 
 /// Arguments of `send`.
@@ -25,6 +27,10 @@ pub struct SendArgs {
     pub ttbr: Option<Duration>,
     /// Delivery delay.
     pub delay: Option<Duration>,
+    /// `NServiceBus.EnclosedMessageTypes`.
+    pub message_type: Option<String>,
+    /// `NServiceBus.ReplyToAddress`.
+    pub reply_to: Option<String>,
 }
 
 /// Concurrent writers for `--count` above one.
@@ -38,14 +44,19 @@ struct Template {
     headers: Vec<(String, String)>,
     ttbr: Option<Duration>,
     delay: Option<Duration>,
+    /// The configured endpoint, as the sender NServiceBus's headers name.
+    origin: Origin,
 }
 
 impl Template {
+    /// A message with the headers NServiceBus's outgoing pipeline writes on a send (intent,
+    /// a conversation of its own, the originating endpoint): `--header` values win.
     fn message(&self) -> OutgoingMessage {
         let mut m = OutgoingMessage::new(self.body.clone());
         for (name, value) in &self.headers {
             m = m.with_header(name.clone(), value.clone());
         }
+        m = m.sent_by(&self.origin);
         if let Some(t) = self.ttbr {
             m = m.with_time_to_be_received(t);
         }
@@ -133,6 +144,16 @@ pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
             _ => return invalid(format!("--header `{h}` is not NAME=VALUE")),
         }
     }
+    for (flag, name, value) in [
+        ("--type", ENCLOSED_MESSAGE_TYPES_HEADER, &args.message_type),
+        ("--reply-to", REPLY_TO_ADDRESS_HEADER, &args.reply_to),
+    ] {
+        match value.as_deref().map(str::trim) {
+            Some("") => return invalid(format!("{flag} must not be empty")),
+            Some(v) => headers.push((name.to_string(), v.to_string())),
+            None => {}
+        }
+    }
     let transport = match transport::connect(&config.transport).await {
         Ok(t) => t,
         Err(e) => {
@@ -145,6 +166,7 @@ pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
         headers,
         ttbr: args.ttbr,
         delay: args.delay,
+        origin: Origin::new(&config.host.name, &config.host.effective_instance_id()),
     });
     let started = Instant::now();
     if let Err(e) = store(transport, queue.clone(), template, args.count).await {

@@ -229,6 +229,9 @@ pub struct TransportConfig {
     /// Memory transport only: latency added to every statement, to simulate a database.
     #[serde(with = "units::duration")]
     pub simulated_latency: Duration,
+    /// The suffix of each queue's delayed table, `<queue>.<suffix>`: NServiceBus's
+    /// `DelayedDeliveryOptions.TableSuffix`, default `Delayed`, on both engines.
+    pub delayed_table_suffix: String,
 }
 
 impl Default for TransportConfig {
@@ -245,9 +248,13 @@ impl Default for TransportConfig {
             purge_expired_on_startup: false,
             notify_on_insert: true,
             simulated_latency: Duration::ZERO,
+            delayed_table_suffix: DEFAULT_DELAYED_TABLE_SUFFIX.into(),
         }
     }
 }
+
+/// NServiceBus's default delayed table suffix (`DelayedDeliveryOptions.TableSuffix`).
+pub const DEFAULT_DELAYED_TABLE_SUFFIX: &str = "Delayed";
 
 impl TransportConfig {
     /// The schema with the per-transport default applied.
@@ -379,8 +386,8 @@ impl Default for RecoverabilityConfig {
     }
 }
 
-/// `[queues.delayed_delivery]`: the queue's delayed table (`<queue>.Delayed` on SQL Server,
-/// `<queue>.delayed` on PostgreSQL), created with the queue, and the mover that moves due
+/// `[queues.delayed_delivery]`: the queue's delayed table (`<queue>.Delayed` on both engines,
+/// see `transport.delayed_table_suffix`), created with the queue, and the mover that moves due
 /// messages into the queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -8,7 +8,10 @@ use std::time::Duration;
 use super::{
     Config, FailedKey, HandlerConfig, QueueConfig, ThrottlingConfig, TransactionMode, TransportKind,
 };
-use crate::names::{validate_postgres_table_name, validate_queue_name, validate_schema_name};
+use crate::names::{
+    validate_delayed_table_suffix, validate_postgres_table_name, validate_queue_name,
+    validate_schema_name,
+};
 
 /// The most async worker threads a host may ask for; each costs a stack and a run queue.
 pub const MAX_WORKER_THREADS: u32 = 1024;
@@ -294,6 +297,9 @@ fn validate_transport(config: &Config, instance: &str, add: &mut impl FnMut(Stri
     }
     if t.pool_size == 0 {
         add("transport.pool_size".into(), "must be at least 1".into());
+    }
+    if let Err(e) = validate_delayed_table_suffix(&t.delayed_table_suffix) {
+        add("transport.delayed_table_suffix".into(), e);
     }
     let forwards = config
         .queues

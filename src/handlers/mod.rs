@@ -16,7 +16,7 @@ pub use http::HttpHandler;
 pub use simulate::{POISON_HEADER, SimulateHandler};
 
 use crate::config::HandlerConfig;
-use crate::message::{Headers, Message, OutgoingMessage};
+use crate::message::{Headers, Message, Origin, OutgoingMessage};
 use crate::publish::Publisher;
 use crate::transport::{QueueName, TransportError};
 
@@ -45,9 +45,16 @@ pub struct Context<'a> {
     message: &'a Message,
     queue: &'a QueueName,
     attempt: u32,
-    publisher: &'a Publisher,
-    send_immediately: bool,
+    sender: Sender<'a>,
     pub(crate) outbox: Vec<(QueueName, OutgoingMessage)>,
+}
+
+/// What a handler's sends go through: the publisher, who sends (for the headers
+/// NServiceBus writes), and whether a send is written at once (transaction mode `none`).
+pub(crate) struct Sender<'a> {
+    pub(crate) origin: &'a Origin,
+    pub(crate) publisher: &'a Publisher,
+    pub(crate) send_immediately: bool,
 }
 
 impl<'a> Context<'a> {
@@ -55,15 +62,13 @@ impl<'a> Context<'a> {
         message: &'a Message,
         queue: &'a QueueName,
         attempt: u32,
-        publisher: &'a Publisher,
-        send_immediately: bool,
+        sender: Sender<'a>,
     ) -> Self {
         Context {
             message,
             queue,
             attempt,
-            publisher,
-            send_immediately,
+            sender,
             outbox: Vec::new(),
         }
     }
@@ -97,15 +102,24 @@ impl<'a> Context<'a> {
     /// first. Unless the host runs in transaction mode `none`, the message is written only
     /// after this handler succeeds: with the receive (`sends_atomic_with_receive`) or just
     /// before it commits (`receive_only`). A failed attempt sends nothing.
+    ///
+    /// The message joins the conversation of the one being handled, with the headers
+    /// NServiceBus writes (`ConversationId`, `RelatedTo`, `CorrelationId`, `ReplyToAddress`
+    /// this queue, `OriginatingEndpoint`, intent `Send` unless set): see
+    /// [`OutgoingMessage::caused_by`]. A copy that keeps the handled message's id is sent on
+    /// unchanged.
     pub async fn send(
         &mut self,
         queue: &str,
         message: OutgoingMessage,
     ) -> Result<(), TransportError> {
         let queue = QueueName::new(queue)?;
-        self.publisher.admit().await;
-        if self.send_immediately {
-            self.publisher.insert(&queue, &message).await
+        let publisher = self.sender.publisher;
+        let reply_to = publisher.transport().address(self.queue);
+        let message = message.caused_by(self.message, self.sender.origin, &reply_to);
+        publisher.admit().await;
+        if self.sender.send_immediately {
+            publisher.insert(&queue, &message).await
         } else {
             self.outbox.push((queue, message));
             Ok(())

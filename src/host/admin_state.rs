@@ -75,6 +75,10 @@ impl AdminState for HostInner {
         HostInner::publisher(self).clone()
     }
 
+    fn origin(&self) -> crate::message::Origin {
+        HostInner::origin(self).clone()
+    }
+
     fn set_override(&self, direction: Direction, mode: OverrideMode) {
         HostInner::set_override(self, direction, mode)
     }

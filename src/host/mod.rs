@@ -526,10 +526,10 @@ fn preparing<'q>(
     }
 }
 
-/// Creates the queues (when configured), runs the transport's start-up checks, warns about
-/// settings that cannot work well, and purges expired messages (when configured).
-/// Creates the delayed table of every queue with delayed delivery on.
-async fn create_delayed_tables(
+/// Creates the delayed table of every queue with delayed delivery on, or, when the host is
+/// not to create tables, checks that each is there: a missing one would fail every delayed
+/// retry and every move, so the start is refused naming the table and the command.
+async fn prepare_delayed_tables(
     config: &Config,
     transport: &dyn Transport,
 ) -> Result<(), HostError> {
@@ -538,15 +538,33 @@ async fn create_delayed_tables(
     };
     for qc in config.queues.iter().filter(|q| q.delayed_delivery.enabled) {
         let name = QueueName::new(&qc.name)?;
-        delayed.create_delayed(&name).await.map_err(preparing(
-            &name,
-            "create its delayed table",
-            "create it with a privileged account, or set queues.delayed_delivery.enabled = false",
-        ))?;
+        if config.host.create_queues {
+            delayed.create_delayed(&name).await.map_err(preparing(
+                &name,
+                "create its delayed table",
+                "create it with a privileged account, or set queues.delayed_delivery.enabled = false",
+            ))?;
+        } else {
+            match delayed.delayed_count(&name).await {
+                Ok(_) => {}
+                Err(e @ TransportError::DelayedTableNotFound { .. }) => {
+                    return Err(HostError::Transport(e));
+                }
+                Err(e) => {
+                    return Err(preparing(
+                        &name,
+                        "read its delayed table",
+                        "check the account's rights on the delayed table",
+                    )(e));
+                }
+            }
+        }
     }
     Ok(())
 }
 
+/// Creates the queues (when configured), runs the transport's start-up checks, warns about
+/// settings that cannot work well, and purges expired messages (when configured).
 async fn prepare_transport(
     config: &Config,
     transport: &dyn Transport,
@@ -561,7 +579,6 @@ async fn prepare_transport(
         tracing::warn!("{warning}");
     }
     if config.host.create_queues {
-        create_delayed_tables(config, transport).await?;
         for q in to_create {
             transport.create_queue(q).await.map_err(preparing(
                 q,
@@ -587,6 +604,7 @@ async fn prepare_transport(
     for warning in warnings {
         tracing::warn!("{warning}");
     }
+    prepare_delayed_tables(config, transport).await?;
     let total_concurrency: u64 = queues.iter().map(|q| q.settings().max as u64).sum();
     if total_concurrency + 1 > config.transport.pool_size as u64 {
         tracing::warn!(
@@ -845,6 +863,11 @@ impl HostInner {
     /// The throttled publisher.
     pub fn publisher(&self) -> &Arc<Publisher> {
         &self.publisher
+    }
+
+    /// Who this host is in the headers it writes (`Originating*`, `Processing*`).
+    pub(crate) fn origin(&self) -> &crate::message::Origin {
+        self.dispatcher.origin()
     }
 
     /// Throttling settings, overrides and the latest snapshot.
@@ -1167,6 +1190,7 @@ impl Host {
     /// Sends a message through the throttled publish path.
     pub async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), TransportError> {
         let queue = QueueName::new(queue)?;
+        let message = message.sent_by(self.inner.origin());
         self.inner.publisher.send(&queue, &message).await
     }
 

@@ -1,7 +1,8 @@
 //! Delayed delivery, the ability of a transport to keep a message until it is due.
 //!
 //! Laid out as the NServiceBus SQL transports do it: each receiving queue has a delayed table
-//! beside it (SQL Server `<queue>.Delayed`, PostgreSQL `<queue>.delayed`) holding the headers,
+//! beside it, `<queue>.Delayed` on both engines (NServiceBus's `TableSuffix`, configurable as
+//! `transport.delayed_table_suffix`), holding the headers,
 //! the body and the due time, computed by the database server from its own clock. A stored
 //! message carries `NServiceBus.SqlServer.ForwardDestination`, the queue it is for. A mover
 //! (`crate::delayed`) moves due rows into the queue in batches; the receiver removes the
@@ -44,15 +45,12 @@ pub trait DelayedDelivery: Send + Sync {
     /// nothing and says [`Moved::busy`].
     async fn move_due(&self, queue: &QueueName, batch: u32) -> Result<Moved, TransportError>;
 
-    /// Messages in `queue`'s delayed table now (due or not).
+    /// Messages in `queue`'s delayed table now (due or not); a missing table is
+    /// [`TransportError::DelayedTableNotFound`].
     async fn delayed_count(&self, queue: &QueueName) -> Result<u64, TransportError>;
 
-    /// The address written into the forward destination header for `queue`.
-    fn forward_address(&self, queue: &QueueName) -> String;
-
-    /// The queue of this transport's schema that a forward destination names; None when it
-    /// names none (another schema or catalog, or not an address).
-    fn parse_forward_address(&self, address: &str) -> Option<QueueName>;
+    /// `queue`'s delayed table as the database names it (schema-qualified, quoted).
+    fn delayed_table(&self, queue: &QueueName) -> String;
 }
 
 /// The headers a delayed message is stored with: its own plus the forward destination (the
@@ -74,59 +72,9 @@ pub(crate) fn delay_millis(message: &OutgoingMessage) -> Result<Option<i64>, Tra
         .map_err(TransportError::InvalidMessage)
 }
 
-/// Reads a forward destination in the forms the SQL transports write: `table`,
-/// `table@schema`, `table@[schema]@[catalog]` (SQL Server) and `"schema"."table"`
-/// (PostgreSQL). A schema, when named, must be `schema` (compared without case); the catalog
-/// is not checked (a host reaches one database).
-pub(crate) fn parse_address(address: &str, schema: &str) -> Option<QueueName> {
-    let address = address.trim();
-    let unbracket = |s: &str| {
-        let s = s.trim();
-        s.strip_prefix('[')
-            .and_then(|s| s.strip_suffix(']'))
-            .unwrap_or(s)
-            .replace("]]", "]")
-    };
-    let (table, named_schema) = if let Some(rest) = address.strip_prefix('"') {
-        // "schema"."table" or "table"
-        match rest.split_once("\".\"") {
-            Some((s, t)) => (t.strip_suffix('"')?.to_string(), Some(s.to_string())),
-            None => (rest.strip_suffix('"')?.to_string(), None),
-        }
-    } else {
-        let mut parts = address.split('@');
-        let table = unbracket(parts.next()?);
-        (table, parts.next().map(unbracket))
-    };
-    if named_schema.is_some_and(|s| !s.is_empty() && !s.eq_ignore_ascii_case(schema)) {
-        return None;
-    }
-    QueueName::new(&table).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn forward_addresses_in_every_written_form_name_the_queue() {
-        let q = |s: &str| parse_address(s, "dbo").map(|q| q.to_string());
-        assert_eq!(q("Sales").as_deref(), Some("Sales"));
-        assert_eq!(q("Sales@dbo").as_deref(), Some("Sales"));
-        assert_eq!(q("Sales@[dbo]@[Messaging]").as_deref(), Some("Sales"));
-        assert_eq!(q("Sales.host-1@[DBO]").as_deref(), Some("Sales.host-1"));
-        assert_eq!(q("[Sales]@[dbo]").as_deref(), Some("Sales"));
-        assert_eq!(q("bad name@[dbo]"), None, "not a queue name");
-        assert_eq!(q("Sales@[other]"), None, "another schema is not ours");
-        assert_eq!(
-            parse_address("\"public\".\"Sales\"", "public")
-                .map(|q| q.to_string())
-                .as_deref(),
-            Some("Sales")
-        );
-        assert_eq!(parse_address("\"other\".\"Sales\"", "public"), None);
-        assert_eq!(q(""), None);
-    }
 
     #[test]
     fn a_delayed_message_carries_its_destination() {

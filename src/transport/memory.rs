@@ -32,7 +32,7 @@ use super::fleet::{
 use super::{
     ArrivalSink, HeldKey, Payload, QueueAdmin, QueueName, Received, Transport, TransportError,
 };
-use crate::config::{OrderingConfig, TransactionMode};
+use crate::config::{DEFAULT_DELAYED_TABLE_SUFFIX, OrderingConfig, TransactionMode};
 use crate::message::{
     EXECUTION_STAGE_HEADER, Headers, Message, OutgoingMessage, PREVIOUS_STAGE_HEADER,
 };
@@ -210,9 +210,7 @@ impl Shared {
     /// the message is delayed) without storing it.
     fn check(&self, name: &QueueName, message: &StoredMessage) -> Result<(), TransportError> {
         match message.due {
-            Some(_) if !lock(&self.delayed).contains_key(name) => {
-                Err(TransportError::QueueNotFound(format!("{name}.Delayed")))
-            }
+            Some(_) if !lock(&self.delayed).contains_key(name) => Err(no_delayed_table(name)),
             Some(_) => Ok(()),
             None => self.queue(name).map(|_| ()),
         }
@@ -221,9 +219,7 @@ impl Shared {
     fn insert(&self, name: &QueueName, mut message: StoredMessage) -> Result<(), TransportError> {
         if let Some(due) = message.due.take() {
             let mut tables = lock(&self.delayed);
-            let table = tables
-                .get_mut(name)
-                .ok_or_else(|| TransportError::QueueNotFound(format!("{name}.Delayed")))?;
+            let table = tables.get_mut(name).ok_or_else(|| no_delayed_table(name))?;
             let n = table.next;
             table.next += 1;
             // The memory transport's address of a queue is its name.
@@ -338,6 +334,14 @@ fn stored_from(message: &OutgoingMessage) -> Result<StoredMessage, TransportErro
         expires: message.time_to_be_received.map(|t| SystemTime::now() + t),
         due: delay.map(|d| SystemTime::now() + d),
     })
+}
+
+/// The error for `queue`'s missing delayed table, named as the SQL transports name it.
+fn no_delayed_table(queue: &QueueName) -> TransportError {
+    TransportError::DelayedTableNotFound {
+        queue: queue.to_string(),
+        table: format!("{queue}.{DEFAULT_DELAYED_TABLE_SUFFIX}"),
+    }
 }
 
 #[async_trait]
@@ -498,17 +502,14 @@ impl DelayedDelivery for MemoryTransport {
     }
 
     async fn delayed_count(&self, queue: &QueueName) -> Result<u64, TransportError> {
-        Ok(lock(&self.shared.delayed)
+        lock(&self.shared.delayed)
             .get(queue)
-            .map_or(0, |t| t.rows.len() as u64))
+            .map(|t| t.rows.len() as u64)
+            .ok_or_else(|| no_delayed_table(queue))
     }
 
-    fn forward_address(&self, queue: &QueueName) -> String {
-        queue.to_string()
-    }
-
-    fn parse_forward_address(&self, address: &str) -> Option<QueueName> {
-        super::delayed::parse_address(address, "")
+    fn delayed_table(&self, queue: &QueueName) -> String {
+        format!("{queue}.{DEFAULT_DELAYED_TABLE_SUFFIX}")
     }
 }
 

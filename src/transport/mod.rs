@@ -13,6 +13,7 @@
 //! Implementations: [`memory`] (in-process), [`postgres`], [`sqlserver`]. One conformance
 //! suite (`tests/conformance.rs`) runs against each of them.
 
+mod address;
 mod batch;
 mod connect;
 pub mod delayed;
@@ -50,6 +51,16 @@ pub enum TransportError {
     /// The queue table does not exist.
     #[error("queue `{0}` does not exist (create it with `throttlehost queues create`)")]
     QueueNotFound(String),
+    /// A queue's delayed table does not exist (and the host was not to create it).
+    #[error(
+        "the delayed table {table} of queue `{queue}` does not exist: create it with `throttlehost queues create --config FILE` (an account that may create tables), or set the queue's delayed_delivery.enabled = false"
+    )]
+    DelayedTableNotFound {
+        /// The queue.
+        queue: String,
+        /// The delayed table, schema-qualified and quoted as the database names it.
+        table: String,
+    },
     /// A queue or schema name is not acceptable.
     #[error("{0}")]
     InvalidName(String),
@@ -169,6 +180,7 @@ impl TransportError {
                 | TransportError::Login(_)
                 | TransportError::Queue { .. }
                 | TransportError::Unsupported { .. }
+                | TransportError::DelayedTableNotFound { .. }
         )
     }
 
@@ -464,6 +476,21 @@ pub trait Transport: QueueAdmin {
 
     /// Checks that the database answers (readiness).
     async fn ping(&self) -> Result<(), TransportError>;
+
+    /// `queue`'s transport address as NServiceBus writes it into headers
+    /// (`NServiceBus.FailedQ`, `NServiceBus.ReplyToAddress`, the delayed forward
+    /// destination): SQL Server `table@[schema]@[catalog]`, PostgreSQL `"schema"."table"`.
+    /// Default: the bare name (the memory transport has one namespace).
+    fn address(&self, queue: &QueueName) -> String {
+        queue.to_string()
+    }
+
+    /// The queue of this transport's schema an address names, in any form NServiceBus or this
+    /// host writes it (a bare table name too); None when it names another schema or is not an
+    /// address of a queue.
+    fn resolve_address(&self, address: &str) -> Option<QueueName> {
+        address::parse(address, "")
+    }
 
     /// Delayed delivery, when this transport can keep messages until they are due
     /// ([`DelayedDelivery`]); None when it cannot, and a send with a delay is then refused.

@@ -37,7 +37,7 @@ use super::{
 };
 use crate::config::{FailedKey, OrderingConfig, TransactionMode, TransportConfig};
 use crate::message::OutgoingMessage;
-use crate::names::validate_schema_name;
+use crate::names::{validate_delayed_table_suffix, validate_schema_name};
 
 /// Connections [`Inner::prepared_receives`] remembers before it starts over: closed
 /// connections leave their entries behind, and forgetting a live one costs one `PREPARE`
@@ -56,6 +56,8 @@ pub struct PostgresTransport {
 struct Inner {
     pool: Pool,
     schema: String,
+    /// Delayed tables are `<queue>.<delayed_suffix>` (`transport.delayed_table_suffix`).
+    delayed_suffix: String,
     mode: TransactionMode,
     pool_size: u32,
     wait_timeout: Duration,
@@ -97,6 +99,12 @@ impl PostgresTransport {
     pub fn new(config: &TransportConfig) -> Result<Self, TransportError> {
         let schema = config.effective_schema().to_string();
         validate_schema_name(&schema).map_err(TransportError::InvalidName)?;
+        validate_delayed_table_suffix(&config.delayed_table_suffix).map_err(|message| {
+            TransportError::Setting {
+                setting: "transport.delayed_table_suffix",
+                message,
+            }
+        })?;
         check_url_userinfo(config.connection_string.expose())?;
         let tls = tls::TlsSettings::read(config.connection_string.expose());
         let mut pg = tokio_postgres::Config::from_str(&tls.connection_string).map_err(|e| {
@@ -159,6 +167,7 @@ impl PostgresTransport {
             inner: Arc::new(Inner {
                 pool,
                 schema,
+                delayed_suffix: config.delayed_table_suffix.clone(),
                 mode: config.transaction_mode,
                 pool_size: config.pool_size,
                 wait_timeout: config.connect_timeout,
@@ -344,7 +353,11 @@ impl Inner {
         }
         crate::names::validate_postgres_table_name(queue.as_str())
             .map_err(TransportError::InvalidName)?;
-        let built = Arc::new(QueueStatements::new(&self.schema, queue));
+        let built = Arc::new(QueueStatements::new(
+            &self.schema,
+            queue,
+            &self.delayed_suffix,
+        ));
         self.statements
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -452,11 +465,11 @@ impl Inner {
         let stmt = client
             .prepare_cached(&st.delayed.store)
             .await
-            .map_err(|e| map_delayed_error(e, queue))?;
+            .map_err(|e| map_delayed_error(e, queue, st))?;
         client
             .execute(&stmt, &[&message.id, &headers, &message.body, &delay_ms])
             .await
-            .map_err(|e| map_delayed_error(e, queue))?;
+            .map_err(|e| map_delayed_error(e, queue, st))?;
         Ok(())
     }
 
@@ -740,10 +753,17 @@ async fn check_layout(
 }
 
 /// Turns a driver error into a transport error that says what happened.
-/// An error of a statement on `queue`'s delayed table: a missing table is named as such.
-fn map_delayed_error(e: tokio_postgres::Error, queue: &QueueName) -> TransportError {
+/// An error of a statement on `queue`'s delayed table `st`: a missing table is named as such.
+fn map_delayed_error(
+    e: tokio_postgres::Error,
+    queue: &QueueName,
+    st: &QueueStatements,
+) -> TransportError {
     match map_error(e, Some(queue)) {
-        TransportError::QueueNotFound(q) => TransportError::QueueNotFound(format!("{q}.delayed")),
+        TransportError::QueueNotFound(_) => TransportError::DelayedTableNotFound {
+            queue: queue.to_string(),
+            table: st.delayed.table.clone(),
+        },
         other => other,
     }
 }
@@ -982,6 +1002,19 @@ impl Transport for PostgresTransport {
             .await?;
         answer.map(|_| ()).map_err(|e| map_error(e, None))
     }
+
+    /// NServiceBus's canonical PostgreSQL address, `"schema"."table"`.
+    fn address(&self, queue: &QueueName) -> String {
+        format!(
+            "{}.{}",
+            quote_ident(&self.inner.schema),
+            quote_ident(queue.as_str())
+        )
+    }
+
+    fn resolve_address(&self, address: &str) -> Option<QueueName> {
+        super::address::parse(address, &self.inner.schema)
+    }
 }
 
 #[async_trait]
@@ -993,13 +1026,47 @@ impl DelayedDelivery for PostgresTransport {
             "CREATE SCHEMA IF NOT EXISTS {}",
             quote_ident(&self.inner.schema)
         );
-        create_under_lock(
-            &mut client,
-            &st.delayed.table,
-            &[&schema, &st.delayed.create],
-        )
-        .await
-        .map_err(|e| map_delayed_error(e, queue))
+        // The old table is adopted under the lock that creates the new one, in its
+        // transaction: a host creating the table at the same time finds it complete.
+        let result = async {
+            let tx = client.transaction().await?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1))",
+                &[&st.delayed.table],
+            )
+            .await?;
+            tx.batch_execute(&schema).await?;
+            let mut adopted = None;
+            if let Some(adopt) = &st.delayed.adopt_old {
+                // The DO block leaves its count in a setting the final SELECT reads.
+                let rows = tx.simple_query(adopt).await?;
+                adopted = rows.iter().find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => {
+                        r.get(0).and_then(|v| v.parse::<u64>().ok())
+                    }
+                    _ => None,
+                });
+            }
+            tx.batch_execute(&st.delayed.create).await?;
+            tx.commit().await?;
+            Ok::<_, tokio_postgres::Error>(adopted)
+        }
+        .await;
+        match result {
+            Ok(Some(rows)) => {
+                tracing::info!(
+                    queue = %queue,
+                    table = %st.delayed.table,
+                    rows,
+                    "adopted the delayed table this host used to name \"{queue}.delayed\": NServiceBus names it {}",
+                    st.delayed.table
+                );
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) if is_concurrent_creation(&e) => Ok(()),
+            Err(e) => Err(map_delayed_error(e, queue, &st)),
+        }
     }
 
     async fn move_due(&self, queue: &QueueName, batch: u32) -> Result<Moved, TransportError> {
@@ -1014,7 +1081,7 @@ impl DelayedDelivery for PostgresTransport {
                 c.query_one(&stmt, &[&batch, &lock]).await
             })
             .await?;
-        let row = row.map_err(|e| map_delayed_error(e, queue))?;
+        let row = row.map_err(|e| map_delayed_error(e, queue, &st))?;
         let count = |i: usize| row.try_get::<_, i64>(i).unwrap_or(0).max(0) as u64;
         let got: bool = row.try_get(1).unwrap_or(false);
         let next_ms: Option<f64> = row.try_get(3).ok().flatten();
@@ -1038,22 +1105,17 @@ impl DelayedDelivery for PostgresTransport {
             })
             .await?;
         let n: i64 = row
-            .map_err(|e| map_delayed_error(e, queue))?
+            .map_err(|e| map_delayed_error(e, queue, &st))?
             .try_get(0)
             .unwrap_or(0);
         Ok(n.max(0) as u64)
     }
 
-    fn forward_address(&self, queue: &QueueName) -> String {
-        format!(
-            "{}.{}",
-            quote_ident(&self.inner.schema),
-            quote_ident(queue.as_str())
-        )
-    }
-
-    fn parse_forward_address(&self, address: &str) -> Option<QueueName> {
-        super::delayed::parse_address(address, &self.inner.schema)
+    fn delayed_table(&self, queue: &QueueName) -> String {
+        match self.inner.statements(queue) {
+            Ok(st) => st.delayed.table.clone(),
+            Err(_) => format!("{queue}.{}", self.inner.delayed_suffix),
+        }
     }
 }
 
@@ -1415,7 +1477,7 @@ impl crate::transport::KeyOrdering for PostgresTransport {
         super::check_orderable(self.inner.mode, queue)?;
         // Validates the name, as every statement of the queue does.
         self.inner.statements(queue)?;
-        let plain = QueueStatements::new(&self.inner.schema, queue);
+        let plain = QueueStatements::new(&self.inner.schema, queue, &self.inner.delayed_suffix);
         let statements = match ordering.is_ordered() {
             true => plain.with_ordering(ordering),
             false => plain,

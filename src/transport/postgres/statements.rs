@@ -70,7 +70,7 @@ pub struct QueueStatements {
     /// On an ordered queue: the expression indexes its receive probes, each as its
     /// schema-qualified name and the DDL that builds it without blocking writes.
     pub ordering_indexes: Vec<OrderingIndex>,
-    /// The queue's delayed table, `"schema"."<queue>.delayed"`, and its statements.
+    /// The queue's delayed table, `"schema"."<queue>.Delayed"`, and its statements.
     pub delayed: DelayedStatements,
 }
 
@@ -80,8 +80,14 @@ pub struct QueueStatements {
 /// both movers agree on what is due when they share a server.
 #[derive(Debug)]
 pub struct DelayedStatements {
-    /// `"schema"."<queue>.delayed"`
+    /// `"schema"."<queue>.<suffix>"` (suffix `Delayed` unless configured)
     pub table: String,
+    /// Adopts the table the host named `"<queue>.delayed"` before it followed NServiceBus's
+    /// name: renames it when the new table is missing, else moves its rows over (a row whose
+    /// id is taken gets a new one) and drops it. Returns the rows it moved or renamed, NULL
+    /// when there was no old table. Run in the transaction that creates the new table, before
+    /// it, under the same lock. None when the suffix is `delayed` itself.
+    pub adopt_old: Option<String>,
     /// Creates the table and its index (idempotent; run under an advisory lock).
     pub create: String,
     /// Stores a message: `$1` id, `$2` headers (with the forward destination), `$3` body,
@@ -97,14 +103,13 @@ pub struct DelayedStatements {
 }
 
 impl DelayedStatements {
-    fn new(schema: &str, queue: &QueueName, queue_table: &str) -> Self {
-        let table = format!(
-            "{}.{}",
-            quote_ident(schema),
-            quote_ident(&format!("{queue}.delayed"))
-        );
-        let index = quote_ident(&format!("{queue}.delayed_Due"));
+    fn new(schema: &str, queue: &QueueName, queue_table: &str, suffix: &str) -> Self {
+        let name = format!("{queue}.{suffix}");
+        let table = format!("{}.{}", quote_ident(schema), quote_ident(&name));
+        let index = quote_ident(&format!("{name}_Due"));
         DelayedStatements {
+            adopt_old: (suffix != OLD_DELAYED_SUFFIX)
+                .then(|| adopt_old_delayed_table(schema, queue, &table, &name)),
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {table} (
     Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
@@ -136,6 +141,51 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (Due)"
     }
 }
 
+/// The suffix this host gave delayed tables before it followed NServiceBus (`"<queue>.delayed"`).
+const OLD_DELAYED_SUFFIX: &str = "delayed";
+
+/// See [`DelayedStatements::adopt_old`]. Names are validated (no quotes), so they can sit
+/// inside the literals.
+fn adopt_old_delayed_table(schema: &str, queue: &QueueName, table: &str, name: &str) -> String {
+    let old_name = format!("{queue}.{OLD_DELAYED_SUFFIX}");
+    let old = format!("{}.{}", quote_ident(schema), quote_ident(&old_name));
+    let literal = |s: &str| s.replace('\'', "''");
+    let old_index = format!(
+        "{}.{}",
+        quote_ident(schema),
+        quote_ident(&format!("{old_name}_Due"))
+    );
+    let new_index = quote_ident(&format!("{name}_Due"));
+    format!(
+        "DO $adopt$
+DECLARE adopted bigint;
+BEGIN
+  IF to_regclass('{old}') IS NULL THEN
+    PERFORM set_config('throttlehost.adopted', '', true);
+    RETURN;
+  END IF;
+  IF to_regclass('{table}') IS NULL THEN
+    SELECT count(*) INTO adopted FROM {old};
+    ALTER TABLE {old} RENAME TO {new};
+    ALTER INDEX IF EXISTS {old_index} RENAME TO {new_index};
+  ELSE
+    INSERT INTO {table} (Id, Headers, Body, Due)
+      SELECT CASE WHEN EXISTS (SELECT 1 FROM {table} n WHERE n.Id = o.Id) THEN gen_random_uuid() ELSE o.Id END,
+             o.Headers, o.Body, o.Due
+      FROM {old} o;
+    GET DIAGNOSTICS adopted = ROW_COUNT;
+    DROP TABLE {old};
+  END IF;
+  PERFORM set_config('throttlehost.adopted', adopted::text, true);
+END
+$adopt$;
+SELECT NULLIF(current_setting('throttlehost.adopted', true), '')::bigint",
+        old = literal(&old),
+        table = literal(table),
+        new = quote_ident(name),
+    )
+}
+
 /// The function and trigger of [`QueueStatements::notify_on_insert`]. Names are validated
 /// (no quotes), so they can sit inside the literals.
 fn notify_on_insert(schema: &str, table: &str, channel: &str) -> String {
@@ -164,8 +214,8 @@ fn next_receive_name() -> String {
 }
 
 impl QueueStatements {
-    /// Builds the statements for `schema`.`queue`.
-    pub fn new(schema: &str, queue: &QueueName) -> Self {
+    /// Builds the statements for `schema`.`queue`, its delayed table `<queue>.<delayed_suffix>`.
+    pub fn new(schema: &str, queue: &QueueName, delayed_suffix: &str) -> Self {
         let table = format!("{}.{}", quote_ident(schema), quote_ident(queue.as_str()));
         let notify_channel = format!("throttlehost_{}", crate::names::stable_tag(&table));
         QueueStatements {
@@ -222,7 +272,7 @@ impl QueueStatements {
             ordered: false,
             waiting: None,
             ordering_indexes: Vec::new(),
-            delayed: DelayedStatements::new(schema, queue, &table),
+            delayed: DelayedStatements::new(schema, queue, &table, delayed_suffix),
             table,
         }
     }
@@ -406,7 +456,11 @@ mod tests {
 
     #[test]
     fn identifiers_are_quoted_and_kept_intact() {
-        let s = QueueStatements::new("public", &QueueName::new("Sales.Node-1").unwrap());
+        let s = QueueStatements::new(
+            "public",
+            &QueueName::new("Sales.Node-1").unwrap(),
+            "Delayed",
+        );
         assert_eq!(s.table, r#""public"."Sales.Node-1""#);
         assert!(s.receive.contains(r#"FROM "public"."Sales.Node-1" rs"#));
         assert!(s.receive.contains("FOR UPDATE SKIP LOCKED"));
@@ -418,7 +472,7 @@ mod tests {
 
     #[test]
     fn receive_returns_the_nservicebus_columns_in_order() {
-        let s = QueueStatements::new("s", &QueueName::new("q").unwrap());
+        let s = QueueStatements::new("s", &QueueName::new("q").unwrap(), "Delayed");
         let returning = s.receive.split("RETURNING").nth(1).unwrap();
         let id = returning.find("rs.Id").unwrap();
         let headers = returning.find("rs.Headers").unwrap();

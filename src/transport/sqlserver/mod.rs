@@ -59,6 +59,11 @@ pub struct SqlServerTransport {
 struct Inner {
     pool: bb8::Pool<Manager>,
     schema: String,
+    /// The database the connection string names, or the login's default database as the
+    /// server told it at connect: NServiceBus's addresses name it (`table@[schema]@[catalog]`).
+    catalog: std::sync::OnceLock<String>,
+    /// Delayed tables are `<queue>.<delayed_suffix>` (`transport.delayed_table_suffix`).
+    delayed_suffix: String,
     dialect: Dialect,
     mode: TransactionMode,
     pool_size: u32,
@@ -119,6 +124,20 @@ fn warn_once_if_trusting(raw: &str) {
     }
 }
 
+/// The database an ADO.NET connection string names (`Database` or `Initial Catalog`).
+fn catalog_in_connection_string(raw: &str) -> Option<String> {
+    raw.split(';')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(k, _)| {
+            matches!(
+                k.trim().to_ascii_lowercase().as_str(),
+                "database" | "initial catalog"
+            )
+        })
+        .map(|(_, v)| v.trim().trim_matches(['\'', '"']).to_string())
+        .rfind(|v| !v.is_empty())
+}
+
 fn password_values(raw: &str) -> Vec<String> {
     raw.split(';')
         .filter_map(|pair| pair.split_once('='))
@@ -133,6 +152,15 @@ impl SqlServerTransport {
     pub async fn connect(config: &TransportConfig) -> Result<Self, TransportError> {
         let transport = Self::new(config)?;
         transport.ping().await?;
+        if transport.inner.catalog.get().is_none() {
+            let mut conn = transport.inner.conn().await?;
+            let row = async { conn.query("SELECT DB_NAME()", &[]).await?.into_row().await }
+                .await
+                .map_err(|e| map_error(e, None))?;
+            if let Some(name) = row.and_then(|r| r.get::<&str, _>(0).map(str::to_string)) {
+                let _ = transport.inner.catalog.set(name);
+            }
+        }
         Ok(transport)
     }
 
@@ -140,7 +168,17 @@ impl SqlServerTransport {
     pub fn new(config: &TransportConfig) -> Result<Self, TransportError> {
         let schema = config.effective_schema().to_string();
         validate_schema_name(&schema).map_err(TransportError::InvalidName)?;
+        crate::names::validate_delayed_table_suffix(&config.delayed_table_suffix).map_err(
+            |message| TransportError::Setting {
+                setting: "transport.delayed_table_suffix",
+                message,
+            },
+        )?;
         let raw = config.connection_string.expose();
+        let catalog = std::sync::OnceLock::new();
+        if let Some(named) = catalog_in_connection_string(raw) {
+            let _ = catalog.set(named);
+        }
         let mut tiberius_config = parse_connection_string(raw)?;
         warn_once_if_trusting(raw);
         if !raw.to_ascii_lowercase().contains("application name") {
@@ -163,6 +201,8 @@ impl SqlServerTransport {
             inner: Arc::new(Inner {
                 pool,
                 schema,
+                catalog,
+                delayed_suffix: config.delayed_table_suffix.clone(),
                 dialect: config.dialect,
                 mode: config.transaction_mode,
                 pool_size: config.pool_size,
@@ -185,6 +225,9 @@ impl SqlServerTransport {
     }
 }
 
+/// The code Babelfish gives a PostgreSQL error it has no SQL Server number for.
+const BABELFISH_UNMAPPED: u32 = 33_557_097;
+
 /// Turns a tiberius error into a transport error that says what happened.
 fn map_error(e: tiberius::error::Error, queue: Option<&QueueName>) -> TransportError {
     use tiberius::error::Error;
@@ -196,6 +239,18 @@ fn map_error(e: tiberius::error::Error, queue: Option<&QueueName>) -> TransportE
                     .unwrap_or_else(|| token.message().to_string()),
             ),
             1205 => TransportError::Deadlock(token.message().to_string()),
+            // Babelfish reports a missing table as PostgreSQL's error under its catch-all
+            // code, not as SQL Server's 208.
+            BABELFISH_UNMAPPED
+                if token.message().starts_with("relation \"")
+                    && token.message().ends_with("does not exist") =>
+            {
+                TransportError::QueueNotFound(
+                    queue
+                        .map(|q| q.to_string())
+                        .unwrap_or_else(|| token.message().to_string()),
+                )
+            }
             code => {
                 TransportError::database(format!("{} (error {code})", token.message())).caused_by(e)
             }
@@ -223,7 +278,12 @@ impl Inner {
         {
             return s.clone();
         }
-        let built = Arc::new(QueueStatements::new(&self.schema, queue, self.dialect));
+        let built = Arc::new(QueueStatements::new(
+            &self.schema,
+            queue,
+            self.dialect,
+            &self.delayed_suffix,
+        ));
         self.statements
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -340,7 +400,7 @@ impl Inner {
                 .await;
             return self
                 .after_insert(conn, queue, result)
-                .map_err(|e| delayed_table_named(e, queue));
+                .map_err(|e| delayed_table_named(e, queue, &st));
         }
         let recoverable = self.has_recoverable(conn, queue, &st).await?;
         let sql = if recoverable {
@@ -725,10 +785,19 @@ impl Inner {
         }
     }
 
-    /// The forward destination written for `queue`: NServiceBus's `table@[schema]` (the
-    /// catalog left to the connection's database).
+    /// `queue`'s address as NServiceBus writes it: `table@[schema]@[catalog]`, or
+    /// `table@[schema]` while the catalog is not known (a transport built without connecting).
     fn address_of(&self, queue: &QueueName) -> String {
-        format!("{}@{}", queue, statements::bracket(&self.schema))
+        match self.catalog.get() {
+            Some(catalog) => format!(
+                "{}@{}@{}",
+                queue,
+                statements::bracket(&self.schema),
+                // Database names may hold `]`: doubled, as SQL Server's QUOTENAME does.
+                format_args!("[{}]", catalog.replace(']', "]]"))
+            ),
+            None => format!("{}@{}", queue, statements::bracket(&self.schema)),
+        }
     }
 
     /// Runs a batch whose first result's first value is a bigint count.
@@ -904,14 +973,27 @@ impl Transport for SqlServerTransport {
             map_error(e, None)
         })
     }
+
+    fn address(&self, queue: &QueueName) -> String {
+        self.inner.address_of(queue)
+    }
+
+    fn resolve_address(&self, address: &str) -> Option<QueueName> {
+        super::address::parse(address, &self.inner.schema)
+    }
 }
 
 /// An error of a statement on `queue`'s delayed table: a missing table is named as such.
-fn delayed_table_named(e: TransportError, queue: &QueueName) -> TransportError {
+fn delayed_table_named(
+    e: TransportError,
+    queue: &QueueName,
+    st: &QueueStatements,
+) -> TransportError {
     match e {
-        TransportError::QueueNotFound(_) => {
-            TransportError::QueueNotFound(format!("{queue}.Delayed"))
-        }
+        TransportError::QueueNotFound(_) => TransportError::DelayedTableNotFound {
+            queue: queue.to_string(),
+            table: st.delayed.table.clone(),
+        },
         other => other,
     }
 }
@@ -927,7 +1009,7 @@ impl DelayedDelivery for SqlServerTransport {
                 conn.broken = true;
                 match e {
                     tiberius::error::Error::Server(t) if matches!(t.code(), 2714 | 1913) => Ok(()),
-                    e => Err(delayed_table_named(map_error(e, Some(queue)), queue)),
+                    e => Err(delayed_table_named(map_error(e, Some(queue)), queue, &st)),
                 }
             }
         }
@@ -950,7 +1032,7 @@ impl DelayedDelivery for SqlServerTransport {
             // other error: XACT_ABORT rolled the move back, the connection is closed.
             Err(e) => {
                 let gave_up = self.inner.gave_up_on_held_row(&mut conn, queue, e).await;
-                gave_up.map_err(|e| delayed_table_named(e, queue))?;
+                gave_up.map_err(|e| delayed_table_named(e, queue, &st))?;
                 drop(conn);
                 return Ok(Moved {
                     moved: 0,
@@ -988,15 +1070,11 @@ impl DelayedDelivery for SqlServerTransport {
         self.inner
             .count(&mut conn, queue, &st.delayed.count, &[])
             .await
-            .map_err(|e| delayed_table_named(e, queue))
+            .map_err(|e| delayed_table_named(e, queue, &st))
     }
 
-    fn forward_address(&self, queue: &QueueName) -> String {
-        self.inner.address_of(queue)
-    }
-
-    fn parse_forward_address(&self, address: &str) -> Option<QueueName> {
-        super::delayed::parse_address(address, &self.inner.schema)
+    fn delayed_table(&self, queue: &QueueName) -> String {
+        self.inner.statements(queue).delayed.table.clone()
     }
 }
 
@@ -1443,7 +1521,12 @@ impl crate::transport::KeyOrdering for SqlServerTransport {
         ordering: &OrderingConfig,
     ) -> Result<(), TransportError> {
         super::check_orderable(self.inner.mode, queue)?;
-        let plain = QueueStatements::new(&self.inner.schema, queue, self.inner.dialect);
+        let plain = QueueStatements::new(
+            &self.inner.schema,
+            queue,
+            self.inner.dialect,
+            &self.inner.delayed_suffix,
+        );
         let statements = match ordering.is_ordered() {
             false => plain,
             true => plain.with_ordering(ordering),

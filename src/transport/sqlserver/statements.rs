@@ -67,7 +67,8 @@ pub struct QueueStatements {
     /// Babelfish's claim candidates, oldest first ([`babelfish_claim`]): every row, or on an
     /// ordered queue the rows that may run ([`babelfish_ordered_candidates`]).
     pub claim_from: String,
-    /// The queue's delayed table, `[schema].[<queue>.Delayed]`, and its statements.
+    /// The queue's delayed table, `[schema].[<queue>.Delayed]` (the suffix configurable), and
+    /// its statements.
     pub delayed: DelayedStatements,
 }
 
@@ -97,11 +98,17 @@ pub struct DelayedStatements {
 }
 
 impl DelayedStatements {
-    fn new(schema: &str, queue: &QueueName, queue_table: &str, dialect: Dialect) -> Self {
+    fn new(
+        schema: &str,
+        queue: &QueueName,
+        queue_table: &str,
+        dialect: Dialect,
+        suffix: &str,
+    ) -> Self {
         let table = format!(
             "{}.{}",
             bracket(schema),
-            bracket(&format!("{queue}.Delayed"))
+            bracket(&format!("{queue}.{suffix}"))
         );
         let mover = format!("throttlehost_mover_{schema}.{queue}");
         let move_due = |recoverable: bool| {
@@ -741,7 +748,7 @@ ORDER BY m.N;",
 
 impl QueueStatements {
     /// Builds the statements for `[schema].[queue]` in a dialect.
-    pub fn new(schema: &str, queue: &QueueName, dialect: Dialect) -> Self {
+    pub fn new(schema: &str, queue: &QueueName, dialect: Dialect, delayed_suffix: &str) -> Self {
         let table = format!("{}.{}", bracket(schema), bracket(queue.as_str()));
         // Inside N'...' literals: names cannot contain quotes (validated).
         let exists = format!("OBJECT_ID(N'{table}', N'U') IS NOT NULL");
@@ -813,7 +820,7 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
             ordered: false,
             waiting: None,
             dialect,
-            delayed: DelayedStatements::new(schema, queue, &table, dialect),
+            delayed: DelayedStatements::new(schema, queue, &table, dialect, delayed_suffix),
             table,
         }
     }

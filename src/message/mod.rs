@@ -4,6 +4,14 @@
 //! NServiceBus SQL transports; the logical id travels in the `NServiceBus.MessageId` header,
 //! which [`OutgoingMessage::new`] sets to the same value unless the sender chose another.
 
+mod outgoing;
+
+pub use outgoing::{
+    CONVERSATION_ID_HEADER, CORRELATION_ID_HEADER, DELIVER_AT_HEADER,
+    ENCLOSED_MESSAGE_TYPES_HEADER, MESSAGE_INTENT_HEADER, MessageIntent,
+    ORIGINATING_ENDPOINT_HEADER, ORIGINATING_HOST_ID_HEADER, ORIGINATING_MACHINE_HEADER, Origin,
+    RELATED_TO_HEADER, REPLY_TO_ADDRESS_HEADER,
+};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -131,9 +139,17 @@ impl OutgoingMessage {
         self
     }
 
-    /// Delivers the message no sooner than `delay` from now (NServiceBus `DelayDeliveryWith`).
+    /// Delivers the message no sooner than `delay` from now (NServiceBus `DelayDeliveryWith`),
+    /// with `NServiceBus.DeliverAt` saying when by this machine's clock, as NServiceBus writes
+    /// it (the due time the table holds is the database server's).
     pub fn with_delay(mut self, delay: Duration) -> Self {
         self.deliver_after = Some(delay);
+        if let Ok(delay) = chrono::Duration::from_std(delay)
+            && let Some(at) = Utc::now().checked_add_signed(delay)
+        {
+            self.headers
+                .insert(DELIVER_AT_HEADER.into(), Some(format_wire_time(at)));
+        }
         self
     }
 

@@ -102,13 +102,31 @@ pub fn validate_schema_name(name: &str) -> Result<(), String> {
 pub struct InvalidName(pub String);
 
 /// A validated queue name; cheap to clone.
+///
+/// Either a table of the transport's schema (`Sales`), or an address naming another schema
+/// and, on SQL Server, another catalog, in the forms NServiceBus writes: `Sales@[billing]`,
+/// `Sales@[billing]@[Shop]` (SQL Server), `"billing"."Sales"` (PostgreSQL). Every part is
+/// checked as a name is; the transport resolves the parts into its quoted table name. A bare
+/// name with dots stays one table name (`Sales.MACHINE-01`, an instance queue), which is why
+/// PostgreSQL's other-schema form is the quoted one.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueueName(Arc<str>);
 
+/// The parts of a [`QueueName`]: the table, and the schema and catalog it names, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueParts<'a> {
+    /// The table.
+    pub table: &'a str,
+    /// The schema, when the name is an address that names one.
+    pub schema: Option<&'a str>,
+    /// The catalog (SQL Server's database), when the address names one.
+    pub catalog: Option<&'a str>,
+}
+
 impl QueueName {
-    /// Validates and wraps a queue name.
+    /// Validates and wraps a queue name or address.
     pub fn new(name: &str) -> Result<Self, InvalidName> {
-        validate_queue_name(name).map_err(InvalidName)?;
+        split_address(name).map_err(InvalidName)?;
         Ok(QueueName(Arc::from(name)))
     }
 
@@ -116,6 +134,134 @@ impl QueueName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The table, schema and catalog this name stands for.
+    pub fn parts(&self) -> QueueParts<'_> {
+        // Validated at construction.
+        split_address(&self.0).unwrap_or(QueueParts {
+            table: &self.0,
+            schema: None,
+            catalog: None,
+        })
+    }
+
+    /// The table's name, without schema or catalog.
+    pub fn table(&self) -> &str {
+        self.parts().table
+    }
+
+    /// Whether the name addresses a schema or catalog of its own.
+    pub fn is_address(&self) -> bool {
+        let parts = self.parts();
+        parts.schema.is_some() || parts.catalog.is_some()
+    }
+
+    /// `self` as the transport whose own schema is `schema` and database `catalog` reaches
+    /// it: the bare table name when the address names that schema (compared without case,
+    /// as both servers compare them by default) and no other catalog; else the address,
+    /// without a catalog that is the transport's own.
+    pub fn relative_to(&self, schema: &str, catalog: Option<&str>) -> QueueName {
+        let parts = self.parts();
+        let same = |a: Option<&str>, b: Option<&str>| match (a, b) {
+            (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+            _ => false,
+        };
+        let foreign_catalog = parts.catalog.filter(|c| !same(Some(c), catalog));
+        let foreign_schema = parts.schema.filter(|s| !s.eq_ignore_ascii_case(schema));
+        let text = match (foreign_schema, foreign_catalog) {
+            (None, None) => parts.table.to_string(),
+            (schema_named, None) if self.0.starts_with('"') => {
+                format!("\"{}\".\"{}\"", schema_named.unwrap_or(schema), parts.table)
+            }
+            (schema_named, None) => {
+                format!("{}@[{}]", parts.table, schema_named.unwrap_or(schema))
+            }
+            (schema_named, Some(catalog)) => format!(
+                "{}@[{}]@[{catalog}]",
+                parts.table,
+                schema_named.or(parts.schema).unwrap_or(schema)
+            ),
+        };
+        QueueName(Arc::from(text.as_str()))
+    }
+}
+
+/// Splits and checks a queue name or address (see [`QueueName`]).
+fn split_address(name: &str) -> Result<QueueParts<'_>, String> {
+    if let Some(rest) = name.strip_prefix('"') {
+        // "schema"."table" or "table"
+        let (schema, table) = match rest.split_once("\".\"") {
+            Some((schema, table)) => (Some(schema), table),
+            None => (None, rest),
+        };
+        let table = table.strip_suffix('"').ok_or_else(|| {
+            format!(
+                "queue address `{}` is not \"schema\".\"table\" (PostgreSQL's form)",
+                shown(name)
+            )
+        })?;
+        validate_queue_name(table)?;
+        if let Some(schema) = schema {
+            validate_schema_name(schema)?;
+        }
+        return Ok(QueueParts {
+            table,
+            schema,
+            catalog: None,
+        });
+    }
+    if !name.contains('@') {
+        validate_queue_name(name)?;
+        return Ok(QueueParts {
+            table: name,
+            schema: None,
+            catalog: None,
+        });
+    }
+    // table@schema[@catalog], each part optionally in brackets (SQL Server's form).
+    let mut parts = name.split('@').map(|p| {
+        p.strip_prefix('[')
+            .and_then(|p| p.strip_suffix(']'))
+            .unwrap_or(p)
+    });
+    let table = parts.next().unwrap_or_default();
+    let schema = parts.next().filter(|s| !s.is_empty());
+    let catalog = parts.next();
+    if parts.next().is_some() || catalog.is_some_and(str::is_empty) {
+        return Err(format!(
+            "queue address `{}` is not table@[schema] or table@[schema]@[catalog] (SQL Server's form)",
+            shown(name)
+        ));
+    }
+    validate_queue_name(table)?;
+    if let Some(schema) = schema {
+        validate_schema_name(schema)?;
+    }
+    if let Some(catalog) = catalog {
+        validate_catalog_name(catalog)?;
+    }
+    Ok(QueueParts {
+        table,
+        schema,
+        catalog,
+    })
+}
+
+/// Checks a catalog (database) name in an address: letters, digits, `_` and `-`, at most
+/// 128 characters (SQL Server's `sysname`).
+fn validate_catalog_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.chars().count() > MAX_QUEUE_NAME_CHARS
+        || !name
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-'))
+    {
+        return Err(format!(
+            "catalog `{}` in a queue address: use letters, digits, '_' and '-' only",
+            shown(name)
+        ));
+    }
+    Ok(())
 }
 
 impl fmt::Display for QueueName {
@@ -172,6 +318,62 @@ mod tests {
             assert!(validate_queue_name(bad).is_err(), "{bad}");
         }
         assert!(validate_queue_name(&"x".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn addresses_name_their_schema_and_catalog() {
+        let parts = |s: &str| {
+            let q = QueueName::new(s).unwrap();
+            let p = q.parts();
+            (
+                p.table.to_string(),
+                p.schema.map(str::to_string),
+                p.catalog.map(str::to_string),
+            )
+        };
+        let own = |t: &str| (t.to_string(), None, None);
+        assert_eq!(parts("Sales.MACHINE-01"), own("Sales.MACHINE-01"));
+        assert_eq!(
+            parts("Sales@[billing]@[Shop]"),
+            ("Sales".into(), Some("billing".into()), Some("Shop".into()))
+        );
+        assert_eq!(
+            parts("Sales@billing"),
+            ("Sales".into(), Some("billing".into()), None)
+        );
+        assert_eq!(
+            parts("\"billing\".\"Sales.v2\""),
+            ("Sales.v2".into(), Some("billing".into()), None)
+        );
+        assert_eq!(parts("\"Sales\""), own("Sales"));
+        for bad in [
+            "Sales@[bil ling]",
+            "Sales@[dbo]@[Shop]@[x]",
+            "Sales@[dbo]@",
+            "\"billing\".Sales",
+            "\"bil\"ling\".\"Sales\"",
+            "@[dbo]",
+            "Sa'les@[dbo]",
+        ] {
+            assert!(QueueName::new(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_address_in_the_transports_own_schema_is_its_bare_table() {
+        let rel = |s: &str| {
+            QueueName::new(s)
+                .unwrap()
+                .relative_to("dbo", Some("Shop"))
+                .to_string()
+        };
+        assert_eq!(rel("Sales@[DBO]@[shop]"), "Sales");
+        assert_eq!(rel("Sales@[dbo]"), "Sales");
+        assert_eq!(rel("Sales"), "Sales");
+        assert_eq!(rel("Sales@[billing]@[Shop]"), "Sales@[billing]");
+        assert_eq!(rel("Sales@[dbo]@[Other]"), "Sales@[dbo]@[Other]");
+        assert_eq!(rel("\"billing\".\"Sales\""), "\"billing\".\"Sales\"");
+        assert_eq!(rel("\"dbo\".\"Sales\""), "Sales");
     }
 
     #[test]

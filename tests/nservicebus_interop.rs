@@ -294,6 +294,64 @@ async fn a_host_send_starts_a_conversation() {
     assert_eq!(m.header(RELATED_TO_HEADER), None);
 }
 
+/// Sends each message on to a queue named by its address.
+struct SendTo(String);
+
+#[async_trait]
+impl Handler for SendTo {
+    async fn handle(&self, ctx: &mut Context<'_>) -> Result<(), HandlerError> {
+        if ctx.body() == b"fail" {
+            return Err("told to fail".into());
+        }
+        ctx.send(&self.0, OutgoingMessage::new("sent on")).await?;
+        Ok(())
+    }
+}
+
+/// The error queue and a handler's sends may name another schema, as NServiceBus addresses
+/// it (`"schema"."table"`); the host creates the error queue there and writes FailedQ as the
+/// failed queue's own address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_error_queue_and_sends_may_be_in_another_schema() {
+    let backlog = PgBacklog::new("orders", 0, 16).await;
+    let other = PgSchema::new();
+    let (errors, invoices) = (
+        format!("\"{}\".\"errors\"", other.name),
+        format!("\"{}\".\"invoices\"", other.name),
+    );
+    backlog.transport.create_queue(&q(&invoices)).await.unwrap();
+    let mut config = backlog.config(ConcurrencyModel::Monitor, 2);
+    config.queues[0].error_queue = errors.clone();
+    config.queues[0].immediate_retries = 0;
+    let host = backlog.host_with(config, SendTo(invoices.clone())).await;
+    for body in ["ok", "fail"] {
+        backlog
+            .transport
+            .send(&q("orders"), &OutgoingMessage::new(body))
+            .await
+            .unwrap();
+    }
+    let sent = receive_one(backlog.transport.as_ref(), &invoices).await;
+    let failed = receive_one(backlog.transport.as_ref(), &errors).await;
+    host.shutdown().await;
+    assert_eq!(sent.body, b"sent on");
+    assert_eq!(failed.body, b"fail");
+    assert_eq!(
+        failed.header("NServiceBus.FailedQ"),
+        Some(format!("\"{}\".\"orders\"", backlog.schema.name).as_str())
+    );
+    let c = other.client().await;
+    let tables: i64 = c
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+            &[&other.name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 2, "errors and invoices, in the other schema");
+}
+
 // ---- SQL Server ---------------------------------------------------------------------------
 
 /// The catalog the tests' connection string names (`Database=`), as NServiceBus reads it.
@@ -377,11 +435,14 @@ async fn sqlserver_delayed_tables_and_addresses_are_nservicebus_s() {
 }
 
 /// SQL Server: a failed message's `NServiceBus.FailedQ` is the queue's full address, so a
-/// ServicePulse retry lands in this schema's table.
+/// ServicePulse retry lands in this schema's table; the error queue may be in another schema
+/// (`errors@[schema]@[catalog]`), created there by the host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs SQLSERVER_URL"]
 async fn sqlserver_failed_q_is_the_transport_address() {
     let schema = common::mssql::Schema::new();
+    let other = common::mssql::Schema::new();
+    let errors = format!("errors@[{}]@[{}]", other.name, catalog());
     let t: Arc<dyn Transport> = schema.transport(TransactionMode::ReceiveOnly, 8).await;
     let mut config = common::host_config(
         schema.transport_config(TransactionMode::ReceiveOnly, 8),
@@ -390,6 +451,7 @@ async fn sqlserver_failed_q_is_the_transport_address() {
         1,
     );
     config.queues[0].immediate_retries = 0;
+    config.queues[0].error_queue = errors.clone();
     let host = throttlehost::HostBuilder::new(config)
         .transport(t.clone())
         .handler("orders", common::ProbeHandler(Probe::failing()))
@@ -399,8 +461,16 @@ async fn sqlserver_failed_q_is_the_transport_address() {
     host.send("orders", OutgoingMessage::new("bad"))
         .await
         .unwrap();
-    let m = receive_one(t.as_ref(), "error").await;
+    let m = receive_one(t.as_ref(), &errors).await;
     host.shutdown().await;
+    let elsewhere = t
+        .create_queue(&q(&format!("x@[{}]@[NoSuchCatalog]", other.name)))
+        .await
+        .unwrap_err();
+    assert!(
+        elsewhere.to_string().contains("NoSuchCatalog"),
+        "tables are created in the host's own database only: {elsewhere}"
+    );
     assert_eq!(
         m.header("NServiceBus.FailedQ"),
         Some(format!("orders@[{}]@[{}]", schema.name, catalog()).as_str())

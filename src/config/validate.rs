@@ -9,7 +9,7 @@ use super::{
     Config, FailedKey, HandlerConfig, QueueConfig, ThrottlingConfig, TransactionMode, TransportKind,
 };
 use crate::names::{
-    validate_delayed_table_suffix, validate_postgres_table_name, validate_queue_name,
+    QueueName, validate_delayed_table_suffix, validate_postgres_table_name, validate_queue_name,
     validate_schema_name,
 };
 
@@ -351,9 +351,21 @@ fn validate_transport(config: &Config, instance: &str, add: &mut impl FnMut(Stri
     if t.kind == TransportKind::Postgres {
         let mut seen = HashSet::new();
         for (i, q) in config.queues.iter().enumerate() {
-            for (field, table) in q.tables(instance) {
-                if let Err(e) = validate_postgres_table_name(&table)
-                    && seen.insert(table)
+            for (field, name) in q.tables(instance) {
+                // A name that is no queue name is reported where it is checked.
+                let Ok(queue) = QueueName::new(&name) else {
+                    continue;
+                };
+                if queue.parts().catalog.is_some() {
+                    add(
+                        format!("queues[{i}].{field}"),
+                        format!(
+                            "`{name}` names a catalog: a PostgreSQL address is \"schema\".\"table\""
+                        ),
+                    );
+                }
+                if let Err(e) = validate_postgres_table_name(queue.table())
+                    && seen.insert(name)
                 {
                     add(format!("queues[{i}].{field}"), e);
                 }
@@ -397,8 +409,9 @@ fn validate_queue(
             }
         }
     }
-    if let Err(e) = validate_queue_name(&q.error_queue) {
-        add(key("error_queue"), e);
+    // The error queue and forward targets may be addresses of another schema or catalog.
+    if let Err(e) = QueueName::new(&q.error_queue) {
+        add(key("error_queue"), e.to_string());
     } else if q.error_queue == q.name {
         add(
             key("error_queue"),
@@ -467,8 +480,8 @@ fn validate_handler(
             }
         }
         Some(HandlerConfig::Forward(f)) => {
-            if let Err(e) = validate_queue_name(&f.to) {
-                add(key("handler.to"), e);
+            if let Err(e) = QueueName::new(&f.to) {
+                add(key("handler.to"), e.to_string());
             } else if f.to == q.name {
                 add(
                     key("handler.to"),
@@ -599,6 +612,28 @@ mod tests {
             p[1].starts_with("4: `throttling.severity.threads`"),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn error_queues_and_forward_targets_may_be_addresses_input_queues_may_not() {
+        let queue = |name: &str, error: &str| {
+            format!(
+                "[transport]\nkind = \"postgres\"\nconnection_string = \"host=db\"\n[[queues]]\nname = '{name}'\nerror_queue = '{error}'\n"
+            )
+        };
+        assert!(problems(&queue("Sales", "\"audit\".\"error\"")).is_empty());
+        let p = problems(&queue("Sales@[dbo]", "error"));
+        assert!(p.iter().any(|p| p.contains("queues[0].name")), "{p:?}");
+        let p = problems(&queue("Sales", "error@[dbo]@[Shop]"));
+        assert!(
+            p.iter()
+                .any(|p| p.contains("queues[0].error_queue") && p.contains("catalog")),
+            "PostgreSQL has no catalog: {p:?}"
+        );
+        let p = problems(&queue("Sales", "error@[bad schema]"));
+        assert!(p.iter().any(|p| p.contains("error_queue")), "{p:?}");
+        let sqlserver = "[transport]\nkind = \"sqlserver\"\nconnection_string = \"Server=db\"\n[[queues]]\nname = 'Sales'\nerror_queue = 'error@[dbo]@[Shop]'\n[queues.handler]\nkind = 'forward'\nto = 'Billing@[billing]'\n";
+        assert!(problems(sqlserver).is_empty(), "{:?}", problems(sqlserver));
     }
 
     #[test]

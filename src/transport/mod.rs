@@ -489,7 +489,7 @@ pub trait Transport: QueueAdmin {
     /// host writes it (a bare table name too); None when it names another schema or is not an
     /// address of a queue.
     fn resolve_address(&self, address: &str) -> Option<QueueName> {
-        address::parse(address, "")
+        address::parse(address, "", None)
     }
 
     /// Delayed delivery, when this transport can keep messages until they are due

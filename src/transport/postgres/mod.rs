@@ -342,6 +342,11 @@ impl Inner {
         super::silence::SILENT_AFTER.min(self.answer_deadline)
     }
 
+    /// The schema `queue`'s table is in: the one its address names, else the transport's.
+    fn schema_of<'q>(&'q self, queue: &'q QueueName) -> &'q str {
+        queue.parts().schema.unwrap_or(&self.schema)
+    }
+
     fn statements(&self, queue: &QueueName) -> Result<Arc<QueueStatements>, TransportError> {
         if let Some(s) = self
             .statements
@@ -351,7 +356,14 @@ impl Inner {
         {
             return Ok(s.clone());
         }
-        crate::names::validate_postgres_table_name(queue.as_str())
+        let parts = queue.parts();
+        if parts.catalog.is_some() {
+            return Err(TransportError::queue(
+                queue,
+                "names a catalog: a PostgreSQL address is \"schema\".\"table\" (the database is the connection's)",
+            ));
+        }
+        crate::names::validate_postgres_table_name(parts.table)
             .map_err(TransportError::InvalidName)?;
         let built = Arc::new(QueueStatements::new(
             &self.schema,
@@ -716,7 +728,7 @@ async fn check_layout(
     let rows = client
         .query(
             "SELECT lower(column_name::text), data_type::text FROM information_schema.columns              WHERE table_schema = $1 AND table_name = $2",
-            &[&schema, &queue.as_str()],
+            &[&schema, &queue.table()],
         )
         .await
         .map_err(|e| map_error(e, Some(queue)))?;
@@ -1007,13 +1019,13 @@ impl Transport for PostgresTransport {
     fn address(&self, queue: &QueueName) -> String {
         format!(
             "{}.{}",
-            quote_ident(&self.inner.schema),
-            quote_ident(queue.as_str())
+            quote_ident(self.inner.schema_of(queue)),
+            quote_ident(queue.table())
         )
     }
 
     fn resolve_address(&self, address: &str) -> Option<QueueName> {
-        super::address::parse(address, &self.inner.schema)
+        super::address::parse(address, &self.inner.schema, None)
     }
 }
 
@@ -1024,7 +1036,7 @@ impl DelayedDelivery for PostgresTransport {
         let mut client = self.inner.client().await?;
         let schema = format!(
             "CREATE SCHEMA IF NOT EXISTS {}",
-            quote_ident(&self.inner.schema)
+            quote_ident(self.inner.schema_of(queue))
         );
         // The old table is adopted under the lock that creates the new one, in its
         // transaction: a host creating the table at the same time finds it complete.
@@ -1162,7 +1174,8 @@ impl QueueAdmin for PostgresTransport {
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
         let st = self.inner.statements(queue)?;
         let mut client = self.inner.client().await?;
-        let schema = quote_ident(&self.inner.schema);
+        let own_schema = self.inner.schema_of(queue);
+        let schema = quote_ident(own_schema);
         // Two hosts creating the same table at once can still collide inside
         // CREATE ... IF NOT EXISTS; an advisory lock keyed by the table serialises them and the
         // remaining "already exists" codes are harmless.
@@ -1178,7 +1191,7 @@ impl QueueAdmin for PostgresTransport {
                 // time.
                 tx.execute(
                     "SELECT pg_advisory_xact_lock(hashtext('throttlehost_notify:' || $1))",
-                    &[&self.inner.schema],
+                    &[&own_schema],
                 )
                 .await?;
                 tx.batch_execute(&st.notify_on_insert).await?;
@@ -1192,7 +1205,7 @@ impl QueueAdmin for PostgresTransport {
         };
         created?;
         // CREATE TABLE IF NOT EXISTS leaves a table of another layout in place.
-        check_layout(&client, &self.inner.schema, queue).await
+        check_layout(&client, own_schema, queue).await
     }
 
     async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
@@ -1252,7 +1265,7 @@ impl QueueAdmin for PostgresTransport {
             Err(e) => return Ok(vec![format!("cannot run start-up checks: {e}")]),
         };
         for queue in queues {
-            match check_layout(&client, &self.inner.schema, queue).await {
+            match check_layout(&client, self.inner.schema_of(queue), queue).await {
                 Err(e) if e.is_configuration() => return Err(e),
                 Err(e) => warnings.push(format!("cannot check the layout of `{queue}`: {e}")),
                 Ok(()) => {}
@@ -1261,7 +1274,7 @@ impl QueueAdmin for PostgresTransport {
                 .query_opt(
                     "SELECT 1 FROM pg_indexes WHERE schemaname = $1 AND tablename = $2 \
                      AND indexdef ILIKE '%UNIQUE%(seq)%'",
-                    &[&self.inner.schema, &queue.as_str()],
+                    &[&self.inner.schema_of(queue), &queue.table()],
                 )
                 .await;
             match indexed {

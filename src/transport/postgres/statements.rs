@@ -104,7 +104,7 @@ pub struct DelayedStatements {
 
 impl DelayedStatements {
     fn new(schema: &str, queue: &QueueName, queue_table: &str, suffix: &str) -> Self {
-        let name = format!("{queue}.{suffix}");
+        let name = format!("{}.{suffix}", queue.table());
         let table = format!("{}.{}", quote_ident(schema), quote_ident(&name));
         let index = quote_ident(&format!("{name}_Due"));
         DelayedStatements {
@@ -147,7 +147,7 @@ const OLD_DELAYED_SUFFIX: &str = "delayed";
 /// See [`DelayedStatements::adopt_old`]. Names are validated (no quotes), so they can sit
 /// inside the literals.
 fn adopt_old_delayed_table(schema: &str, queue: &QueueName, table: &str, name: &str) -> String {
-    let old_name = format!("{queue}.{OLD_DELAYED_SUFFIX}");
+    let old_name = format!("{}.{OLD_DELAYED_SUFFIX}", queue.table());
     let old = format!("{}.{}", quote_ident(schema), quote_ident(&old_name));
     let literal = |s: &str| s.replace('\'', "''");
     let old_index = format!(
@@ -214,9 +214,12 @@ fn next_receive_name() -> String {
 }
 
 impl QueueStatements {
-    /// Builds the statements for `schema`.`queue`, its delayed table `<queue>.<delayed_suffix>`.
+    /// Builds the statements for `queue` (a table of `schema`, or of the schema its address
+    /// names), its delayed table `<table>.<delayed_suffix>` beside it.
     pub fn new(schema: &str, queue: &QueueName, delayed_suffix: &str) -> Self {
-        let table = format!("{}.{}", quote_ident(schema), quote_ident(queue.as_str()));
+        let parts = queue.parts();
+        let schema = parts.schema.unwrap_or(schema);
+        let table = format!("{}.{}", quote_ident(schema), quote_ident(parts.table));
         let notify_channel = format!("throttlehost_{}", crate::names::stable_tag(&table));
         QueueStatements {
             receive_name: next_receive_name(),

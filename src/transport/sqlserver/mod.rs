@@ -788,16 +788,34 @@ impl Inner {
     /// `queue`'s address as NServiceBus writes it: `table@[schema]@[catalog]`, or
     /// `table@[schema]` while the catalog is not known (a transport built without connecting).
     fn address_of(&self, queue: &QueueName) -> String {
-        match self.catalog.get() {
-            Some(catalog) => format!(
-                "{}@{}@{}",
-                queue,
-                statements::bracket(&self.schema),
-                // Database names may hold `]`: doubled, as SQL Server's QUOTENAME does.
-                format_args!("[{}]", catalog.replace(']', "]]"))
-            ),
-            None => format!("{}@{}", queue, statements::bracket(&self.schema)),
+        let parts = queue.parts();
+        let schema = statements::bracket(parts.schema.unwrap_or(&self.schema));
+        match parts.catalog.or(self.catalog.get().map(String::as_str)) {
+            // Database names may hold `]`: doubled, as SQL Server's QUOTENAME does.
+            Some(catalog) => format!("{}@{schema}@[{}]", parts.table, catalog.replace(']', "]]")),
+            None => format!("{}@{schema}", parts.table),
         }
+    }
+
+    /// Tables are created in this connection's database only: a queue whose address names
+    /// another is refused, naming it.
+    fn check_creatable(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let Some(catalog) = queue.parts().catalog else {
+            return Ok(());
+        };
+        if self
+            .catalog
+            .get()
+            .is_some_and(|own| own.eq_ignore_ascii_case(catalog))
+        {
+            return Ok(());
+        }
+        Err(TransportError::queue(
+            queue,
+            format!(
+                "is in database `{catalog}`: the host creates tables in its own database only; create it there (sql/sqlserver/queue.sql, or the endpoint's installers)"
+            ),
+        ))
     }
 
     /// Runs a batch whose first result's first value is a bigint count.
@@ -979,7 +997,11 @@ impl Transport for SqlServerTransport {
     }
 
     fn resolve_address(&self, address: &str) -> Option<QueueName> {
-        super::address::parse(address, &self.inner.schema)
+        super::address::parse(
+            address,
+            &self.inner.schema,
+            self.inner.catalog.get().map(String::as_str),
+        )
     }
 }
 
@@ -1001,6 +1023,7 @@ fn delayed_table_named(
 #[async_trait]
 impl DelayedDelivery for SqlServerTransport {
     async fn create_delayed(&self, queue: &QueueName) -> Result<(), TransportError> {
+        self.inner.check_creatable(queue)?;
         let st = self.inner.statements(queue);
         let mut conn = self.inner.conn().await?;
         match conn.run_batch(&st.delayed.create).await {
@@ -1081,6 +1104,7 @@ impl DelayedDelivery for SqlServerTransport {
 #[async_trait]
 impl QueueAdmin for SqlServerTransport {
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        self.inner.check_creatable(queue)?;
         let st = self.inner.statements(queue);
         let mut conn = self.inner.conn().await?;
         let result = conn.run_batch(&st.create).await;

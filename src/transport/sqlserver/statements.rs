@@ -98,17 +98,18 @@ pub struct DelayedStatements {
 }
 
 impl DelayedStatements {
+    /// `(catalog, schema)`: the catalog as the queue table's prefix (`[catalog].` or empty).
     fn new(
-        schema: &str,
+        (catalog, schema): (&str, &str),
         queue: &QueueName,
         queue_table: &str,
         dialect: Dialect,
         suffix: &str,
     ) -> Self {
         let table = format!(
-            "{}.{}",
+            "{catalog}{}.{}",
             bracket(schema),
-            bracket(&format!("{queue}.{suffix}"))
+            bracket(&format!("{}.{suffix}", queue.table()))
         );
         let mover = format!("throttlehost_mover_{schema}.{queue}");
         let move_due = |recoverable: bool| {
@@ -747,9 +748,16 @@ ORDER BY m.N;",
 }
 
 impl QueueStatements {
-    /// Builds the statements for `[schema].[queue]` in a dialect.
+    /// Builds the statements for `queue` in a dialect: `[schema].[table]`, with the schema
+    /// (and `[catalog].` before it) its address names, if it names them.
     pub fn new(schema: &str, queue: &QueueName, dialect: Dialect, delayed_suffix: &str) -> Self {
-        let table = format!("{}.{}", bracket(schema), bracket(queue.as_str()));
+        let parts = queue.parts();
+        let schema = parts.schema.unwrap_or(schema);
+        let catalog = parts
+            .catalog
+            .map(|c| format!("{}.", bracket(c)))
+            .unwrap_or_default();
+        let table = format!("{catalog}{}.{}", bracket(schema), bracket(parts.table));
         // Inside N'...' literals: names cannot contain quotes (validated).
         let exists = format!("OBJECT_ID(N'{table}', N'U') IS NOT NULL");
         let insert = |recoverable: bool, expires: &str, params: &str| {
@@ -820,7 +828,13 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
             ordered: false,
             waiting: None,
             dialect,
-            delayed: DelayedStatements::new(schema, queue, &table, dialect, delayed_suffix),
+            delayed: DelayedStatements::new(
+                (&catalog, schema),
+                queue,
+                &table,
+                dialect,
+                delayed_suffix,
+            ),
             table,
         }
     }

@@ -731,3 +731,64 @@ async fn a_json_array_is_ingested_as_one_batch() {
     );
     host.shutdown().await;
 }
+
+/// Records the headers of every message it handles.
+#[derive(Default, Clone)]
+struct Headers(std::sync::Arc<std::sync::Mutex<Vec<throttlehost::Headers>>>);
+
+#[throttlehost::async_trait]
+impl throttlehost::Handler for Headers {
+    async fn handle(
+        &self,
+        ctx: &mut throttlehost::Context<'_>,
+    ) -> Result<(), throttlehost::HandlerError> {
+        self.0.lock().unwrap().push(ctx.headers().clone());
+        Ok(())
+    }
+}
+
+/// HTTP lowercases header names on the wire; ingest stores them in their case: NServiceBus's
+/// names, the configured ordering key, and the names a request declares in `X-Header-Names`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_keeps_header_names_in_their_case() {
+    let mut config = common::memory_config("orders");
+    config.queues[0].ordering.key_header = "Sales.OrderId".into();
+    let seen = Headers::default();
+    let host = HostBuilder::new(config)
+        .handler("orders", seen.clone())
+        .start()
+        .await
+        .unwrap();
+    let base = format!("http://{}", host.admin_address().unwrap());
+    let (status, body, _) = ingest(
+        &base,
+        vec![
+            ("X-Header-NServiceBus.MessageId", "order-1"),
+            ("X-Header-Sales.OrderId", "42"),
+            ("X-Header-Tenant.Region", "eu"),
+            ("X-Header-Names", "Tenant.Region"),
+            ("X-Header-other", "kept lowercase"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        body["id"], "order-1",
+        "the message id set by header is the id"
+    );
+    common::wait_until(Duration::from_secs(5), "the message handled", || {
+        !seen.0.lock().unwrap().is_empty()
+    })
+    .await;
+    let headers = seen.0.lock().unwrap()[0].clone();
+    host.shutdown().await;
+    let get = |name: &str| headers.get(name).cloned().flatten();
+    assert_eq!(get("NServiceBus.MessageId").as_deref(), Some("order-1"));
+    assert_eq!(get("Sales.OrderId").as_deref(), Some("42"));
+    assert_eq!(get("Tenant.Region").as_deref(), Some("eu"));
+    assert_eq!(get("other").as_deref(), Some("kept lowercase"));
+    assert!(
+        !headers.contains_key("names") && !headers.contains_key("nservicebus.messageid"),
+        "{headers:?}"
+    );
+}

@@ -5,6 +5,7 @@
 //! `admin.ingest_reject_after`, and a bad request is refused whole, naming what is wrong,
 //! before anything is stored.
 
+use super::header_case::{DECLARED_NAMES, HeaderCase};
 use std::collections::BTreeMap;
 
 use axum::body::{Body, Bytes, to_bytes};
@@ -130,7 +131,14 @@ pub(super) async fn ingest(
             )));
         };
         let body = read_body(host.as_ref(), body).await?;
-        let mut message = ingested_message(body.to_vec(), query.ttbr.as_deref(), &headers)?;
+        let case = HeaderCase::new(
+            headers
+                .get_all(DECLARED_NAMES)
+                .iter()
+                .filter_map(|v| v.to_str().ok()),
+            &host.header_names(),
+        );
+        let mut message = ingested_message(body.to_vec(), query.ttbr.as_deref(), &headers, &case)?;
         if let Some(delay) = query.delay.as_deref() {
             message = with_delay(message, delay, "delay")
                 .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, e)))?;
@@ -272,11 +280,13 @@ pub(super) async fn ingest_batch(
 }
 
 /// The message an ingest request describes: the body, `?ttbr=`, `Content-Type` as
-/// `NServiceBus.ContentType`, and every `X-Header-<Name>` header.
+/// `NServiceBus.ContentType`, and every `X-Header-<Name>` header, its name's case restored
+/// by `case` (see [`HeaderCase`]).
 fn ingested_message(
     body: Vec<u8>,
     ttbr: Option<&str>,
     headers: &HeaderMap,
+    case: &HeaderCase,
 ) -> Result<OutgoingMessage, Box<Response>> {
     let mut message = OutgoingMessage::new(body);
     if let Some(ttbr) = ttbr {
@@ -303,8 +313,11 @@ fn ingested_message(
         let Some(header_name) = name.as_str().strip_prefix(HEADER_PREFIX) else {
             continue;
         };
+        if name.as_str() == DECLARED_NAMES {
+            continue;
+        }
         match value.to_str() {
-            Ok(v) => message = message.with_header(header_name, v),
+            Ok(v) => message = message.with_header(case.restore(header_name), v),
             Err(_) => {
                 return Err(Box::new(error(
                     StatusCode::BAD_REQUEST,

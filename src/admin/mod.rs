@@ -34,6 +34,7 @@ use crate::config::{AdminConfig, OverrideMode};
 use crate::console::{self, History};
 
 mod console_routes;
+mod header_case;
 mod ingest;
 
 use crate::fleet::{FleetOrderError, FleetView};
@@ -73,6 +74,9 @@ pub trait AdminState: Send + Sync + 'static {
     fn publisher(&self) -> Arc<Publisher>;
     /// Who the host is in the headers of what it sends (ingest stamps its messages so).
     fn origin(&self) -> crate::message::Origin;
+    /// Header names the configuration uses (ordering keys), in their case: ingest restores
+    /// the case HTTP takes from header names by them.
+    fn header_names(&self) -> Vec<String>;
     /// Sets a direction's override on this instance until the next reload or fleet order.
     fn set_override(&self, direction: Direction, mode: OverrideMode);
     /// Orders every instance on the database to override `direction` (see `crate::fleet`);

@@ -79,6 +79,14 @@ impl AdminState for HostInner {
         HostInner::origin(self).clone()
     }
 
+    fn header_names(&self) -> Vec<String> {
+        self.config()
+            .queues
+            .iter()
+            .filter_map(|q| q.ordering.key_header().map(str::to_string))
+            .collect()
+    }
+
     fn set_override(&self, direction: Direction, mode: OverrideMode) {
         HostInner::set_override(self, direction, mode)
     }

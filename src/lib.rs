@@ -8,30 +8,54 @@
 //! names the states, conditions and snapshots a host reports, and the sensor a host reads.
 //! Everything else is the machinery behind them, mapped in `docs/ARCHITECTURE.md`.
 //!
-//! ```no_run
-//! use throttlehost::{Context, Handler, HandlerError, HostBuilder, OutgoingMessage};
+//! A handler and a host on the embedded memory transport (a configuration file names
+//! PostgreSQL or SQL Server instead: `throttlehost::config::load_file`):
 //!
-//! struct Billing;
+//! ```
+//! use std::sync::Arc;
+//!
+//! use throttlehost::config::{Config, HandlerConfig, QueueConfig};
+//! use throttlehost::{Context, Handler, HandlerError, HostBuilder, OutgoingMessage};
+//! use tokio::sync::Notify;
+//!
+//! /// Sends an invoice for every order it handles.
+//! struct Billing {
+//!     handled: Arc<Notify>,
+//! }
 //!
 //! #[throttlehost::async_trait]
 //! impl Handler for Billing {
 //!     async fn handle(&self, ctx: &mut Context<'_>) -> Result<(), HandlerError> {
 //!         let invoice = OutgoingMessage::new(ctx.body().to_vec());
 //!         ctx.send("invoices", invoice).await?; // throttled; written only if this succeeds
+//!         self.handled.notify_one();
 //!         Ok(())
 //!     }
 //! }
 //!
-//! async fn start() -> Result<(), Box<dyn std::error::Error>> {
-//!     let config = throttlehost::config::load_file("host.toml".as_ref())?;
-//!     let host = HostBuilder::new(config).handler("billing", Billing).start().await?;
-//!     // ... until shutdown:
-//!     host.shutdown().await; // in-flight messages finish or roll back; none is lost
-//!     Ok(())
-//! }
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut config = Config::default(); // the memory transport
+//! config.host.admin_address = "off".into();
+//! config.queues.push(QueueConfig { name: "orders".into(), ..QueueConfig::default() });
+//! config.queues.push(QueueConfig {
+//!     name: "invoices".into(),
+//!     handler: Some(HandlerConfig::Noop), // a built-in handler, named in the configuration
+//!     ..QueueConfig::default()
+//! });
+//! let handled = Arc::new(Notify::new());
+//! let host = HostBuilder::new(config)
+//!     .handler("orders", Billing { handled: handled.clone() })
+//!     .start()
+//!     .await?;
+//! host.send("orders", OutgoingMessage::new("order 1")).await?;
+//! handled.notified().await;
+//! host.shutdown().await; // in-flight messages finish or roll back; none is lost
+//! # Ok(())
+//! # }
 //! ```
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 /// The version of this build (`--version`, the `build_info` and `host_info` metrics).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -20,7 +20,12 @@ const VERSION: &str = concat!(
 /// A message-processing host for SQL Server queue tables (NServiceBus SQL transport layout)
 /// with BizTalk-style host throttling.
 #[derive(Debug, Parser)]
-#[command(name = "throttlehost", version = VERSION, propagate_version = true)]
+#[command(
+    name = "throttlehost",
+    version = VERSION,
+    propagate_version = true,
+    after_help = "The guide, by task: docs/guide/src/SUMMARY.md (or `mdbook serve docs/guide`); every setting: config/host.toml"
+)]
 struct Cli {
     /// Log line format (filter with RUST_LOG, e.g. RUST_LOG=throttlehost=debug).
     #[arg(long, value_enum, default_value = "text", global = true)]
@@ -41,6 +46,7 @@ enum LogFormat {
 enum Command {
     /// Run the host: receive from the configured queues until SIGTERM or Ctrl-C. SIGHUP or an
     /// edit of the file reloads the settings.
+    #[command(after_help = "Guide: \"Install and run as a service\", docs/guide/src/install.md")]
     Run {
         /// Configuration file.
         #[arg(
@@ -55,6 +61,7 @@ enum Command {
     },
     /// Run the built-in demo: in-memory queues, simulated handlers and a load that walks
     /// through the throttling states, with a live table and /metrics. No database needed.
+    #[command(after_help = "Guide: \"What throttlehost does\", docs/guide/src/introduction.md")]
     Demo {
         /// Stop after this long (seconds, or e.g. 90s, 5m); default: until Ctrl-C.
         #[arg(long, value_parser = parse_duration)]
@@ -66,11 +73,17 @@ enum Command {
         runtime: RuntimeArgs,
     },
     /// Configuration tools.
+    #[command(
+        after_help = "Guide: \"Connect to SQL Server, Babelfish or PostgreSQL\", docs/guide/src/connect.md"
+    )]
     Config {
         #[command(subcommand)]
         action: ConfigAction,
     },
     /// Create, list, measure and purge queue tables.
+    #[command(
+        after_help = "Guide: \"Connect to SQL Server, Babelfish or PostgreSQL\", docs/guide/src/connect.md"
+    )]
     Queues {
         /// Configuration file naming the transport (and, for create, the queues).
         #[arg(
@@ -85,6 +98,9 @@ enum Command {
         action: QueuesAction,
     },
     /// Send messages to a queue.
+    #[command(
+        after_help = "Guide: \"Working with NServiceBus endpoints\", docs/guide/src/nservicebus.md"
+    )]
     Send {
         /// Configuration file naming the transport.
         #[arg(
@@ -100,6 +116,7 @@ enum Command {
     },
     /// Show a running host's throttling and queues. Exit code 0: not throttling,
     /// 1: throttling, 2: unreachable, 3: receiving impaired.
+    #[command(after_help = "Guide: \"Watching it\", docs/guide/src/watching.md")]
     Status {
         /// The host's admin address.
         #[arg(long, default_value = "http://127.0.0.1:9464")]
@@ -115,6 +132,7 @@ enum Command {
     /// Run a load-test scenario: writes timeline.csv, timeline.svg and summary.json and
     /// prints a summary. Exit code 0 when the expected states appeared and cleared and no
     /// message was lost.
+    #[command(after_help = "Guide: \"Load testing\", docs/guide/src/load-testing.md")]
     Load {
         /// Scenario file (see load/).
         file: PathBuf,

@@ -66,6 +66,7 @@ pub const COMMIT: &str = env!("THROTTLEHOST_COMMIT");
 // The public API: the host, handlers, configuration, messages, the transport traits a user
 // may implement (and the three transports), and the throttling types a host reports.
 pub mod config;
+pub mod failed;
 pub mod handlers;
 pub mod host;
 #[cfg(feature = "load")]

@@ -72,6 +72,24 @@ enum Command {
         #[command(flatten)]
         runtime: RuntimeArgs,
     },
+    /// See, retry, delete, export and import failed messages (an error queue's).
+    #[command(after_help = "Guide: \"When messages fail\", docs/guide/src/failed-messages.md")]
+    Errors {
+        /// Configuration file naming the transport and the host.
+        #[arg(
+            long,
+            short,
+            env = "THROTTLEHOST_CONFIG",
+            default_value = "config/host.toml",
+            global = true
+        )]
+        config: PathBuf,
+        /// The error queue (default: the first queue's error_queue).
+        #[arg(long, global = true)]
+        queue: Option<String>,
+        #[command(subcommand)]
+        action: cli::errors::ErrorsCommand,
+    },
     /// Configuration tools.
     #[command(
         after_help = "Guide: \"Connect to SQL Server, Babelfish or PostgreSQL\", docs/guide/src/connect.md"
@@ -372,6 +390,11 @@ fn main() -> ExitCode {
             Command::Config {
                 action: ConfigAction::Check { config },
             } => cli::config_check(&config),
+            Command::Errors {
+                config,
+                queue,
+                action,
+            } => cli::errors::errors(&config, queue, action.into()).await,
             Command::Queues { config, action } => {
                 let action = match action {
                     QueuesAction::Create { names } => cli::queues::Action::Create(names),

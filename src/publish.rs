@@ -147,7 +147,7 @@ impl Publisher {
     /// Counts a stored message: published, and in the queue's depth unless it waits in the
     /// delayed table (its mover counts those, and tells the depth nothing when it moves them:
     /// the next read does).
-    fn published(&self, queue: &QueueName, message: &OutgoingMessage) {
+    pub(crate) fn published(&self, queue: &QueueName, message: &OutgoingMessage) {
         if message.deliver_after.is_some() {
             self.scheduled(queue, message.deliver_after);
         }

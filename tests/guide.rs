@@ -233,6 +233,7 @@ fn every_command_s_help_points_to_a_chapter_that_exists() {
         &["send"],
         &["status"],
         &["load"],
+        &["errors"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
             .args(command)

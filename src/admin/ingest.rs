@@ -70,7 +70,7 @@ fn admit_request(
 }
 
 /// The request body, at most `admin.max_body_size`.
-async fn read_body(host: &dyn AdminState, body: Body) -> Result<Bytes, Box<Response>> {
+pub(super) async fn read_body(host: &dyn AdminState, body: Body) -> Result<Bytes, Box<Response>> {
     let settings = host.settings();
     to_bytes(body, settings.max_body_size.bytes() as usize)
         .await

@@ -12,6 +12,9 @@
 //! | `POST /queues/{name}/batch` | ingest a JSON array of messages, stored with multi-row inserts |
 //! | `PUT /throttling/{direction}/override` | `none`, `throttle` or `never`; `?scope=fleet`: every instance on the database, through the instance registry |
 //! | `GET /fleet` | every instance on the database, and the fleet-wide overrides in force |
+//! | `GET /errors/groups`, `GET /errors/messages[/{id}]` | failed messages: groups by cause, a page, one in full (`?queue=&group=&source=&since=&until=&offset=&limit=`) |
+//! | `POST /errors/retry`, `GET`/`DELETE /errors/retry` | retry a selection as a paced job, its progress, stop it |
+//! | `POST /errors/delete` | delete a selection of failed messages |
 //!
 //! Mutating routes need `Authorization: Bearer <admin.token>` when a token is set (compared in
 //! constant time). Every error is a JSON body `{"error": "..."}` with a 4xx/5xx status.
@@ -34,6 +37,7 @@ use crate::config::{AdminConfig, OverrideMode};
 use crate::console::{self, History};
 
 mod console_routes;
+mod failed_routes;
 mod header_case;
 mod ingest;
 
@@ -77,6 +81,8 @@ pub trait AdminState: Send + Sync + 'static {
     /// Header names the configuration uses (ordering keys), in their case: ingest restores
     /// the case HTTP takes from header names by them.
     fn header_names(&self) -> Vec<String>;
+    /// The error queues the configuration names, each once, in the queues' order.
+    fn error_queues(&self) -> Vec<String>;
     /// Sets a direction's override on this instance until the next reload or fleet order.
     fn set_override(&self, direction: Direction, mode: OverrideMode);
     /// Orders every instance on the database to override `direction` (see `crate::fleet`);
@@ -217,6 +223,19 @@ pub fn router(host: Shared, history: Arc<History>) -> Router {
         .route("/queues/{name}/messages", post(ingest))
         .route("/queues/{name}/batch", post(ingest_batch))
         .route("/throttling/{direction}/override", put(set_override))
+        .route("/errors/groups", get(failed_routes::groups))
+        .route("/errors/messages", get(failed_routes::messages))
+        .route("/errors/messages/{id}", get(failed_routes::message))
+        .route("/errors/delete", post(failed_routes::delete))
+        .route(
+            "/errors/retry",
+            post(failed_routes::retry)
+                .get(failed_routes::retry_progress)
+                .delete(failed_routes::stop_retry),
+        )
+        .layer(axum::Extension(
+            Arc::new(failed_routes::RetryJob::default()),
+        ))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(host)
@@ -230,7 +249,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 async fn not_found() -> Response {
     error(
         StatusCode::NOT_FOUND,
-        "no such route; try / (the console), /metrics, /status, /healthz, /readyz, POST /queues/{name}/messages, POST /queues/{name}/batch, PUT /throttling/{direction}/override",
+        "no such route; try / (the console), /metrics, /status, /healthz, /readyz, POST /queues/{name}/messages, POST /queues/{name}/batch, PUT /throttling/{direction}/override, GET /errors/groups, GET /errors/messages",
     )
 }
 
@@ -318,6 +337,17 @@ async fn readyz(State(host): State<Shared>) -> Response {
             ),
         ),
     }
+}
+
+/// Reads a JSON body (at most `admin.max_body_size`), refusing what does not parse with the
+/// reason.
+async fn read_json<T: serde::de::DeserializeOwned>(
+    host: &dyn AdminState,
+    body: Body,
+) -> Result<T, Box<Response>> {
+    let bytes = ingest::read_body(host, body).await?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, format!("the body: {e}"))))
 }
 
 fn authorize(host: &dyn AdminState, headers: &HeaderMap) -> Result<(), Box<Response>> {

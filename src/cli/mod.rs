@@ -2,6 +2,7 @@
 //! 0 success, 1 failure, 2 invalid input (configuration, arguments).
 
 pub mod demo;
+pub mod errors;
 pub mod load;
 pub mod queues;
 pub mod run;

@@ -79,6 +79,16 @@ impl AdminState for HostInner {
         HostInner::origin(self).clone()
     }
 
+    fn error_queues(&self) -> Vec<String> {
+        let mut queues: Vec<String> = Vec::new();
+        for q in &self.config().queues {
+            if !queues.contains(&q.error_queue) {
+                queues.push(q.error_queue.clone());
+            }
+        }
+        queues
+    }
+
     fn header_names(&self) -> Vec<String> {
         self.config()
             .queues

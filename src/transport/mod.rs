@@ -17,6 +17,7 @@ mod address;
 mod batch;
 mod connect;
 pub mod delayed;
+pub mod failed;
 pub mod fleet;
 pub mod headers;
 pub mod memory;
@@ -513,6 +514,12 @@ pub trait Transport: QueueAdmin {
     /// Batch receive ([`BatchReceive`]), when this transport can take many messages in one
     /// unit of work; None when it cannot, and `receive_batch` above 1 is then refused.
     fn batch_receive(&self) -> Option<&dyn BatchReceive> {
+        None
+    }
+
+    /// Browsing and editing error queues row by row ([`failed::FailedStore`]), when this
+    /// transport can; None when it cannot, and the failed-messages tools say so.
+    fn failed_store(&self) -> Option<&dyn failed::FailedStore> {
         None
     }
 

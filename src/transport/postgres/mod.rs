@@ -6,6 +6,7 @@
 //! commits or rolls back. A receive dropped without either discards its connection, which makes the
 //! server roll the transaction back: the message returns to the queue.
 
+mod failed;
 pub mod fleet;
 mod listen;
 mod pipeline;
@@ -999,6 +1000,10 @@ impl Transport for PostgresTransport {
     }
 
     fn instance_registry(&self) -> Option<&dyn crate::transport::InstanceRegistry> {
+        Some(self)
+    }
+
+    fn failed_store(&self) -> Option<&dyn crate::transport::failed::FailedStore> {
         Some(self)
     }
 

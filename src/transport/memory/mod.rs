@@ -12,6 +12,7 @@
 //! and `simulated_latency` per statement. Load tests use that to drive the publishing-rate
 //! and database-sessions conditions without a database.
 
+mod failed;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -441,6 +442,10 @@ impl Transport for MemoryTransport {
     }
 
     fn instance_registry(&self) -> Option<&dyn InstanceRegistry> {
+        Some(self)
+    }
+
+    fn failed_store(&self) -> Option<&dyn super::failed::FailedStore> {
         Some(self)
     }
 

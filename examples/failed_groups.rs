@@ -75,6 +75,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         filled.elapsed().as_secs_f64()
     );
     let tool = FailedMessages::new(transport.clone())?;
+    let store = transport
+        .failed_store()
+        .expect("PostgreSQL browses error queues");
+    let started = Instant::now();
+    let (mut after, mut read, mut bytes) = (0, 0, 0);
+    loop {
+        let rows = store.browse(&error, after, 5_000, false).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.position;
+        read += rows.len();
+        bytes += rows.iter().map(|r| r.headers.len()).sum::<usize>();
+    }
+    println!(
+        "reading alone: {read} rows, {} MB of headers in {:.3}s",
+        bytes / 1_000_000,
+        started.elapsed().as_secs_f64()
+    );
     for round in 1..=rounds {
         let started = Instant::now();
         let groups = tool.groups(&error, &Filter::default()).await?;

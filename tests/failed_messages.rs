@@ -420,3 +420,169 @@ fn the_command_line_lists_exports_imports_retries_and_deletes() {
     });
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// SQL Server: the same tool, an error queue filled as the host fills it: groups (the
+/// address with its catalog and the bare name meet), delete by group, retry the rest once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_groups_retries_and_deletes_failed_messages() {
+    let schema = common::mssql::Schema::new();
+    let t = schema.transport(TransactionMode::ReceiveOnly, 4).await;
+    for queue in ["error", "Sales", "Billing"] {
+        t.create_queue(&q(queue)).await.unwrap();
+    }
+    let sales = t.address(&q("Sales"));
+    let mut batch: Vec<_> = (0..25)
+        .map(|i| failed(&sales, "Sales.Timeout", "late", i % 10))
+        .collect();
+    batch.extend((0..5).map(|i| failed("Billing", "Billing.Declined", "declined", i)));
+    t.send_batch(&q("error"), &batch).await.unwrap();
+    let tool = FailedMessages::new(t.clone()).unwrap();
+    let error = q("error");
+    let groups = tool.groups(&error, &Filter::default()).await.unwrap();
+    let counts: Vec<(u64, Option<String>)> = groups
+        .iter()
+        .map(|g| (g.count, g.cause.source.clone()))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![(25, Some("Sales".into())), (5, Some("Billing".into()))]
+    );
+    let view = tool
+        .show(&error, groups[1].example, 1024)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.body.kind, "json");
+    let billing = Filter {
+        group: Some(groups[1].id.clone()),
+        ..Filter::default()
+    };
+    assert_eq!(tool.delete(&error, &billing).await.unwrap(), 5);
+    let ids = tool.select(&error, &Filter::default()).await.unwrap();
+    let run = RetryRun {
+        admit: None,
+        progress: &|_| {},
+        stored: &|_, _| {},
+        stop: tokio_util::sync::CancellationToken::new(),
+    };
+    let done = tool.retry(&error, &ids, None, 10, &run).await.unwrap();
+    assert_eq!(done.moved, 25);
+    let back = drained(t.as_ref(), "Sales").await;
+    let logical: HashSet<String> = back.iter().map(|m| m.logical_id()).collect();
+    assert_eq!((back.len(), logical.len()), (25, 25));
+    assert!(
+        tool.groups(&error, &Filter::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// `kill -9` in the middle of retrying: every message is afterwards either still in the
+/// error queue or back in its queue, never both and never neither (counted by id).
+#[test]
+// A plain test driving a process: blocking waits between its polls are what it wants.
+#[allow(clippy::disallowed_methods)]
+fn a_retry_killed_midway_loses_and_doubles_nothing() {
+    // FAILED_KILL_N=50000 for the size; the suite runs 20 000.
+    let n: usize = std::env::var("FAILED_KILL_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let schema = PgSchema::new();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let t: Arc<dyn Transport> = rt.block_on(async {
+        let t: Arc<dyn Transport> =
+            Arc::new(schema.transport(TransactionMode::ReceiveOnly, 4).await);
+        for queue in ["error", "Sales"] {
+            t.create_queue(&q(queue)).await.unwrap();
+        }
+        for chunk in 0..n / 1000 {
+            let batch: Vec<_> = (0..1000)
+                .map(|i| failed("Sales", "T", "m", ((chunk * 1000 + i) % 60) as u32))
+                .collect();
+            t.send_batch(&q("error"), &batch).await.unwrap();
+        }
+        t
+    });
+    let dir = std::env::temp_dir().join(format!("th-errors-kill-{}", schema.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("host.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[transport]\nkind = \"postgres\"\nconnection_string = \"{}\"\nschema = \"{}\"\n[[queues]]\nname = \"Sales\"\n[queues.handler]\nkind = \"noop\"\n",
+            schema.connection_string(),
+            schema.name
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args(["errors", "retry", "-c", config.to_str().unwrap()])
+        .args(["--all", "--yes", "--direct"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let count = |queue: &str| {
+        rt.block_on(async {
+            let c = schema.client().await;
+            c.query_one(
+                &format!("SELECT count(*) FROM \"{}\".\"{queue}\"", schema.name),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0) as usize
+        })
+    };
+    // Killed half way: some batches moved, the rest not yet.
+    let (mut moved, started) = (0, std::time::Instant::now());
+    while started.elapsed() < Duration::from_secs(60) {
+        moved = count("Sales");
+        if moved >= n / 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    common::signal(&child, "KILL");
+    let _ = child.wait();
+    assert!(
+        moved >= n / 2,
+        "the retry did not get half way in a minute ({moved})"
+    );
+    let ids = |queue: &str| -> HashSet<String> {
+        rt.block_on(async {
+            let c = schema.client().await;
+            c.query(
+                &format!(
+                    "SELECT Headers::json->>'NServiceBus.MessageId' FROM \"{}\".\"{queue}\"",
+                    schema.name
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect()
+        })
+    };
+    let (left, back) = (ids("error"), ids("Sales"));
+    let (left_rows, back_rows) = (count("error"), count("Sales"));
+    assert_eq!(left_rows + back_rows, n, "none lost, none doubled");
+    eprintln!(
+        "killed at {moved}+ moved, {:.2}s after the command started: {back_rows} back, {left_rows} still failed, {n} in all",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        (left.len(), back.len()),
+        (left_rows, back_rows),
+        "each id once per queue"
+    );
+    assert!(left.is_disjoint(&back), "no message in both");
+    assert!(back_rows < n, "killed before the end ({back_rows} moved)");
+    drop(t);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -3,18 +3,7 @@
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Serialize;
 
-use crate::message::{Headers, MESSAGE_ID_HEADER};
 use crate::transport::QueueName;
-use crate::transport::headers::parse_headers;
-
-/// `NServiceBus.ExceptionInfo.ExceptionType`.
-pub const EXCEPTION_TYPE_HEADER: &str = "NServiceBus.ExceptionInfo.ExceptionType";
-/// `NServiceBus.ExceptionInfo.Message`.
-pub const EXCEPTION_MESSAGE_HEADER: &str = "NServiceBus.ExceptionInfo.Message";
-/// `NServiceBus.FailedQ`: the queue the message failed in, as a transport address.
-pub const FAILED_Q_HEADER: &str = "NServiceBus.FailedQ";
-/// `NServiceBus.TimeOfFailure`.
-pub const TIME_OF_FAILURE_HEADER: &str = "NServiceBus.TimeOfFailure";
 
 /// The exception type given to rows whose headers no parser reads (moved to the error queue
 /// as they were, without fault headers).
@@ -38,33 +27,34 @@ pub struct Cause {
 
 impl Cause {
     /// The cause `headers` (the column's text) tell, resolving `FailedQ` with `resolve`.
+    /// Only the five headers it needs are read out of the text (a scan of 100 000 failed
+    /// messages reads each once and allocates for those five only); headers that are not a
+    /// JSON object, or whose fault headers are not strings, are [`POISON`]. (A retry parses
+    /// the whole map, and leaves a row whose other values are not strings as unreadable.)
     pub fn of(headers: &str, resolve: impl Fn(&str) -> Option<QueueName>) -> Cause {
-        match parse_headers(headers) {
-            Ok(h) => Cause::of_headers(&h, resolve),
-            Err(_) => Cause {
+        match serde_json::from_str::<FaultHeaders<'_>>(headers).ok() {
+            Some(h) => Cause {
+                exception_type: h.exception_type.unwrap_or_default().into_owned(),
+                message: h
+                    .message
+                    .as_deref()
+                    .and_then(|m| m.lines().next())
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+                source: h
+                    .failed_q
+                    .map(|q| resolve(&q).map_or_else(|| q.to_string(), |queue| queue.to_string())),
+                failed_at: h.time_of_failure.as_deref().and_then(parse_wire_time),
+                message_id: h.message_id.map(|id| id.into_owned()),
+            },
+            None => Cause {
                 exception_type: POISON.into(),
                 message: String::new(),
                 source: None,
                 failed_at: None,
                 message_id: None,
             },
-        }
-    }
-
-    /// The cause parsed headers tell.
-    pub fn of_headers(h: &Headers, resolve: impl Fn(&str) -> Option<QueueName>) -> Cause {
-        let get = |name: &str| h.get(name).and_then(|v| v.as_deref());
-        Cause {
-            exception_type: get(EXCEPTION_TYPE_HEADER).unwrap_or_default().to_string(),
-            message: get(EXCEPTION_MESSAGE_HEADER)
-                .and_then(|m| m.lines().next())
-                .unwrap_or_default()
-                .trim()
-                .to_string(),
-            source: get(FAILED_Q_HEADER)
-                .map(|q| resolve(q).map_or_else(|| q.to_string(), |queue| queue.to_string())),
-            failed_at: get(TIME_OF_FAILURE_HEADER).and_then(parse_wire_time),
-            message_id: get(MESSAGE_ID_HEADER).map(str::to_string),
         }
     }
 
@@ -78,6 +68,21 @@ impl Cause {
         );
         crate::names::stable_tag(&key)[..12].to_string()
     }
+}
+
+/// The headers a cause is read from; the others are skipped unread.
+#[derive(serde::Deserialize)]
+struct FaultHeaders<'a> {
+    #[serde(rename = "NServiceBus.ExceptionInfo.ExceptionType", borrow, default)]
+    exception_type: Option<std::borrow::Cow<'a, str>>,
+    #[serde(rename = "NServiceBus.ExceptionInfo.Message", borrow, default)]
+    message: Option<std::borrow::Cow<'a, str>>,
+    #[serde(rename = "NServiceBus.FailedQ", borrow, default)]
+    failed_q: Option<std::borrow::Cow<'a, str>>,
+    #[serde(rename = "NServiceBus.TimeOfFailure", borrow, default)]
+    time_of_failure: Option<std::borrow::Cow<'a, str>>,
+    #[serde(rename = "NServiceBus.MessageId", borrow, default)]
+    message_id: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// Reads NServiceBus's wire time, `yyyy-MM-dd HH:mm:ss:ffffff Z` (UTC).

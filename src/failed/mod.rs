@@ -125,13 +125,13 @@ impl FailedMessages {
         self.transport.resolve_address(address)
     }
 
-    /// Every row of `queue` that `filter` selects, with its cause, oldest first (headers
-    /// only; bodies stay in the database).
+    /// The id and cause of every row of `queue` that `filter` selects, oldest first (the
+    /// headers are read a page at a time and dropped; bodies stay in the database).
     async fn scan(
         &self,
         queue: &QueueName,
         filter: &Filter,
-    ) -> Result<Vec<(StoredRow, Cause)>, TransportError> {
+    ) -> Result<Vec<(Uuid, Cause)>, TransportError> {
         let source = filter.source.as_deref().map(|s| {
             self.resolve(s)
                 .map_or_else(|| s.to_string(), |q| q.to_string())
@@ -140,7 +140,7 @@ impl FailedMessages {
         if !filter.ids.is_empty() {
             for row in self.store().read(queue, &filter.ids).await? {
                 let cause = Cause::of(&row.headers, |a| self.resolve(a));
-                selected.push((row_without_body(row), cause));
+                selected.push((row.id, cause));
             }
             return Ok(selected);
         }
@@ -165,7 +165,7 @@ impl FailedMessages {
                         .until
                         .is_none_or(|t| failed_at.is_some_and(|f| f < t));
                 if keep {
-                    selected.push((row, cause));
+                    selected.push((row.id, cause));
                 }
             }
         }
@@ -179,7 +179,7 @@ impl FailedMessages {
         filter: &Filter,
     ) -> Result<Vec<Group>, TransportError> {
         let mut groups: BTreeMap<String, Group> = BTreeMap::new();
-        for (row, cause) in self.scan(queue, filter).await? {
+        for (example, cause) in self.scan(queue, filter).await? {
             let id = cause.group_id();
             let failed_at = cause.failed_at;
             let group = groups.entry(id.clone()).or_insert_with(|| Group {
@@ -188,7 +188,7 @@ impl FailedMessages {
                 count: 0,
                 first: failed_at,
                 last: failed_at,
-                example: row.id,
+                example,
             });
             group.count += 1;
             group.first = group.first.min(failed_at).or(group.first).or(failed_at);
@@ -213,8 +213,8 @@ impl FailedMessages {
             .into_iter()
             .skip(offset)
             .take(limit)
-            .map(|(row, cause)| Summary {
-                id: row.id,
+            .map(|(id, cause)| Summary {
+                id,
                 message_id: cause.message_id.clone(),
                 group: cause.group_id(),
                 failed_at: cause.failed_at,
@@ -248,7 +248,7 @@ impl FailedMessages {
             .scan(queue, filter)
             .await?
             .into_iter()
-            .map(|(row, _)| row.id)
+            .map(|(id, _)| id)
             .collect())
     }
 
@@ -271,18 +271,17 @@ impl FailedMessages {
         let selected = self.scan(queue, filter).await?;
         let mut full = Vec::with_capacity(selected.len());
         for chunk in selected.chunks(PAGE as usize) {
-            let ids: Vec<Uuid> = chunk.iter().map(|(row, _)| row.id).collect();
-            let mut bodies: BTreeMap<Uuid, Vec<u8>> = self
+            let ids: Vec<Uuid> = chunk.iter().map(|(id, _)| *id).collect();
+            let mut rows: BTreeMap<Uuid, StoredRow> = self
                 .store()
                 .read(queue, &ids)
                 .await?
                 .into_iter()
-                .map(|row| (row.id, row.body))
+                .map(|row| (row.id, row))
                 .collect();
-            for (mut row, cause) in chunk.iter().cloned() {
-                if let Some(body) = bodies.remove(&row.id) {
-                    row.body = body;
-                    full.push((row, cause));
+            for (id, cause) in chunk {
+                if let Some(row) = rows.remove(id) {
+                    full.push((row, cause.clone()));
                 }
             }
         }
@@ -304,11 +303,6 @@ impl FailedMessages {
     ) -> Result<retry::Retried, TransportError> {
         retry::run(self, queue, ids, to, batch, run).await
     }
-}
-
-fn row_without_body(mut row: StoredRow) -> StoredRow {
-    row.body = Vec::new();
-    row
 }
 
 pub use retry::{Retried, RetryRun};

@@ -38,9 +38,10 @@ impl FailedStore for PostgresTransport {
         with_body: bool,
     ) -> Result<Vec<StoredRow>, TransportError> {
         let st = self.inner.statements(queue)?;
-        let body = if with_body { "Body" } else { "NULL::bytea" };
+        // `q.Seq`, the column: an ORDER BY of the bigint output would sort the whole table.
+        let body = if with_body { "q.Body" } else { "NULL::bytea" };
         let sql = format!(
-            "SELECT Seq::bigint, Id, Headers, {body} FROM {} WHERE Seq > $1::bigint ORDER BY Seq LIMIT $2",
+            "SELECT q.Seq::bigint AS position, q.Id, q.Headers, {body} FROM {} q WHERE q.Seq > $1::bigint ORDER BY q.Seq LIMIT $2",
             st.table
         );
         let limit = i64::from(limit);
@@ -65,7 +66,7 @@ impl FailedStore for PostgresTransport {
     ) -> Result<Vec<StoredRow>, TransportError> {
         let st = self.inner.statements(queue)?;
         let sql = format!(
-            "SELECT Seq::bigint, Id, Headers, Body FROM {} WHERE Id = ANY($1) ORDER BY Seq",
+            "SELECT q.Seq::bigint AS position, q.Id, q.Headers, q.Body FROM {} q WHERE q.Id = ANY($1) ORDER BY q.Seq",
             st.table
         );
         let client = self.inner.client().await?;

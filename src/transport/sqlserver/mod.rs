@@ -12,6 +12,7 @@
 //! conformance suite runs against one when `SQLSERVER_URL` is set.
 
 mod claim;
+mod failed;
 pub mod fleet;
 pub mod pool;
 pub mod statements;
@@ -876,6 +877,10 @@ impl SqlServerTransport {
 
 #[async_trait]
 impl Transport for SqlServerTransport {
+    fn failed_store(&self) -> Option<&dyn crate::transport::failed::FailedStore> {
+        Some(self)
+    }
+
     fn key_ordering(&self) -> Option<&dyn crate::transport::KeyOrdering> {
         Some(self)
     }

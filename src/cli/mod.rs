@@ -37,16 +37,22 @@ pub fn init_logging(json: bool, quiet_default: bool) {
 /// The SQL Server driver's own lines are off unless `RUST_LOG` names it: it logs every server
 /// error at ERROR (thousands of handled lock timeouts a minute on Babelfish, each counted in
 /// `throttlehost_lock_conflicts_total` instead) and its certificate warning on every new
-/// connection (the transport says it once).
+/// connection (the transport says it once). PostgreSQL's notices (`relation ... already
+/// exists, skipping` for every idempotent CREATE at start) show only at `warn` and above
+/// unless `RUST_LOG` names `tokio_postgres`.
 pub fn log_filter(rust_log: Option<&str>, quiet_default: bool) -> EnvFilter {
     let default = if quiet_default { "warn" } else { "info" };
-    let filter = rust_log
+    let mut filter = rust_log
         .and_then(|text| EnvFilter::try_new(text).ok())
         .unwrap_or_else(|| EnvFilter::new(default));
-    match rust_log.is_some_and(|text| text.contains("tiberius")) {
-        true => filter,
-        false => filter.add_directive("tiberius=off".parse().expect("a valid directive")),
+    let named = |driver: &str| rust_log.is_some_and(|text| text.contains(driver));
+    if !named("tiberius") {
+        filter = filter.add_directive("tiberius=off".parse().expect("a valid directive"));
     }
+    if !named("tokio_postgres") {
+        filter = filter.add_directive("tokio_postgres=warn".parse().expect("a valid directive"));
+    }
+    filter
 }
 
 /// Reads a configuration, printing every problem; None (after printing) when invalid.
@@ -150,5 +156,16 @@ mod tests {
         assert!(asked.contains("tiberius=debug") && !asked.contains("tiberius=off"));
         let other = log_filter(Some("throttlehost=debug"), false).to_string();
         assert!(other.contains("throttlehost=debug") && other.contains("tiberius=off"));
+    }
+
+    #[test]
+    fn postgres_notices_are_quiet_unless_asked_for() {
+        assert!(
+            log_filter(None, false)
+                .to_string()
+                .contains("tokio_postgres=warn")
+        );
+        let asked = log_filter(Some("tokio_postgres=info"), false).to_string();
+        assert!(!asked.contains("tokio_postgres=warn"), "{asked}");
     }
 }

@@ -370,6 +370,13 @@ pub const METRICS: &[MetricDef] = &[
         "Receive statements by result: message, empty, error",
     ),
     def(
+        "failed_messages_handled_total",
+        C,
+        None,
+        &["queue", "action"],
+        "Failed messages an operator sent back (action retried) or removed (deleted), by error queue",
+    ),
+    def(
         "config_reloads_total",
         C,
         None,
@@ -577,6 +584,17 @@ impl Metrics {
     /// Registers the published-messages counter of a destination queue (callers keep it).
     pub fn published(&self, queue: &str) -> Counter {
         self.counter("messages_published_total", &[("queue", queue)])
+    }
+
+    /// Counts `n` failed messages of error queue `queue` that an operator retried or
+    /// deleted (`action`: `retried`, `deleted`). The label set is bounded by the configured
+    /// error queues the routes act on and the two actions.
+    pub fn failed_handled(&self, queue: &str, action: &'static str, n: u64) {
+        self.counter(
+            "failed_messages_handled_total",
+            &[("queue", queue), ("action", action)],
+        )
+        .increment(n);
     }
 
     /// Counts a configuration reload (`success` or `error`).

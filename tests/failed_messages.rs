@@ -334,6 +334,18 @@ async fn a_running_host_shows_retries_and_deletes_failed_messages() {
     assert_eq!(progress["job"]["result"]["moved"], 4, "{progress}");
     let (_, groups) = call("GET", format!("{base}/errors/groups"), "", "").await;
     assert_eq!(groups["groups"], serde_json::json!([]));
+    let (_, metrics, _) = tokio::task::spawn_blocking({
+        let url = format!("{base}/metrics");
+        move || common::http("GET", &url, b"", &[])
+    })
+    .await
+    .unwrap();
+    for line in [
+        "throttlehost_failed_messages_handled_total{queue=\"error\",action=\"retried\"} 4",
+        "throttlehost_failed_messages_handled_total{queue=\"error\",action=\"deleted\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
     host.shutdown().await;
 }
 

@@ -227,6 +227,7 @@ pub(super) async fn delete(State(host): State<Shared>, headers: HeaderMap, body:
     let (name, filter) = (queue.to_string(), selection.filter.clone());
     match on_runtime(&host, async move { failed.delete(&queue, &filter).await }).await {
         Ok(deleted) => {
+            host.failed_handled(&name, "deleted", deleted);
             tracing::info!(queue = %name, filter = ?selection.filter, deleted, "failed messages deleted");
             axum::Json(json!({ "queue": name, "deleted": deleted })).into_response()
         }
@@ -294,6 +295,7 @@ pub(super) async fn retry(
     }
     let publisher = host.publisher();
     let counter = publisher.clone();
+    let meter = host.clone();
     let filter = selection.filter.clone();
     let runner = job.clone();
     tracing::info!(queue = %queue, filter = ?filter, to = ?to, "retry of failed messages started");
@@ -321,6 +323,9 @@ pub(super) async fn retry(
                 .await
         }
         .await;
+        if let Ok(done) = &outcome {
+            meter.failed_handled(queue.as_str(), "retried", done.moved);
+        }
         match &outcome {
             Ok(done) => {
                 tracing::info!(queue = %queue, moved = done.moved, no_source = done.no_source,

@@ -83,6 +83,8 @@ pub trait AdminState: Send + Sync + 'static {
     fn header_names(&self) -> Vec<String>;
     /// The error queues the configuration names, each once, in the queues' order.
     fn error_queues(&self) -> Vec<String>;
+    /// Counts failed messages of `queue` an operator retried or deleted (`action`).
+    fn failed_handled(&self, queue: &str, action: &'static str, n: u64);
     /// Sets a direction's override on this instance until the next reload or fleet order.
     fn set_override(&self, direction: Direction, mode: OverrideMode);
     /// Orders every instance on the database to override `direction` (see `crate::fleet`);

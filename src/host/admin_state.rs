@@ -79,6 +79,10 @@ impl AdminState for HostInner {
         HostInner::origin(self).clone()
     }
 
+    fn failed_handled(&self, queue: &str, action: &'static str, n: u64) {
+        self.metrics().failed_handled(queue, action, n);
+    }
+
     fn error_queues(&self) -> Vec<String> {
         let mut queues: Vec<String> = Vec::new();
         for q in &self.config().queues {

@@ -392,3 +392,109 @@ fn the_page_agrees_with_status_sets_overrides_and_survives_a_restart() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn failed_host_config(port: u16, failure_rate: f64) -> String {
+    format!(
+        r#"[host]
+name = "console-failed"
+admin_address = "127.0.0.1:{port}"
+[admin]
+token = "failed-token"
+[transport]
+kind = "memory"
+[[queues]]
+name = "orders"
+immediate_retries = 0
+[queues.recoverability]
+delayed_retries = 0
+[queues.handler]
+kind = "simulate"
+latency = "1ms"
+failure_rate = {failure_rate}
+"#
+    )
+}
+
+/// The failed-messages panel: groups with counts, a group's messages, one message shown as
+/// text (a body with script in it never runs), delete of a selection and retry of a group
+/// once the handler is mended (the file reloads).
+#[test]
+fn the_console_shows_retries_and_deletes_failed_messages() {
+    let dir = std::env::temp_dir().join(format!("throttlehost-failed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = common::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let config = dir.join("host.toml");
+    std::fs::write(&config, failed_host_config(port, 1.0)).unwrap();
+    let _host = Process(
+        Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_healthy(&base);
+    for _ in 0..6 {
+        let (status, _, _) = common::http(
+            "POST",
+            &format!("{base}/queues/orders/messages"),
+            b"<script>window.pwned = 1</script>",
+            &[("Authorization", "Bearer failed-token")],
+        );
+        assert_eq!(status, 202);
+    }
+    let mut browser = Browser::launch(1280, 800);
+    browser.navigate(&format!("{base}/"));
+    browser.eval("document.getElementById('token').value = 'failed-token'");
+    browser.wait_for(
+        "document.querySelector('#failed-groups tr[data-count=\"6\"]') !== null",
+        Duration::from_secs(20),
+    );
+    browser.eval("document.querySelector('#failed-groups [data-role=show]').click()");
+    browser.wait_for(
+        "document.querySelectorAll('#failed-messages tbody tr').length === 6",
+        Duration::from_secs(10),
+    );
+    browser.eval("document.querySelector('#failed-messages [data-role=view]').click()");
+    browser.wait_for(
+        "document.getElementById('failed-view').textContent.includes('<script>window.pwned')",
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        browser.eval("typeof window.pwned").as_str(),
+        Some("undefined"),
+        "the body is shown as text, not run"
+    );
+    browser.eval(
+        "(() => { const boxes = document.querySelectorAll('#failed-messages tbody input'); \
+           boxes[0].checked = true; boxes[1].checked = true; \
+           document.getElementById('failed-delete-selected').click(); })()",
+    );
+    browser.wait_for(
+        "document.querySelector('#failed-groups tr[data-count=\"4\"]') !== null",
+        Duration::from_secs(10),
+    );
+    std::fs::write(&config, failed_host_config(port, 0.0)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let reloaded = "throttlehost_config_reloads_total{result=\"success\"} 1";
+    while !common::http("GET", &format!("{base}/metrics"), b"", &[])
+        .1
+        .contains(reloaded)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the mended handler was never reloaded"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    browser.eval("document.querySelector('#failed-groups [data-role=retry]').click()");
+    browser.wait_for(
+        "document.body.dataset.failedGroups === '0'",
+        Duration::from_secs(20),
+    );
+    let status = get_json(&format!("{base}/status")).unwrap();
+    assert_eq!(status["queues"][0]["succeeded_total"], 4, "{status:#}");
+    let _ = std::fs::remove_dir_all(dir);
+}

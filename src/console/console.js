@@ -516,6 +516,154 @@ async function applyOverride(direction, mode, fleet) {
   poll();
 }
 
+// ---------- failed messages ----------
+// Everything from the error queue is put in the page as text (textContent), never as
+// markup: a body or header with script in it shows as the characters it is.
+
+const FAILED_POLL_MS = 5000;
+
+function authorized(json) {
+  const token = document.getElementById("token").value.trim();
+  const headers = json ? { "Content-Type": "application/json" } : {};
+  if (token) headers.Authorization = `Bearer ${token}`;
+  return headers;
+}
+
+function say(id, ok, text) {
+  const message = document.getElementById(id);
+  message.className = ok ? "accepted" : "refused";
+  message.textContent = text;
+}
+
+// POSTs a selection to /errors/retry or /errors/delete and says what happened.
+async function actOnFailed(action, selection) {
+  try {
+    const response = await fetch(`/errors/${action}`, {
+      method: "POST", headers: authorized(true), body: JSON.stringify(selection),
+    });
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) {
+      const hint = response.status === 401 ? " Enter the admin token above." : "";
+      say("failed-message", false, `Refused (${response.status}): ${body.error || "no reason given"}.${hint}`);
+      return;
+    }
+    say("failed-message", true, action === "delete"
+      ? `deleted ${body.deleted} failed message(s)`
+      : "retry started: each message goes back through the publishing throttle");
+  } catch (error) {
+    say("failed-message", false, `The host did not answer: ${error.message}`);
+  }
+  setTimeout(pollFailed, 500);
+}
+
+function button(text, role, onClick) {
+  const b = el("button", { type: "button", "data-role": role });
+  b.textContent = text;
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+function text(value) {
+  const span = el("span");
+  span.textContent = value === null || value === undefined ? "–" : String(value);
+  return span;
+}
+
+function renderFailedGroups(answer) {
+  const body = document.querySelector("#failed-groups tbody");
+  body.replaceChildren();
+  document.getElementById("failed-note").textContent = `(${answer.queue})`;
+  for (const g of answer.groups) {
+    const tr = row([
+      text(g.id), text(g.count), text(g.first), text(g.last), text(g.cause.source),
+      text(`${g.cause.exception_type}: ${g.cause.message}`),
+    ]);
+    tr.setAttribute("data-group", g.id);
+    tr.setAttribute("data-count", String(g.count));
+    const actions = el("td");
+    actions.append(
+      button("Show", "show", () => showGroup(g.id)),
+      button("Retry", "retry", () => actOnFailed("retry", { filter: { group: g.id } })),
+      button("Delete", "delete", () => actOnFailed("delete", { filter: { group: g.id } })),
+    );
+    tr.append(actions);
+    body.append(tr);
+  }
+  if (answer.groups.length === 0) body.append(row([text("no failed messages")]));
+}
+
+async function pollFailed() {
+  try {
+    const response = await fetch("/errors/groups", { cache: "no-store", signal: AbortSignal.timeout(10000) });
+    const answer = await response.json();
+    if (response.ok) {
+      document.body.setAttribute("data-failed-groups", String(answer.groups.length));
+      renderFailedGroups(answer);
+    } else {
+      document.getElementById("failed-note").textContent = answer.error || "";
+    }
+  } catch (error) {
+    document.getElementById("failed-note").textContent = `not read: ${error.message}`;
+  }
+}
+
+function failedLoop() {
+  pollFailed().finally(() => setTimeout(failedLoop, FAILED_POLL_MS));
+}
+
+async function showGroup(group) {
+  const list = document.getElementById("failed-list");
+  list.hidden = false;
+  document.getElementById("failed-list-group").textContent = group;
+  const body = document.querySelector("#failed-messages tbody");
+  body.replaceChildren();
+  const response = await fetch(`/errors/messages?group=${encodeURIComponent(group)}&limit=100`, { cache: "no-store" });
+  const answer = await response.json().catch(() => ({ messages: [] }));
+  for (const m of answer.messages || []) {
+    const box = el("input", { type: "checkbox", "data-id": m.id, "aria-label": `select ${m.id}` });
+    const id = button(m.id, "view", () => showMessage(m.id));
+    const tr = row([box, id, text(m.message_id), text(m.failed_at)]);
+    body.append(tr);
+  }
+}
+
+async function showMessage(id) {
+  const view = document.getElementById("failed-view");
+  view.hidden = false;
+  const response = await fetch(`/errors/messages/${encodeURIComponent(id)}`, { cache: "no-store" });
+  const m = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    view.textContent = m.error || `not found (${response.status})`;
+    return;
+  }
+  const headers = m.headers
+    ? Object.entries(m.headers).map(([k, v]) => `  ${k}: ${v}`).join("\n")
+    : `  (not a JSON object) ${m.raw_headers}`;
+  view.textContent = [
+    `id ${m.id}   group ${m.group}`,
+    `failed in ${m.cause.source || "–"} at ${m.cause.failed_at || "–"}`,
+    `${m.cause.exception_type}: ${m.cause.message}`,
+    `headers\n${headers}`,
+    `body (${m.body.size} bytes, ${m.body.kind}${m.body.cut ? ", cut" : ""})\n${m.body.shown}`,
+    m.stack_trace ? `stack trace\n${m.stack_trace}` : "",
+  ].join("\n\n");
+}
+
+function selectedIds() {
+  return [...document.querySelectorAll("#failed-messages tbody input:checked")].map((b) => b.dataset.id);
+}
+
+function startFailedPanel() {
+  document.getElementById("failed-select-all").addEventListener("change", (event) => {
+    for (const box of document.querySelectorAll("#failed-messages tbody input")) box.checked = event.target.checked;
+  });
+  document.getElementById("failed-retry-selected").addEventListener("click", () =>
+    actOnFailed("retry", { filter: { ids: selectedIds() } }));
+  document.getElementById("failed-delete-selected").addEventListener("click", () =>
+    actOnFailed("delete", { filter: { ids: selectedIds() } }));
+  failedLoop();
+}
+
 // The two direction cards, from one template.
 const DIRECTION_TITLES = {
   delivery: ["Delivery", "(receiving and handling)"],
@@ -558,6 +706,7 @@ function start() {
   });
   loop();
   fleetLoop();
+  startFailedPanel();
 }
 
 document.addEventListener("DOMContentLoaded", start);

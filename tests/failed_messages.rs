@@ -361,37 +361,73 @@ fn throttlehost(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// A schema with `queues` and `n` messages failed in Sales in its error queue, and a host
+/// configuration naming it (for the command line): the runtime, the transport, the folder of
+/// the configuration and its path.
+struct CliBed {
+    schema: PgSchema,
+    rt: tokio::runtime::Runtime,
+    transport: Arc<dyn Transport>,
+    dir: std::path::PathBuf,
+    config: std::path::PathBuf,
+}
+
+impl CliBed {
+    fn new(queues: &[&str], n: usize, cause: &str) -> Self {
+        let schema = PgSchema::new();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let transport: Arc<dyn Transport> = rt.block_on(async {
+            let t: Arc<dyn Transport> =
+                Arc::new(schema.transport(TransactionMode::ReceiveOnly, 4).await);
+            for queue in queues {
+                t.create_queue(&q(queue)).await.unwrap();
+            }
+            for start in (0..n).step_by(1000) {
+                let batch: Vec<_> = (start..n.min(start + 1000))
+                    .map(|i| failed("Sales", cause, "late", (i % 60) as u32))
+                    .collect();
+                t.send_batch(&q("error"), &batch).await.unwrap();
+            }
+            t
+        });
+        let dir = std::env::temp_dir().join(format!("th-errors-{}", schema.name));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("host.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[transport]\nkind = \"postgres\"\nconnection_string = \"{}\"\nschema = \"{}\"\n[[queues]]\nname = \"Sales\"\n[queues.handler]\nkind = \"noop\"\n",
+                schema.connection_string(),
+                schema.name
+            ),
+        )
+        .unwrap();
+        CliBed {
+            schema,
+            rt,
+            transport,
+            dir,
+            config,
+        }
+    }
+
+    fn config(&self) -> &str {
+        self.config.to_str().unwrap()
+    }
+}
+
+impl Drop for CliBed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The command line: list groups, ask --yes past one message, export and import, retry
 /// without a host (--direct), delete.
 #[test]
 fn the_command_line_lists_exports_imports_retries_and_deletes() {
-    let schema = PgSchema::new();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let t: Arc<dyn Transport> = rt.block_on(async {
-        let t: Arc<dyn Transport> =
-            Arc::new(schema.transport(TransactionMode::ReceiveOnly, 4).await);
-        for queue in ["error", "Sales", "archive"] {
-            t.create_queue(&q(queue)).await.unwrap();
-        }
-        let batch: Vec<_> = (0..6)
-            .map(|i| failed("Sales", "Sales.Timeout", "late", i))
-            .collect();
-        t.send_batch(&q("error"), &batch).await.unwrap();
-        t
-    });
-    let dir = std::env::temp_dir().join(format!("th-errors-{}", schema.name));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("host.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[transport]\nkind = \"postgres\"\nconnection_string = \"{}\"\nschema = \"{}\"\n[[queues]]\nname = \"Sales\"\n[queues.handler]\nkind = \"noop\"\n",
-            schema.connection_string(),
-            schema.name
-        ),
-    )
-    .unwrap();
-    let c = config.to_str().unwrap();
+    let bed = CliBed::new(&["error", "Sales", "archive"], 6, "Sales.Timeout");
+    let (t, c, dir) = (&bed.transport, bed.config(), &bed.dir);
 
     let (code, out, err) = throttlehost(&["errors", "list", "-c", c]);
     assert_eq!(code, 0, "{err}");
@@ -426,11 +462,10 @@ fn the_command_line_lists_exports_imports_retries_and_deletes() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("deleted 6"), "{out}");
-    rt.block_on(async {
+    bed.rt.block_on(async {
         assert_eq!(drained(t.as_ref(), "Sales").await.len(), 6);
         assert_eq!(drained(t.as_ref(), "error").await.len(), 0);
     });
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// SQL Server: the same tool, an error queue filled as the host fills it: groups (the
@@ -502,34 +537,8 @@ fn a_retry_killed_midway_loses_and_doubles_nothing() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20_000);
-    let schema = PgSchema::new();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let t: Arc<dyn Transport> = rt.block_on(async {
-        let t: Arc<dyn Transport> =
-            Arc::new(schema.transport(TransactionMode::ReceiveOnly, 4).await);
-        for queue in ["error", "Sales"] {
-            t.create_queue(&q(queue)).await.unwrap();
-        }
-        for chunk in 0..n / 1000 {
-            let batch: Vec<_> = (0..1000)
-                .map(|i| failed("Sales", "T", "m", ((chunk * 1000 + i) % 60) as u32))
-                .collect();
-            t.send_batch(&q("error"), &batch).await.unwrap();
-        }
-        t
-    });
-    let dir = std::env::temp_dir().join(format!("th-errors-kill-{}", schema.name));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("host.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[transport]\nkind = \"postgres\"\nconnection_string = \"{}\"\nschema = \"{}\"\n[[queues]]\nname = \"Sales\"\n[queues.handler]\nkind = \"noop\"\n",
-            schema.connection_string(),
-            schema.name
-        ),
-    )
-    .unwrap();
+    let bed = CliBed::new(&["error", "Sales"], n, "T");
+    let (schema, rt, config) = (&bed.schema, &bed.rt, &bed.config);
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_throttlehost"))
         .args(["errors", "retry", "-c", config.to_str().unwrap()])
         .args(["--all", "--yes", "--direct"])
@@ -595,6 +604,4 @@ fn a_retry_killed_midway_loses_and_doubles_nothing() {
     );
     assert!(left.is_disjoint(&back), "no message in both");
     assert!(back_rows < n, "killed before the end ({back_rows} moved)");
-    drop(t);
-    let _ = std::fs::remove_dir_all(dir);
 }

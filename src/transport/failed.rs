@@ -35,6 +35,23 @@ pub struct MoveOut {
     pub message: OutgoingMessage,
 }
 
+/// The messages of the rows `taken` of `moves`, grouped by destination in the order the
+/// destinations first appear, each group in the error queue's order: what a move inserts,
+/// one statement per destination.
+pub(crate) fn by_destination<'m>(
+    moves: &'m [MoveOut],
+    taken: &[Uuid],
+) -> Vec<(&'m QueueName, Vec<OutgoingMessage>)> {
+    let mut groups: Vec<(&QueueName, Vec<OutgoingMessage>)> = Vec::new();
+    for m in moves.iter().filter(|m| taken.contains(&m.id)) {
+        match groups.iter_mut().find(|(to, _)| *to == &m.to) {
+            Some((_, messages)) => messages.push(m.message.clone()),
+            None => groups.push((&m.to, vec![m.message.clone()])),
+        }
+    }
+    groups
+}
+
 /// A transport whose error queues can be browsed and edited row by row.
 #[async_trait]
 pub trait FailedStore: Send + Sync {

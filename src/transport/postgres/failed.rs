@@ -7,7 +7,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::{PostgresTransport, map_error};
-use crate::transport::failed::{FailedStore, MoveOut, StoredRow};
+use crate::transport::failed::{FailedStore, MoveOut, StoredRow, by_destination};
 use crate::transport::{QueueName, TransportError};
 
 fn stored_row(row: &Row) -> Result<StoredRow, TransportError> {
@@ -112,18 +112,7 @@ impl FailedStore for PostgresTransport {
                     .filter_map(|r| r.try_get(0).ok())
                     .collect();
                 // Each destination's messages in one statement, in the error queue's order.
-                let mut targets: Vec<&QueueName> = Vec::new();
-                for m in moves.iter().filter(|m| taken.contains(&m.id)) {
-                    if !targets.contains(&&m.to) {
-                        targets.push(&m.to);
-                    }
-                }
-                for to in targets {
-                    let messages: Vec<_> = moves
-                        .iter()
-                        .filter(|m| &m.to == to && taken.contains(&m.id))
-                        .map(|m| m.message.clone())
-                        .collect();
+                for (to, messages) in by_destination(moves, &taken) {
                     inner.send_many_on(c, to, &messages).await?;
                 }
                 c.batch_execute("COMMIT")

@@ -8,7 +8,7 @@ use tiberius::{Row, ToSql};
 use uuid::Uuid;
 
 use super::{SqlServerTransport, int_at, is_server_error, map_error};
-use crate::transport::failed::{FailedStore, MoveOut, StoredRow};
+use crate::transport::failed::{FailedStore, MoveOut, StoredRow, by_destination};
 use crate::transport::{QueueName, TransportError, unit_of_work::SqlStore};
 
 /// Ids bound in one statement.
@@ -39,16 +39,15 @@ fn params(ids: &[Uuid]) -> Vec<&dyn ToSql> {
 }
 
 impl SqlServerTransport {
-    /// Runs a statement over `ids` and returns its rows.
+    /// Runs a statement of `queue` and returns its first result's rows.
     async fn rows_of(
         &self,
         queue: &QueueName,
         sql: &str,
-        ids: &[Uuid],
+        params: &[&dyn ToSql],
     ) -> Result<Vec<Row>, TransportError> {
         let mut conn = self.inner.conn().await?;
-        let params = params(ids);
-        let rows = async { conn.query(sql, &params).await?.into_first_result().await }.await;
+        let rows = async { conn.query(sql, params).await?.into_first_result().await }.await;
         rows.map_err(|e| {
             conn.broken |= !is_server_error(&e);
             map_error(e, Some(queue))
@@ -75,18 +74,7 @@ impl FailedStore for SqlServerTransport {
             "SELECT TOP(@P2) CAST(RowVersion AS bigint), Id, Headers, {body} FROM {table} WITH (READPAST) WHERE RowVersion > @P1 ORDER BY RowVersion"
         );
         let limit = i64::from(limit);
-        let mut conn = self.inner.conn().await?;
-        let rows = async {
-            conn.query(sql.as_str(), &[&after, &limit])
-                .await?
-                .into_first_result()
-                .await
-        }
-        .await
-        .map_err(|e| {
-            conn.broken |= !is_server_error(&e);
-            map_error(e, Some(queue))
-        })?;
+        let rows = self.rows_of(queue, &sql, &[&after, &limit]).await?;
         Ok(rows.iter().map(stored_row).collect())
     }
 
@@ -103,7 +91,7 @@ impl FailedStore for SqlServerTransport {
                 placeholders(1, chunk.len())
             );
             rows.extend(
-                self.rows_of(queue, &sql, chunk)
+                self.rows_of(queue, &sql, &params(chunk))
                     .await?
                     .iter()
                     .map(stored_row),
@@ -148,18 +136,8 @@ impl FailedStore for SqlServerTransport {
                 .iter()
                 .filter_map(|r| r.get::<Uuid, _>(0))
                 .collect();
-            let mut targets: Vec<&QueueName> = Vec::new();
-            for m in moves.iter().filter(|m| taken.contains(&m.id)) {
-                if !targets.contains(&&m.to) {
-                    targets.push(&m.to);
-                }
-            }
-            for to in targets {
-                let messages: Vec<_> = moves
-                    .iter()
-                    .filter(|m| &m.to == to && taken.contains(&m.id))
-                    .map(|m| m.message.clone())
-                    .collect();
+            // Each destination's messages in one statement, in the error queue's order.
+            for (to, messages) in by_destination(moves, &taken) {
                 self.inner.send_many_on(&mut conn, to, &messages).await?;
             }
             Ok::<_, TransportError>(taken)
@@ -179,7 +157,7 @@ impl FailedStore for SqlServerTransport {
                 "DELETE FROM {table} WITH (READPAST) WHERE Id IN ({}); SELECT CAST(@@ROWCOUNT AS bigint);",
                 placeholders(1, chunk.len())
             );
-            let rows = self.rows_of(queue, &sql, chunk).await?;
+            let rows = self.rows_of(queue, &sql, &params(chunk)).await?;
             removed += rows.first().and_then(|r| int_at(r, 0)).unwrap_or(0).max(0) as u64;
         }
         Ok(removed)

@@ -150,12 +150,6 @@ impl QueueName {
         self.parts().table
     }
 
-    /// Whether the name addresses a schema or catalog of its own.
-    pub fn is_address(&self) -> bool {
-        let parts = self.parts();
-        parts.schema.is_some() || parts.catalog.is_some()
-    }
-
     /// `self` as the transport whose own schema is `schema` and database `catalog` reaches
     /// it: the bare table name when the address names that schema (compared without case,
     /// as both servers compare them by default) and no other catalog; else the address,

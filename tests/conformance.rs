@@ -1324,6 +1324,11 @@ pub async fn a_row_that_is_never_due_does_not_stall_the_mover(h: &dyn Harness) {
 pub async fn the_delayed_table_is_named_as_nservicebus_names_it(h: &dyn Harness) {
     let t = with_delayed(h, &["in"]).await;
     let d = t.delayed_delivery().unwrap();
+    assert!(d.delayed_table_exists(&q("in")).await.unwrap());
+    assert!(
+        !d.delayed_table_exists(&q("nowhere")).await.unwrap(),
+        "a queue without a delayed table"
+    );
     let table = d.delayed_table(&q("in"));
     assert!(
         ["\"in.Delayed\"", "[in.Delayed]", "in.Delayed"]

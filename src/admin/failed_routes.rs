@@ -210,18 +210,8 @@ pub(super) async fn message(
 
 /// `POST /errors/delete`: deletes the messages a selection names.
 pub(super) async fn delete(State(host): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    if let Err(denied) = authorize(host.as_ref(), &headers) {
-        return *denied;
-    }
-    let selection: Selection = match read_json(host.as_ref(), body).await {
-        Ok(s) => s,
-        Err(refused) => return *refused,
-    };
-    if let Err(refused) = check_selection(&selection) {
-        return *refused;
-    }
-    let (failed, queue) = match tool(&host, selection.queue.as_deref()) {
-        Ok(t) => t,
+    let (selection, failed, queue) = match mutating_request(&host, &headers, body).await {
+        Ok(r) => r,
         Err(refused) => return *refused,
     };
     let (name, filter) = (queue.to_string(), selection.filter.clone());
@@ -235,16 +225,24 @@ pub(super) async fn delete(State(host): State<Shared>, headers: HeaderMap, body:
     }
 }
 
-/// An empty filter selects everything: only with `all`, so a forgotten filter deletes or
-/// retries nothing.
-fn check_selection(selection: &Selection) -> Result<(), Box<Response>> {
+/// A retry or delete request: authorized, its selection read and checked (an empty filter
+/// selects everything, so only with `all`: a forgotten filter touches nothing), and the tool
+/// and error queue it names.
+async fn mutating_request(
+    host: &Shared,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Selection, FailedMessages, QueueName), Box<Response>> {
+    authorize(host.as_ref(), headers)?;
+    let selection: Selection = read_json(host.as_ref(), body).await?;
     if selection.filter.is_all() && !selection.all {
         return Err(Box::new(error(
             StatusCode::BAD_REQUEST,
             "name what to select: `filter` (ids, group, source, since, until), or `\"all\": true` for every message",
         )));
     }
-    Ok(())
+    let (failed, queue) = tool(host, selection.queue.as_deref())?;
+    Ok((selection, failed, queue))
 }
 
 /// `POST /errors/retry`: starts a retry job (202), paced by the publishing admission; 409
@@ -255,23 +253,13 @@ pub(super) async fn retry(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(denied) = authorize(host.as_ref(), &headers) {
-        return *denied;
-    }
-    let selection: Selection = match read_json(host.as_ref(), body).await {
-        Ok(s) => s,
+    let (selection, failed, queue) = match mutating_request(&host, &headers, body).await {
+        Ok(r) => r,
         Err(refused) => return *refused,
     };
-    if let Err(refused) = check_selection(&selection) {
-        return *refused;
-    }
     let to = match selection.to.as_deref().map(QueueName::new).transpose() {
         Ok(to) => to,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("to: {e}")),
-    };
-    let (failed, queue) = match tool(&host, selection.queue.as_deref()) {
-        Ok(t) => t,
-        Err(refused) => return *refused,
     };
     let stop = CancellationToken::new();
     {

@@ -52,7 +52,17 @@ const WELL_KNOWN: &[&str] = &[
     "traceparent",
 ];
 
-/// Lowercased name -> the name to store.
+/// [`WELL_KNOWN`] by lowercased name, built once.
+static WELL_KNOWN_BY_LOWERCASE: std::sync::LazyLock<HashMap<String, &'static str>> =
+    std::sync::LazyLock::new(|| {
+        WELL_KNOWN
+            .iter()
+            .map(|name| (name.to_ascii_lowercase(), *name))
+            .collect()
+    });
+
+/// Lowercased name -> the name to store, for the names a request declares and the
+/// configuration uses; the well-known names are looked up after them.
 pub(super) struct HeaderCase(HashMap<String, String>);
 
 impl HeaderCase {
@@ -69,7 +79,7 @@ impl HeaderCase {
             .map(str::trim)
             .filter(|n| !n.is_empty());
         let configured = configured.iter().map(String::as_str);
-        for name in declared.chain(configured).chain(WELL_KNOWN.iter().copied()) {
+        for name in declared.chain(configured) {
             map.entry(name.to_ascii_lowercase())
                 .or_insert_with(|| name.to_string());
         }
@@ -78,9 +88,11 @@ impl HeaderCase {
 
     /// The name to store for `lowercase`, as it arrived.
     pub(super) fn restore(&self, lowercase: &str) -> String {
+        let key = lowercase.to_ascii_lowercase();
         self.0
-            .get(&lowercase.to_ascii_lowercase())
+            .get(&key)
             .cloned()
+            .or_else(|| WELL_KNOWN_BY_LOWERCASE.get(&key).map(|n| n.to_string()))
             .unwrap_or_else(|| lowercase.to_string())
     }
 }

@@ -181,12 +181,12 @@ pub async fn errors(path: &Path, queue: Option<String>, action: Action) -> ExitC
     {
         if config.transport.kind != TransportKind::Memory {
             // Counted first, so --yes is asked for before anything moves.
-            let Ok(tool) = open(&config).await else {
-                return failed("cannot reach the database");
-            };
-            match confirm(&tool, &queue, selection, *yes, "retry").await {
-                Ok(()) => {}
+            let tool = match open(&config).await {
+                Ok(t) => t,
                 Err(code) => return code,
+            };
+            if let Err(code) = confirm(&tool, &queue, selection, *yes, "retry").await {
+                return code;
             }
         }
         return retry_through_host(&config, &queue, selection, to.as_deref(), url.as_deref()).await;
@@ -369,22 +369,24 @@ async fn show(
     Ok(())
 }
 
-/// Counts the selection, and refuses to go on past one message without `--yes`.
+/// Selects what `selection` names, and refuses to go on past one message without `--yes`;
+/// the ids selected are what the command then acts on (no second scan).
 async fn confirm(
     (tool, _): &Tool,
     queue: &QueueName,
     selection: &Selection,
     yes: bool,
     verb: &str,
-) -> Result<(), ExitCode> {
+) -> Result<Vec<Uuid>, ExitCode> {
     let filter = selection.chosen().map_err(invalid)?;
-    let n = tool.select(queue, &filter).await.map_err(failed)?.len();
-    if n > 1 && !yes {
+    let ids = tool.select(queue, &filter).await.map_err(failed)?;
+    if ids.len() > 1 && !yes {
         return Err(invalid(format!(
-            "{n} messages selected in {queue}: add --yes to {verb} them all"
+            "{} messages selected in {queue}: add --yes to {verb} them all",
+            ids.len()
         )));
     }
-    Ok(())
+    Ok(ids)
 }
 
 async fn delete(
@@ -393,9 +395,8 @@ async fn delete(
     selection: &Selection,
     yes: bool,
 ) -> Result<(), ExitCode> {
-    confirm(tool, queue, selection, yes, "delete").await?;
-    let filter = selection.chosen().map_err(invalid)?;
-    let deleted = tool.0.delete(queue, &filter).await.map_err(failed)?;
+    let ids = confirm(tool, queue, selection, yes, "delete").await?;
+    let deleted = tool.0.delete_ids(queue, &ids).await.map_err(failed)?;
     println!("deleted {deleted} failed message(s) from {queue}");
     Ok(())
 }
@@ -407,13 +408,11 @@ async fn retry_direct(
     to: Option<&str>,
     yes: bool,
 ) -> Result<(), ExitCode> {
-    confirm(tool, queue, selection, yes, "retry").await?;
-    let filter = selection.chosen().map_err(invalid)?;
     let to = to
         .map(QueueName::new)
         .transpose()
         .map_err(|e| invalid(format!("--to: {e}")))?;
-    let ids = tool.0.select(queue, &filter).await.map_err(failed)?;
+    let ids = confirm(tool, queue, selection, yes, "retry").await?;
     eprintln!(
         "retrying {} message(s) from {queue} without a host: not paced by throttling",
         ids.len()

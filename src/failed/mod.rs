@@ -125,30 +125,32 @@ impl FailedMessages {
         self.transport.resolve_address(address)
     }
 
-    /// The id and cause of every row of `queue` that `filter` selects, oldest first (the
-    /// headers are read a page at a time and dropped; bodies stay in the database).
-    async fn scan(
+    /// Hands `each` every row of `queue` that `filter` selects, with its cause, oldest first,
+    /// reading a page at a time (bodies only when `with_body`): what is not kept is dropped
+    /// page by page.
+    async fn visit(
         &self,
         queue: &QueueName,
         filter: &Filter,
-    ) -> Result<Vec<(Uuid, Cause)>, TransportError> {
+        with_body: bool,
+        mut each: impl FnMut(StoredRow, Cause),
+    ) -> Result<(), TransportError> {
+        if !filter.ids.is_empty() {
+            for row in self.store().read(queue, &filter.ids).await? {
+                let cause = Cause::of(&row.headers, |a| self.resolve(a));
+                each(row, cause);
+            }
+            return Ok(());
+        }
         let source = filter.source.as_deref().map(|s| {
             self.resolve(s)
                 .map_or_else(|| s.to_string(), |q| q.to_string())
         });
-        let mut selected = Vec::new();
-        if !filter.ids.is_empty() {
-            for row in self.store().read(queue, &filter.ids).await? {
-                let cause = Cause::of(&row.headers, |a| self.resolve(a));
-                selected.push((row.id, cause));
-            }
-            return Ok(selected);
-        }
         let mut after = 0;
         loop {
-            let rows = self.store().browse(queue, after, PAGE, false).await?;
+            let rows = self.store().browse(queue, after, PAGE, with_body).await?;
             let Some(last) = rows.last() else {
-                break;
+                return Ok(());
             };
             after = last.position;
             for row in rows {
@@ -165,10 +167,23 @@ impl FailedMessages {
                         .until
                         .is_none_or(|t| failed_at.is_some_and(|f| f < t));
                 if keep {
-                    selected.push((row.id, cause));
+                    each(row, cause);
                 }
             }
         }
+    }
+
+    /// The id and cause of every row of `queue` that `filter` selects, oldest first.
+    async fn scan(
+        &self,
+        queue: &QueueName,
+        filter: &Filter,
+    ) -> Result<Vec<(Uuid, Cause)>, TransportError> {
+        let mut selected = Vec::new();
+        self.visit(queue, filter, false, |row, cause| {
+            selected.push((row.id, cause))
+        })
+        .await?;
         Ok(selected)
     }
 
@@ -191,7 +206,12 @@ impl FailedMessages {
                 example,
             });
             group.count += 1;
-            group.first = group.first.min(failed_at).or(group.first).or(failed_at);
+            // Option's order puts None first: the earliest known time is the min of the
+            // known ones.
+            group.first = match (group.first, failed_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             group.last = group.last.max(failed_at);
         }
         let mut groups: Vec<Group> = groups.into_values().collect();
@@ -255,6 +275,11 @@ impl FailedMessages {
     /// Deletes the messages `filter` selects; returns how many were deleted.
     pub async fn delete(&self, queue: &QueueName, filter: &Filter) -> Result<u64, TransportError> {
         let ids = self.select(queue, filter).await?;
+        self.delete_ids(queue, &ids).await
+    }
+
+    /// Deletes the messages with these ids (already selected); returns how many were deleted.
+    pub async fn delete_ids(&self, queue: &QueueName, ids: &[Uuid]) -> Result<u64, TransportError> {
         let mut deleted = 0;
         for chunk in ids.chunks(PAGE as usize) {
             deleted += self.store().remove(queue, chunk).await?;
@@ -262,29 +287,16 @@ impl FailedMessages {
         Ok(deleted)
     }
 
-    /// Rows of `queue` with bodies, the ones `filter` selects, `PAGE` at a time: for export.
+    /// The rows `filter` selects in `queue`, bodies included, with their causes: for export.
+    /// One pass: each page is read with its bodies and filtered as it comes.
     pub async fn rows(
         &self,
         queue: &QueueName,
         filter: &Filter,
     ) -> Result<Vec<(StoredRow, Cause)>, TransportError> {
-        let selected = self.scan(queue, filter).await?;
-        let mut full = Vec::with_capacity(selected.len());
-        for chunk in selected.chunks(PAGE as usize) {
-            let ids: Vec<Uuid> = chunk.iter().map(|(id, _)| *id).collect();
-            let mut rows: BTreeMap<Uuid, StoredRow> = self
-                .store()
-                .read(queue, &ids)
-                .await?
-                .into_iter()
-                .map(|row| (row.id, row))
-                .collect();
-            for (id, cause) in chunk {
-                if let Some(row) = rows.remove(id) {
-                    full.push((row, cause.clone()));
-                }
-            }
-        }
+        let mut full = Vec::new();
+        self.visit(queue, filter, true, |row, cause| full.push((row, cause)))
+            .await?;
         Ok(full)
     }
 

@@ -545,18 +545,20 @@ async fn prepare_delayed_tables(
                 "create it with a privileged account, or set queues.delayed_delivery.enabled = false",
             ))?;
         } else {
-            match delayed.delayed_count(&name).await {
-                Ok(_) => {}
-                Err(e @ TransportError::DelayedTableNotFound { .. }) => {
-                    return Err(HostError::Transport(e));
-                }
-                Err(e) => {
-                    return Err(preparing(
-                        &name,
-                        "read its delayed table",
-                        "check the account's rights on the delayed table",
-                    )(e));
-                }
+            // Whether it is there, not how full: a count would read a large table whole.
+            let exists = delayed
+                .delayed_table_exists(&name)
+                .await
+                .map_err(preparing(
+                    &name,
+                    "look for its delayed table",
+                    "check the account's rights on the schema",
+                ))?;
+            if !exists {
+                return Err(HostError::Transport(TransportError::DelayedTableNotFound {
+                    queue: name.to_string(),
+                    table: delayed.delayed_table(&name),
+                }));
             }
         }
     }

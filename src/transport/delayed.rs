@@ -51,6 +51,9 @@ pub trait DelayedDelivery: Send + Sync {
 
     /// `queue`'s delayed table as the database names it (schema-qualified, quoted).
     fn delayed_table(&self, queue: &QueueName) -> String;
+
+    /// Whether `queue`'s delayed table exists (a catalog look-up, whatever its size).
+    async fn delayed_table_exists(&self, queue: &QueueName) -> Result<bool, TransportError>;
 }
 
 /// The headers a delayed message is stored with: its own plus the forward destination (the

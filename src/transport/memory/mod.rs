@@ -513,6 +513,10 @@ impl DelayedDelivery for MemoryTransport {
             .ok_or_else(|| no_delayed_table(queue))
     }
 
+    async fn delayed_table_exists(&self, queue: &QueueName) -> Result<bool, TransportError> {
+        Ok(lock(&self.shared.delayed).contains_key(queue))
+    }
+
     fn delayed_table(&self, queue: &QueueName) -> String {
         format!("{queue}.{DEFAULT_DELAYED_TABLE_SUFFIX}")
     }

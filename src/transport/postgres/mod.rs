@@ -1128,6 +1128,21 @@ impl DelayedDelivery for PostgresTransport {
         Ok(n.max(0) as u64)
     }
 
+    async fn delayed_table_exists(&self, queue: &QueueName) -> Result<bool, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        let (_, row) = self
+            .inner
+            .answered("a look-up of a delayed table", client, async |c| {
+                c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&st.delayed.table])
+                    .await
+            })
+            .await?;
+        row.map_err(|e| map_error(e, Some(queue)))?
+            .try_get(0)
+            .map_err(|e| TransportError::database(e.to_string()))
+    }
+
     fn delayed_table(&self, queue: &QueueName) -> String {
         match self.inner.statements(queue) {
             Ok(st) => st.delayed.table.clone(),

@@ -1101,6 +1101,17 @@ impl DelayedDelivery for SqlServerTransport {
             .map_err(|e| delayed_table_named(e, queue, &st))
     }
 
+    async fn delayed_table_exists(&self, queue: &QueueName) -> Result<bool, TransportError> {
+        let st = self.inner.statements(queue);
+        let mut conn = self.inner.conn().await?;
+        // Names are validated (no quotes), so the table sits inside the literal.
+        let sql = format!(
+            "SELECT CAST(CASE WHEN OBJECT_ID(N'{}', N'U') IS NULL THEN 0 ELSE 1 END AS bigint)",
+            st.delayed.table
+        );
+        Ok(self.inner.count(&mut conn, queue, &sql, &[]).await? == 1)
+    }
+
     fn delayed_table(&self, queue: &QueueName) -> String {
         self.inner.statements(queue).delayed.table.clone()
     }

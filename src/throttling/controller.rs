@@ -361,6 +361,9 @@ struct DirectionState {
     /// Messages queued when a rate pace took hold: what queues up beyond it while the pace
     /// holds and relaxes is held back by the pace, and is let in before the pace ends.
     queued_at_pace: Option<u64>,
+    /// Publishing after database size: senders that wait for each admission use the relaxing
+    /// pace, so it is held (see [`Controller::relaxed_pace`]).
+    pace_in_use: bool,
     /// Delivery only: since when the window has held enough receives and no completion (see
     /// [`Controller::outgoing_judged`]).
     nothing_done_since: Option<Duration>,
@@ -882,12 +885,18 @@ impl Controller {
             (true, Some(t), _) => Some(t),
             (true, None, Some(p)) => {
                 // Copied out: `st` borrows `self` mutably until here.
-                let cause = st.cause;
-                self.relaxed_pace(tick, conditions, cause, p, waiting)
+                let (cause, in_use) = (st.cause, st.pace_in_use);
+                let (next, in_use) =
+                    self.relaxed_pace(tick, conditions, cause, (p, in_use), waiting);
+                self.directions[tick.direction.index()].pace_in_use = in_use;
+                next
             }
             (true, None, None) => None,
         };
         let st = &mut self.directions[tick.direction.index()];
+        if next.is_none() || target.is_some() {
+            st.pace_in_use = false;
+        }
         st.pace_rate = next;
         if st.pace_rate.is_none() {
             st.queued_at_pace = None;
@@ -896,16 +905,17 @@ impl Controller {
             .and_then(|r| law::pace_interval(r, tick.config.max_delay))
     }
 
-    /// The pace after its causes have cleared, from `p` so far, with `waiting` requests on it;
-    /// None once it ends.
+    /// The pace after its causes have cleared, from `p` so far (`in_use` when senders were
+    /// using it), with `waiting` requests on it; None once it ends. Also says whether it is
+    /// in use now.
     fn relaxed_pace(
         &self,
         tick: &DirectionTick,
         conditions: &[ConditionStatus],
         cause: Option<Condition>,
-        p: f64,
+        (p, in_use): (f64, bool),
         waiting: u64,
-    ) -> Option<f64> {
+    ) -> (Option<f64>, bool) {
         let rates = tick.rates;
         let mut next = p * law::PACE_RELAX_GROWTH;
         let passes_within_a_sample = |rate: f64| waiting as f64 <= rate * tick.dt.max(0.05);
@@ -921,17 +931,39 @@ impl Controller {
         // sessions, a backlog that grows because another cause holds delivery (slow
         // handlers filling the in-process count) would keep publishing paced, and its
         // state showing memory, for as long as that other cause lasts.
+        //
+        // Senders that wait for each admission before their next send (a retry of failed
+        // messages, a handler sending in a loop) never leave more than one request each
+        // waiting, so "those left would pass within a sample" holds for them however much
+        // they want to send: let the pace open on that alone and a retry of 50 000 went in at
+        // 14 000 a second, twice the threshold within a sample. What tells their demand is
+        // that they use the pace: one waits on it now, and over the last sample they sent
+        // nearly all it let in (the two-second window would lag a pace that moves by 4x in a
+        // tick); once in use, it stays so while they send at least half of it (between two
+        // transactions of a retry nobody waits for a moment, and one tick seen so let the
+        // pace grow past what they had been sending). Their demand beyond it is unknown, so
+        // while they use it the pace stays at the drain law's rate, which holds the depth at
+        // or under the threshold; it relaxes as after any cause once they stop.
         let relaxing_from = cause.and_then(|cause| {
             conditions.iter().find(|c| {
                 c.condition == cause && cause == Condition::DatabaseSize && tick.paced_by_drain(c)
             })
         });
+        let sent = rates.last_incoming_per_sec;
+        let pace_used = match in_use {
+            true => sent >= law::PACE_STILL_USED_SHARE * p,
+            false => waiting > 0 && sent >= law::PACE_USED_SHARE * p,
+        };
+        let mut held_by_use = false;
         if let Some(capped) =
             relaxing_from.and_then(|c| tick.drain_paced_rate(c, self.config.resume_ratio))
-            && tick.backlog_growing
-            && !passes_within_a_sample(p)
         {
-            next = next.min(capped);
+            if pace_used {
+                next = next.min(capped);
+                held_by_use = true;
+            } else if tick.backlog_growing && !passes_within_a_sample(p) {
+                next = next.min(capped);
+            }
         }
         let offered = rates.recent_incoming_per_sec.max(1.0);
         // Each release after a cause that would engage again if let in at once has its own
@@ -971,8 +1003,11 @@ impl Controller {
             }
             _ => (next, next, true),
         };
-        ((needs_headroom && next < 2.0 * offered) || !passes_within_a_sample(ends_at))
-            .then_some(next)
+        let next = ((needs_headroom && next < 2.0 * offered)
+            || !passes_within_a_sample(ends_at)
+            || held_by_use)
+            .then_some(next);
+        (next, held_by_use)
     }
 
     /// The state: the top cause, or the last cause while its actions relax.

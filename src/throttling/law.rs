@@ -28,6 +28,11 @@ pub const DELAY_FLOOR: Duration = Duration::from_millis(1);
 pub const DEEPEST_CUT: f64 = 0.25;
 /// While relaxing, a pace's rate grows by this factor per sample.
 pub const PACE_RELAX_GROWTH: f64 = 1.5;
+/// A relaxing pace whose recent admissions reach this share of it is in use: its senders want
+/// at least what it lets in (see `Controller::relaxed_pace`).
+pub const PACE_USED_SHARE: f64 = 0.8;
+/// ...and stays in use while they send at least this share of it.
+pub const PACE_STILL_USED_SHARE: f64 = 0.5;
 /// Publishing paced against the drain rate: admitted = drain x (1 - this x overage).
 pub const PACE_GAIN: f64 = 2.0;
 /// Bounds of the pacing factor: at most this share of the drain rate above the threshold

@@ -69,6 +69,9 @@ pub struct RateReading {
     pub recent_incoming_per_sec: f64,
     /// Outgoing messages per second over the last [`RECENT`].
     pub recent_outgoing_per_sec: f64,
+    /// Incoming messages per second since the snapshot before this one (over the last
+    /// sample): what a pace in force over that sample let in.
+    pub last_incoming_per_sec: f64,
     /// Requests waiting in the admission now (set by the service, not by the window).
     pub waiting: u64,
 }
@@ -85,6 +88,13 @@ pub struct RateWindow {
 impl RateWindow {
     /// Adds a snapshot taken at `now` and returns the rates over the last `window`.
     pub fn record(&mut self, now: Duration, totals: (u64, u64), window: Duration) -> RateReading {
+        let last_incoming_per_sec = self.snapshots.back().map_or(0.0, |&(t0, in0, _)| {
+            let elapsed = now.saturating_sub(t0).as_secs_f64();
+            match elapsed > 0.0 {
+                true => totals.0.saturating_sub(in0) as f64 / elapsed,
+                false => 0.0,
+            }
+        });
         self.snapshots.push_back((now, totals.0, totals.1));
         let start = now.saturating_sub(window.max(RECENT));
         // Keep exactly one snapshot at or before the window start as the baseline.
@@ -100,6 +110,7 @@ impl RateWindow {
             samples,
             recent_incoming_per_sec,
             recent_outgoing_per_sec,
+            last_incoming_per_sec,
             waiting: 0,
         }
     }

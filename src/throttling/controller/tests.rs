@@ -66,6 +66,7 @@ fn imbalanced(incoming: f64, outgoing: f64, samples: u64) -> RateReading {
         samples,
         recent_incoming_per_sec: incoming,
         recent_outgoing_per_sec: outgoing,
+        last_incoming_per_sec: incoming,
         waiting: 0,
     }
 }
@@ -733,6 +734,7 @@ fn a_rate_imbalance_left_behind_by_another_cause_does_not_take_over() {
         ..quiet()
     };
     after.publishing.recent_incoming_per_sec = 0.0;
+    after.publishing.last_incoming_per_sec = 0.0;
     after.publishing.waiting = 1000;
     let mut t = 0.25;
     let mut seen = Vec::new();

@@ -448,3 +448,54 @@ fn sends_that_waited_out_a_sessions_episode_go_in_without_engaging_it_again() {
         );
     }
 }
+
+/// Database size (state 6) against one sender that waits for each send's admission before
+/// the next, as a retry of failed messages does, while handlers drain 800 a second. Its
+/// demand never shows as sends waiting (one at most), yet once the cause clears it must not
+/// be let in at its full speed: the pace holds near the drain while it keeps sending, so there
+/// is one episode, the state clears within 10 s of the sender stopping, and the sender is
+/// held, not starved. At 3 000 a second the episode keeps every bound; at 14 000 (a retry on
+/// a fast database) the first crossing overshoots within its first sample (7 000 in 0.5 s),
+/// and once the depth is back under the threshold it stays at most 1.10 x of it: before this, every release let
+/// the sender in at full speed and the depth went back to 2.2 x each time.
+#[test]
+fn database_size_holds_a_sender_that_waits_for_each_admission() {
+    for speed in [3000.0, 14000.0] {
+        let mut cfg = config(0.5);
+        cfg.database_size = 5000;
+        let retry = Phase::new(30.0, speed)
+            .latency(0.004)
+            .closed_loop(1)
+            .causes(&[DatabaseSize]);
+        let outcome = simulate(cfg, 8, &[retry, Phase::new(30.0, 0.0).latency(0.004)]);
+        let episodes = outcome.episodes_in(Direction::Publishing, 0.9);
+        if speed < 5000.0 {
+            plant::assert_controlled(&episodes, 1.10);
+        }
+        assert_eq!(episodes.len(), 1, "{episodes:?}");
+        let e = &episodes[0];
+        assert!(
+            e.flips <= 2 && e.recovery_seconds.is_some_and(|s| s <= 10.0),
+            "{e:?}"
+        );
+        // From the first time the depth is back under the threshold.
+        let ticks: Vec<_> = outcome.ticks.iter().zip(&outcome.pending).collect();
+        let back = ticks
+            .iter()
+            .position(|(tick, pending)| tick.t > e.crossed_at && **pending < 5000.0)
+            .expect("the depth came back under the threshold");
+        for (tick, pending) in &ticks[back..] {
+            assert!(
+                **pending <= 5500.0,
+                "{speed}/s: depth {pending} at {:.1} s",
+                tick.t
+            );
+        }
+        assert!(
+            outcome.stored[0] >= 0.9 * outcome.completed[0],
+            "{speed}/s: held, not starved: stored {} while {} were handled",
+            outcome.stored[0],
+            outcome.completed[0]
+        );
+    }
+}

@@ -48,6 +48,11 @@ pub struct Phase {
     pub insert_seconds: f64,
     /// The conditions this phase causes: their episodes' recovery is measured from its end.
     pub causes: &'static [Condition],
+    /// Senders that each wait for their send's admission before offering the next (a retry
+    /// of failed messages, a handler sending in a loop): at most this many sends wait at once,
+    /// offered at up to `offered_per_sec`. None: the sends come whether or not earlier ones
+    /// have been admitted (an open loop).
+    pub closed_loop: Option<usize>,
 }
 
 impl Phase {
@@ -63,6 +68,15 @@ impl Phase {
             sessions_per_message: 0.0,
             insert_seconds: 0.0,
             causes: &[],
+            closed_loop: None,
+        }
+    }
+
+    /// The sends come from `senders` that each wait for their last send's admission.
+    pub fn closed_loop(self, senders: usize) -> Self {
+        Phase {
+            closed_loop: Some(senders),
+            ..self
         }
     }
 
@@ -192,10 +206,22 @@ impl Admission {
 
     /// Admissions the pace allows this step, out of `wanted`.
     fn paced(&mut self, wanted: f64) -> f64 {
+        self.accrue();
+        self.take(wanted)
+    }
+
+    /// The pace's credit for one step.
+    fn accrue(&mut self) {
+        if let Some(p) = self.pace {
+            self.credit = (self.credit + STEP / p).min(1.0 + STEP / p);
+        }
+    }
+
+    /// Admissions out of `wanted` that the credit accrued so far allows.
+    fn take(&mut self, wanted: f64) -> f64 {
         match self.pace {
             None => wanted,
-            Some(p) => {
-                self.credit = (self.credit + STEP / p).min(1.0 + STEP / p);
+            Some(_) => {
                 let n = wanted.min(self.credit.floor());
                 self.credit -= n;
                 n
@@ -456,21 +482,31 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
 /// stored as fast as the store allows.
 fn publish(w: &mut World, phase: &Phase, admission: &mut Admission, t: f64) {
     w.offer_credit += phase.offered_per_sec * STEP;
-    while w.offer_credit >= 1.0 {
-        w.offer_credit -= 1.0;
-        w.offered.push_back((t, admission.delay));
-        w.offered_total += 1;
+    match phase.closed_loop {
+        None => {
+            offer(w, admission, t, usize::MAX);
+            let ready = ready(w, admission, t);
+            let admitted = admission.paced(ready);
+            w.offered.drain(..admitted as usize);
+            w.admitted += admitted;
+        }
+        // Each sender offers its next send as soon as the last is admitted, so within a step
+        // a sender goes round as often as its speed and the admission let it.
+        Some(senders) => {
+            admission.accrue();
+            loop {
+                offer(w, admission, t, senders);
+                let admitted = admission.take(ready(w, admission, t));
+                w.offered.drain(..admitted as usize);
+                w.admitted += admitted;
+                if admitted == 0.0 || w.offer_credit < 1.0 {
+                    break;
+                }
+            }
+            // What a waiting sender could not offer is not saved up for later.
+            w.offer_credit = w.offer_credit.min(1.0);
+        }
     }
-    // A send waits the delay in force when it asked, or less if the delay has relaxed since
-    // (waiters are woken when it does).
-    let ready = w
-        .offered
-        .iter()
-        .take_while(|(at, delay)| t - at >= delay.min(admission.delay))
-        .count() as f64;
-    let admitted = admission.paced(ready);
-    w.offered.drain(..admitted as usize);
-    w.admitted += admitted;
     // Capacity not used in a step is not saved up for later.
     let capacity = phase.store_per_sec.min(1e9) * STEP;
     w.store_credit = (w.store_credit + capacity).min(capacity + 1.0);
@@ -480,6 +516,24 @@ fn publish(w: &mut World, phase: &Phase, admission: &mut Admission, t: f64) {
     w.stored_total += stored as u64;
     w.backlog += stored;
     w.insert_sessions = stored * phase.insert_seconds / STEP;
+}
+
+/// Offers what the senders' speed has accrued, up to `senders` waiting at once.
+fn offer(w: &mut World, admission: &Admission, t: f64, senders: usize) {
+    while w.offer_credit >= 1.0 && w.offered.len() < senders {
+        w.offer_credit -= 1.0;
+        w.offered.push_back((t, admission.delay));
+        w.offered_total += 1;
+    }
+}
+
+/// Sends at the head of the line that have waited out their delay: the delay in force when
+/// each asked, or less if it has relaxed since (waiters are woken when it does).
+fn ready(w: &World, admission: &Admission, t: f64) -> f64 {
+    w.offered
+        .iter()
+        .take_while(|(at, delay)| t - at >= delay.min(admission.delay))
+        .count() as f64
 }
 
 /// Every episode meets the control bounds: engaged within 2 samples, peak at most `peak` x

@@ -377,6 +377,27 @@ pub const METRICS: &[MetricDef] = &[
         "Failed messages an operator sent back (action retried) or removed (deleted), by error queue",
     ),
     def(
+        "failed_messages",
+        G,
+        None,
+        &["queue", "source"],
+        "Failed messages waiting in the error queue, by the queue they failed in (this host's queues by name, the rest as other), as last counted (failed_messages.count_interval)",
+    ),
+    def(
+        "failed_message_groups",
+        G,
+        None,
+        &["queue"],
+        "Groups of failed messages (exception type, message, source queue) in the error queue, as last counted",
+    ),
+    def(
+        "failed_messages_count_seconds",
+        G,
+        Some(Unit::Seconds),
+        &["queue"],
+        "How long the last count of the error queue's failed messages took",
+    ),
+    def(
         "config_reloads_total",
         C,
         None,
@@ -595,6 +616,26 @@ impl Metrics {
             &[("queue", queue), ("action", action)],
         )
         .increment(n);
+    }
+
+    /// Writes one count of error queue `queue`: the messages by source, the groups, and the
+    /// time the count took. The sources are the host's queues and `other`, so the label set
+    /// stays bounded whatever rows others wrote.
+    pub fn failed_census(
+        &self,
+        queue: &str,
+        by_source: &std::collections::BTreeMap<String, u64>,
+        groups: u64,
+        took: std::time::Duration,
+    ) {
+        for (source, n) in by_source {
+            self.gauge("failed_messages", &[("queue", queue), ("source", source)])
+                .set(*n as f64);
+        }
+        self.gauge("failed_message_groups", &[("queue", queue)])
+            .set(groups as f64);
+        self.gauge("failed_messages_count_seconds", &[("queue", queue)])
+            .set(took.as_secs_f64());
     }
 
     /// Counts a configuration reload (`success` or `error`).

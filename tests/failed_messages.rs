@@ -361,6 +361,61 @@ async fn a_running_host_shows_retries_and_deletes_failed_messages() {
     host.shutdown().await;
 }
 
+/// A running host counts its error queue for the gauges: by the queue each message failed in
+/// (its own queues by name, at 0 when none failed there; the rest as `other`) and by group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_host_counts_its_failed_messages_for_the_gauges() {
+    let mut config = common::memory_config("orders");
+    config.queues[0].immediate_retries = 0;
+    config.failed_messages.count_interval = Duration::from_secs(1);
+    let mut audit = throttlehost::config::QueueConfig {
+        name: "audit".into(),
+        ..Default::default()
+    };
+    audit.handler = Some(HandlerConfig::Noop);
+    config.queues.push(audit);
+    let host = HostBuilder::new(config)
+        .handler("orders", Flaky::default())
+        .start()
+        .await
+        .unwrap();
+    for i in 0..3 {
+        host.send("orders", OutgoingMessage::new(format!("order {i}")))
+            .await
+            .unwrap();
+    }
+    // Another endpoint's failure in the same error queue: counted, under `other`.
+    host.send(
+        "error",
+        failed("Billing", "System.TimeoutException", "late", 1),
+    )
+    .await
+    .unwrap();
+    let url = format!("http://{}/metrics", host.admin_address().unwrap());
+    let wanted = [
+        "throttlehost_failed_messages{queue=\"error\",source=\"orders\"} 3",
+        "throttlehost_failed_messages{queue=\"error\",source=\"audit\"} 0",
+        "throttlehost_failed_messages{queue=\"error\",source=\"other\"} 1",
+        "throttlehost_failed_message_groups{queue=\"error\"} 2",
+    ];
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        let url = url.clone();
+        metrics = tokio::task::spawn_blocking(move || common::http("GET", &url, b"", &[]).1)
+            .await
+            .unwrap();
+        if wanted.iter().all(|line| metrics.contains(line)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for line in wanted {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(metrics.contains("throttlehost_failed_messages_count_seconds{queue=\"error\"}"));
+    host.shutdown().await;
+}
+
 fn throttlehost(args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_throttlehost"))
         .args(args)

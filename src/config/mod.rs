@@ -36,6 +36,8 @@ pub struct Config {
     pub throttling: ThrottlingConfig,
     /// The instance registry: how this host shows itself to the others on its database.
     pub fleet: FleetConfig,
+    /// What the host keeps counting of its error queues.
+    pub failed_messages: FailedMessagesConfig,
 }
 
 /// `[host]`
@@ -153,6 +155,25 @@ impl Default for FleetConfig {
             gone_after: Duration::from_secs(20),
             forget_after: Duration::from_secs(3600),
             share_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `[failed_messages]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FailedMessagesConfig {
+    /// How often the host counts the failed messages in its error queues, by the queue they
+    /// failed in and by group, for the `failed_messages` gauges. Each count reads every
+    /// row's headers once (about 0.7 s per 100 000 rows on PostgreSQL); zero = never.
+    #[serde(with = "units::duration")]
+    pub count_interval: Duration,
+}
+
+impl Default for FailedMessagesConfig {
+    fn default() -> Self {
+        FailedMessagesConfig {
+            count_interval: Duration::from_secs(60),
         }
     }
 }

@@ -54,6 +54,15 @@ pub fn validate(config: &Config) -> Problems {
     }
     validate_throttling(&config.throttling, &mut add);
     validate_fleet(&config.fleet, &mut add);
+    let count = config.failed_messages.count_interval;
+    if !count.is_zero() && count < Duration::from_secs(1) {
+        add(
+            "failed_messages.count_interval".into(),
+            format!(
+                "{count:?} is too short: at least 1s, or 0s for never (each count reads every failed message's headers)"
+            ),
+        );
+    }
     problems
 }
 

@@ -10,6 +10,7 @@
 //! groups in this process: see `docs/guide/src/failed-messages.md` for what that costs.
 
 mod cause;
+mod census;
 mod retry;
 mod view;
 
@@ -24,6 +25,7 @@ use crate::transport::failed::{FailedStore, StoredRow};
 use crate::transport::{QueueName, Transport, TransportError};
 
 pub use cause::Cause;
+pub use census::{Census, CensusPlan, OTHER_SOURCE, run_census};
 pub use retry::{RETRIED_AT_HEADER, RETRY_COUNT_HEADER, retried_message};
 pub use view::{BodyView, MessageView};
 

@@ -277,6 +277,7 @@ impl HostBuilder {
 fn announce(inner: &Arc<HostInner>, serve: bool) -> Result<Option<AdminServer>, HostError> {
     let admin = if serve { serve_admin(inner)? } else { None };
     start_heartbeat(inner, admin.as_ref().map(|a| a.address));
+    start_census(inner);
     tracing::info!(
         host = %inner.config.load().host.name,
         instance = %inner.instance,
@@ -815,6 +816,37 @@ fn start_heartbeat(inner: &Arc<HostInner>, admin: Option<SocketAddr>) {
         me,
         hooks,
         inner.fleet_health.clone(),
+        inner.receive_ctx.stop.clone(),
+    ));
+}
+
+/// Starts counting this host's error queues for the failed-messages gauges, when the
+/// transport can browse them; it stops with the receivers.
+fn start_census(inner: &Arc<HostInner>) {
+    let Ok(failed) = crate::failed::FailedMessages::new(inner.transport.clone()) else {
+        return;
+    };
+    let mut plan = crate::failed::CensusPlan {
+        error_queues: Default::default(),
+    };
+    for q in &inner.queues {
+        plan.error_queues
+            .entry(q.error_queue.clone())
+            .or_default()
+            .push(q.name.clone());
+    }
+    for queue in plan.error_queues.keys() {
+        // At 0 before an operator's first retry or delete, so rate() has a series.
+        for action in ["retried", "deleted"] {
+            inner.metrics.failed_handled(queue.as_str(), action, 0);
+        }
+    }
+    let for_interval = inner.clone();
+    inner.receive_ctx.tasks.spawn(crate::failed::run_census(
+        failed,
+        plan,
+        inner.metrics.clone(),
+        move || for_interval.config().failed_messages.count_interval,
         inner.receive_ctx.stop.clone(),
     ));
 }

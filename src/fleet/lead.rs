@@ -12,6 +12,11 @@
 //! leaders for a moment cost a few statements (the mover's lock keeps moves apart), no leader
 //! for a moment delays a poll by a heartbeat. An instance that cannot read the registry leads
 //! all its queues, as it would alone.
+//!
+//! Only an instance that moves a queue's delayed table may lead it while one that does is
+//! alive (the summary's `moves_delayed` lists them; a summary without the list, from an
+//! earlier version, counts as moving all its queues): a leader with delayed delivery off
+//! would leave the table unpolled, and delayed messages would wait for ever.
 
 use std::collections::BTreeMap;
 
@@ -39,39 +44,85 @@ pub fn leader(queue: &str, candidates: &[Uuid]) -> Option<Uuid> {
         .max_by_key(|id| Uuid::new_v5(id, queue.as_bytes()).as_u128())
 }
 
-/// The queues an instance's summary says it receives from, with the depth it knows.
-fn queues_of(summary: &str) -> BTreeMap<String, Option<u64>> {
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(summary) else {
-        return BTreeMap::new();
-    };
-    value["queues"]
-        .as_object()
-        .map(|queues| {
-            queues
+/// What an instance's summary says of its queues: each queue it receives from with the
+/// depth it knows, and the queues whose delayed tables it moves (None: not said).
+struct Summary {
+    queues: BTreeMap<String, Option<u64>>,
+    moves_delayed: Option<Vec<String>>,
+}
+
+impl Summary {
+    fn of(summary: &str) -> Summary {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(summary) else {
+            return Summary {
+                queues: BTreeMap::new(),
+                moves_delayed: Some(Vec::new()),
+            };
+        };
+        let queues = value["queues"]
+            .as_object()
+            .map(|queues| {
+                queues
+                    .iter()
+                    .map(|(name, depth)| (name.clone(), depth.as_u64()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let moves_delayed = value["moves_delayed"].as_array().map(|names| {
+            names
                 .iter()
-                .map(|(name, depth)| (name.clone(), depth.as_u64()))
+                .filter_map(|n| n.as_str().map(str::to_string))
                 .collect()
-        })
-        .unwrap_or_default()
+        });
+        Summary {
+            queues,
+            moves_delayed,
+        }
+    }
+
+    /// Whether it moves `queue`'s delayed table (an earlier version's summary: yes).
+    fn moves(&self, queue: &str) -> bool {
+        self.moves_delayed
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|n| n == queue))
+    }
+}
+
+/// One of this instance's queues, for [`leads`].
+#[derive(Debug, Clone, Copy)]
+pub struct Mine<'a> {
+    /// The queue.
+    pub queue: &'a str,
+    /// This instance moves its delayed table.
+    pub moves_delayed: bool,
 }
 
 /// Who leads each of `mine` (this instance's queues), from the rows a heartbeat read: the
 /// instances seen within `gone_after` seconds that receive from the queue, this one always
-/// among them.
-pub fn leads(me: Uuid, mine: &[&str], rows: &[BeatRow], gone_after: f64) -> Vec<Lead> {
-    let members: Vec<(Uuid, BTreeMap<String, Option<u64>>)> = rows
+/// among them; only those that move its delayed table when any of them does.
+pub fn leads(me: Uuid, mine: &[Mine<'_>], rows: &[BeatRow], gone_after: f64) -> Vec<Lead> {
+    let members: Vec<(Uuid, Summary)> = rows
         .iter()
         .filter(|r| r.process_id != me && !FLEET_ORDER_ROWS.contains(&r.process_id))
         .filter(|r| r.seen_seconds_ago <= gone_after)
-        .map(|r| (r.process_id, queues_of(&r.summary)))
+        .map(|r| (r.process_id, Summary::of(&r.summary)))
         .collect();
     mine.iter()
-        .map(|queue| {
-            let mut candidates = vec![me];
+        .map(|mine| {
+            let queue = mine.queue;
+            let receiving: Vec<&(Uuid, Summary)> = members
+                .iter()
+                .filter(|(_, summary)| summary.queues.contains_key(queue))
+                .collect();
+            let others_moving = receiving.iter().any(|(_, s)| s.moves(queue));
+            let mut candidates = Vec::new();
+            if mine.moves_delayed || !others_moving {
+                candidates.push(me);
+            }
             candidates.extend(
-                members
+                receiving
                     .iter()
-                    .filter(|(_, queues)| queues.contains_key(*queue))
+                    .filter(|(_, s)| (!mine.moves_delayed && !others_moving) || s.moves(queue))
                     .map(|(id, _)| *id),
             );
             match leader(queue, &candidates) {
@@ -79,7 +130,7 @@ pub fn leads(me: Uuid, mine: &[&str], rows: &[BeatRow], gone_after: f64) -> Vec<
                     depth: members
                         .iter()
                         .find(|(member, _)| *member == id)
-                        .and_then(|(_, queues)| queues.get(*queue).copied().flatten()),
+                        .and_then(|(_, s)| s.queues.get(queue).copied().flatten()),
                 },
                 _ => Lead::Here,
             }
@@ -90,6 +141,13 @@ pub fn leads(me: Uuid, mine: &[&str], rows: &[BeatRow], gone_after: f64) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn moving(queue: &str) -> Mine<'_> {
+        Mine {
+            queue,
+            moves_delayed: true,
+        }
+    }
 
     fn row(id: Uuid, queues: &str, seen: f64) -> BeatRow {
         BeatRow {
@@ -109,7 +167,7 @@ mod tests {
         for queue in ["orders", "billing"] {
             let leading = ids
                 .iter()
-                .filter(|me| leads(**me, &[queue], &rows, 20.0)[0] == Lead::Here)
+                .filter(|me| leads(**me, &[moving(queue)], &rows, 20.0)[0] == Lead::Here)
                 .count();
             assert_eq!(leading, 1, "{queue}");
         }
@@ -117,7 +175,7 @@ mod tests {
         let leader_of_orders = leader("orders", &ids).unwrap();
         let follower = ids.iter().find(|id| **id != leader_of_orders).unwrap();
         assert_eq!(
-            leads(*follower, &["orders"], &rows, 20.0),
+            leads(*follower, &[moving("orders")], &rows, 20.0),
             [Lead::Elsewhere { depth: Some(5) }]
         );
     }
@@ -136,7 +194,50 @@ mod tests {
             summary: "{}".into(),
             seen_seconds_ago: 0.0,
         });
-        assert_eq!(leads(me, &["orders"], &rows, 20.0), [Lead::Here]);
-        assert_eq!(leads(me, &["orders"], &[], 20.0), [Lead::Here]);
+        assert_eq!(leads(me, &[moving("orders")], &rows, 20.0), [Lead::Here]);
+        assert_eq!(leads(me, &[moving("orders")], &[], 20.0), [Lead::Here]);
+    }
+
+    /// Of two instances on a queue, one with delayed delivery off: the other leads, seen from
+    /// either side, however the hash falls; with nobody moving, the hash decides as before.
+    #[test]
+    fn only_an_instance_that_moves_the_delayed_table_leads_its_queue() {
+        for _ in 0..50 {
+            let (mover, idle) = (Uuid::new_v4(), Uuid::new_v4());
+            let rows = [
+                BeatRow {
+                    process_id: mover,
+                    summary: r#"{"queues":{"orders":3},"moves_delayed":["orders"]}"#.into(),
+                    seen_seconds_ago: 1.0,
+                },
+                BeatRow {
+                    process_id: idle,
+                    summary: r#"{"queues":{"orders":3},"moves_delayed":[]}"#.into(),
+                    seen_seconds_ago: 1.0,
+                },
+            ];
+            let not_moving = Mine {
+                queue: "orders",
+                moves_delayed: false,
+            };
+            assert_eq!(
+                leads(idle, &[not_moving], &rows, 20.0),
+                [Lead::Elsewhere { depth: Some(3) }]
+            );
+            assert_eq!(leads(mover, &[moving("orders")], &rows, 20.0), [Lead::Here]);
+            // Alone, or beside others that do not move it either, it leads by the hash.
+            assert_eq!(leads(idle, &[not_moving], &rows[1..], 20.0), [Lead::Here]);
+        }
+        // An earlier version's summary says nothing: it counts as moving.
+        let (old, idle) = (Uuid::new_v4(), Uuid::new_v4());
+        let rows = [row(old, r#"{"orders":1}"#, 1.0)];
+        let not_moving = Mine {
+            queue: "orders",
+            moves_delayed: false,
+        };
+        assert_eq!(
+            leads(idle, &[not_moving], &rows, 20.0),
+            [Lead::Elsewhere { depth: Some(1) }]
+        );
     }
 }

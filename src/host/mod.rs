@@ -687,7 +687,7 @@ fn start_receiving(
         // The publisher counts this host's sends into the queue's depth between reads.
         publisher.track_depth(&q.name, q.depth.clone());
         receive::start(q.clone(), receive_ctx.clone());
-        if q.delayed_home.as_ref() == Some(&q.name) && transport.delayed_delivery().is_some() {
+        if moves_delayed(q, transport.as_ref()) {
             let of = crate::delayed::MoverOf {
                 queue: q.name.clone(),
                 batch: q.delayed_batch,
@@ -704,6 +704,12 @@ fn start_receiving(
         }
     }
     receive_ctx
+}
+
+/// Whether a host runs a mover for `q`'s delayed table: its own table (not an instance
+/// queue's), with delayed delivery on and a transport that has it.
+fn moves_delayed(q: &QueueRuntime, transport: &dyn Transport) -> bool {
+    q.delayed_home.as_ref() == Some(&q.name) && transport.delayed_delivery().is_some()
 }
 
 /// The throttling service of a running host.
@@ -1062,9 +1068,16 @@ impl HostInner {
             return;
         };
         self.apply_fleet_orders(orders);
-        let names: Vec<&str> = self.queues.iter().map(|q| q.name.as_str()).collect();
+        let mine: Vec<crate::fleet::lead::Mine<'_>> = self
+            .queues
+            .iter()
+            .map(|q| crate::fleet::lead::Mine {
+                queue: q.name.as_str(),
+                moves_delayed: self.moves_delayed(q),
+            })
+            .collect();
         let gone_after = self.config().fleet.gone_after.as_secs_f64();
-        let leads = crate::fleet::lead::leads(self.process_id, &names, &rows, gone_after);
+        let leads = crate::fleet::lead::leads(self.process_id, &mine, &rows, gone_after);
         for (q, lead) in self.queues.iter().zip(leads) {
             match lead {
                 crate::fleet::lead::Lead::Here => {
@@ -1078,6 +1091,11 @@ impl HostInner {
                 }
             }
         }
+    }
+
+    /// Whether this host runs a mover for `q`'s delayed table.
+    pub(crate) fn moves_delayed(&self, q: &QueueRuntime) -> bool {
+        moves_delayed(q, self.transport.as_ref())
     }
 
     fn apply_fleet_orders(&self, orders: Vec<crate::fleet::FleetOrder>) {

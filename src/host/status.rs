@@ -165,10 +165,18 @@ pub(super) fn fleet_summary(host: &HostInner) -> serde_json::Value {
         .iter()
         .map(|q| (q.name.to_string(), q.depth.get().into()))
         .collect();
+    // The queues whose delayed tables this host moves: only those lead a queue (`fleet::lead`).
+    let moves_delayed: Vec<String> = host
+        .queues
+        .iter()
+        .filter(|q| host.moves_delayed(q))
+        .map(|q| q.name.to_string())
+        .collect();
     serde_json::json!({
         "in_process": host.in_process(),
         "receiving": host.is_receiving(),
         "throttling": throttling,
         "queues": queues,
+        "moves_delayed": moves_delayed,
     })
 }

@@ -149,6 +149,13 @@ mod tests {
         }
     }
 
+    fn not_moving(queue: &str) -> Mine<'_> {
+        Mine {
+            queue,
+            moves_delayed: false,
+        }
+    }
+
     fn row(id: Uuid, queues: &str, seen: f64) -> BeatRow {
         BeatRow {
             process_id: id,
@@ -216,27 +223,22 @@ mod tests {
                     seen_seconds_ago: 1.0,
                 },
             ];
-            let not_moving = Mine {
-                queue: "orders",
-                moves_delayed: false,
-            };
             assert_eq!(
-                leads(idle, &[not_moving], &rows, 20.0),
+                leads(idle, &[not_moving("orders")], &rows, 20.0),
                 [Lead::Elsewhere { depth: Some(3) }]
             );
             assert_eq!(leads(mover, &[moving("orders")], &rows, 20.0), [Lead::Here]);
             // Alone, or beside others that do not move it either, it leads by the hash.
-            assert_eq!(leads(idle, &[not_moving], &rows[1..], 20.0), [Lead::Here]);
+            assert_eq!(
+                leads(idle, &[not_moving("orders")], &rows[1..], 20.0),
+                [Lead::Here]
+            );
         }
         // An earlier version's summary says nothing: it counts as moving.
         let (old, idle) = (Uuid::new_v4(), Uuid::new_v4());
         let rows = [row(old, r#"{"orders":1}"#, 1.0)];
-        let not_moving = Mine {
-            queue: "orders",
-            moves_delayed: false,
-        };
         assert_eq!(
-            leads(idle, &[not_moving], &rows, 20.0),
+            leads(idle, &[not_moving("orders")], &rows, 20.0),
             [Lead::Elsewhere { depth: Some(1) }]
         );
     }

@@ -459,6 +459,21 @@ impl DirectionTick<'_> {
             && self.drain.is_some()
     }
 
+    /// The drain law's rate for a pace relaxing from database size (`cause`), if it is.
+    fn database_size_release(
+        &self,
+        conditions: &[ConditionStatus],
+        cause: Option<Condition>,
+        resume_ratio: f64,
+    ) -> Option<f64> {
+        let relaxing_from = conditions.iter().find(|c| {
+            Some(c.condition) == cause
+                && c.condition == Condition::DatabaseSize
+                && self.paced_by_drain(c)
+        })?;
+        self.drain_paced_rate(relaxing_from, resume_ratio)
+    }
+
     /// The rate the drain law paces `c` at: its own overage's, except for database size once
     /// its cause has ended (sends offered now below the drain: what is left is the sends that
     /// waited out the episode). Those are let in toward a setpoint below the resume line
@@ -475,6 +490,16 @@ impl DirectionTick<'_> {
                 law::paced_rate(drain, condition_overage(c))
             },
         )
+    }
+}
+
+/// Whether senders use a relaxing pace `p` (`in_use` at the last tick), with `waiting`
+/// requests on it now: see `Controller::relaxed_pace`.
+fn pace_in_use(rates: &RateReading, (p, in_use): (f64, bool), waiting: u64) -> bool {
+    let sent = rates.last_incoming_per_sec;
+    match in_use {
+        true => sent >= law::PACE_STILL_USED_SHARE * p,
+        false => waiting > 0 && sent >= law::PACE_USED_SHARE * p,
     }
 }
 
@@ -944,19 +969,10 @@ impl Controller {
         // pace grow past what they had been sending). Their demand beyond it is unknown, so
         // while they use it the pace stays at the drain law's rate, which holds the depth at
         // or under the threshold; it relaxes as after any cause once they stop.
-        let relaxing_from = cause.and_then(|cause| {
-            conditions.iter().find(|c| {
-                c.condition == cause && cause == Condition::DatabaseSize && tick.paced_by_drain(c)
-            })
-        });
-        let sent = rates.last_incoming_per_sec;
-        let pace_used = match in_use {
-            true => sent >= law::PACE_STILL_USED_SHARE * p,
-            false => waiting > 0 && sent >= law::PACE_USED_SHARE * p,
-        };
+        let pace_used = pace_in_use(&rates, (p, in_use), waiting);
         let mut held_by_use = false;
         if let Some(capped) =
-            relaxing_from.and_then(|c| tick.drain_paced_rate(c, self.config.resume_ratio))
+            tick.database_size_release(conditions, cause, self.config.resume_ratio)
         {
             if pace_used {
                 next = next.min(capped);

@@ -15,6 +15,7 @@
 //! when it names another. Every attempt passes the queue's downstream guards
 //! (`queue::downstream`): the outage pause before it, its outcome and latency after it.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,8 +32,8 @@ use crate::message::{
     RETRIES_TIMESTAMP_HEADER, format_wire_time,
 };
 use crate::publish::Publisher;
-use crate::queue::QueueRuntime;
 use crate::queue::downstream::Change;
+use crate::queue::{QueueEvent, QueueRuntime};
 use crate::throttling::Throttle;
 use crate::transport::{Payload, QueueName, Received, Transport, TransportError};
 
@@ -210,13 +211,13 @@ struct KeyInFlight<'a>(&'a metrics::Gauge);
 impl<'a> KeyInFlight<'a> {
     /// Some when `q` keeps key order and the message carries a key.
     fn enter(q: &'a QueueRuntime, payload: &Payload) -> Option<Self> {
-        let header = q.ordering.as_ref()?.key_header()?;
+        let header = q.ordering()?.key_header()?;
         let Payload::Message(m) = payload else {
             return None;
         };
         m.header(header)?;
-        q.metrics.ordered_keys_in_flight.increment(1.0);
-        Some(KeyInFlight(&q.metrics.ordered_keys_in_flight))
+        q.metrics().ordered_keys_in_flight.increment(1.0);
+        Some(KeyInFlight(&q.metrics().ordered_keys_in_flight))
     }
 }
 
@@ -289,7 +290,7 @@ impl<'a> Pending<'a> {
             q,
             ..
         } = self;
-        let both = received.commit_and_receive(transport, &q.name).await;
+        let both = received.commit_and_receive(transport, q.name()).await;
         dispatcher.committed(q, done, both.committed);
         both.next
     }
@@ -331,11 +332,22 @@ pub struct Dispatcher {
     throttle: Arc<Throttle>,
     mode: TransactionMode,
     identity: HostIdentity,
+    /// The handler of each receiving queue, fixed at start.
+    handlers: HashMap<QueueName, Arc<dyn Handler>>,
     in_process: AtomicU64,
     observer: Option<Arc<dyn DispatchObserver>>,
 }
 
 impl Dispatcher {
+    /// The handler of `q`.
+    fn handler_of(&self, q: &QueueRuntime) -> &dyn Handler {
+        self.handlers
+            .get(q.name())
+            .map(|h| h.as_ref())
+            // `plan_queues` builds the handlers and the queues together, one for each.
+            .expect("every receiving queue has a handler")
+    }
+
     /// Who this host is in the headers it writes.
     pub(crate) fn origin(&self) -> &Origin {
         &self.identity.origin
@@ -347,6 +359,7 @@ impl Dispatcher {
         throttle: Arc<Throttle>,
         mode: TransactionMode,
         identity: HostIdentity,
+        handlers: HashMap<QueueName, Arc<dyn Handler>>,
         observer: Option<Arc<dyn DispatchObserver>>,
     ) -> Self {
         Dispatcher {
@@ -354,6 +367,7 @@ impl Dispatcher {
             throttle,
             mode,
             identity,
+            handlers,
             in_process: AtomicU64::new(0),
             observer,
         }
@@ -362,7 +376,7 @@ impl Dispatcher {
     fn observe(&self, q: &QueueRuntime, id: Uuid, logical_id: Option<&str>, outcome: Outcome) {
         q.record_outcome(outcome);
         if let Some(o) = &self.observer {
-            o.completed(&q.name, id, logical_id, outcome);
+            o.completed(q.name(), id, logical_id, outcome);
         }
     }
 
@@ -381,7 +395,7 @@ impl Dispatcher {
         q: &'a QueueRuntime,
         received: Box<dyn Received>,
     ) -> Dispatched<'a> {
-        q.metrics.received.increment(1);
+        q.count(QueueEvent::Received);
         self.throttle.delivery_rates.incoming();
         match received.payload() {
             Payload::Expired { id } => {
@@ -427,38 +441,38 @@ impl Dispatcher {
     fn committed(&self, q: &QueueRuntime, done: Done, committed: Result<(), TransportError>) {
         match (done, committed) {
             (Done::Expired { id }, Ok(())) => {
-                tracing::debug!(queue = %q.name, %id, "expired message dropped");
-                q.metrics.expired.increment(1);
+                tracing::debug!(queue = %q.name(), %id, "expired message dropped");
+                q.count(QueueEvent::Expired);
                 self.throttle.delivery_rates.outgoing();
                 self.observe(q, id, None, Outcome::Expired);
             }
             (Done::Expired { id }, Err(e)) => {
-                tracing::warn!(queue = %q.name, %id, error = %e, "dropping an expired message failed; it stays in the queue")
+                tracing::warn!(queue = %q.name(), %id, error = %e, "dropping an expired message failed; it stays in the queue")
             }
             (Done::Forwarded { id, logical_id }, Ok(())) => {
-                q.depth.departed();
-                q.metrics.forwarded.increment(1);
+                q.depth().departed();
+                q.count(QueueEvent::Forwarded);
                 self.throttle.delivery_rates.outgoing();
                 if let Some(o) = &self.observer {
-                    o.moved_on(&q.name, id, Some(&logical_id));
+                    o.moved_on(q.name(), id, Some(&logical_id));
                 }
             }
             (Done::Forwarded { id, .. }, Err(e)) => {
-                tracing::warn!(queue = %q.name, %id, error = %e,
+                tracing::warn!(queue = %q.name(), %id, error = %e,
                 "forwarding a due delayed message did not commit; it returns to the queue")
             }
             (Done::Handled { id, logical_id }, Ok(())) => {
-                q.failures.forget(id);
-                q.metrics.success.increment(1);
+                q.forget_failed_attempts(id);
+                q.count(QueueEvent::Succeeded);
                 self.throttle.delivery_rates.outgoing();
                 self.observe(q, id, logical_id.as_deref(), Outcome::Success);
             }
             (Done::Handled { id, .. }, Err(e @ TransportError::InDoubt { .. })) => {
-                tracing::warn!(queue = %q.name, %id, error = %e,
+                tracing::warn!(queue = %q.name(), %id, error = %e,
                     "the database did not say whether the commit took effect");
             }
             (Done::Handled { id, .. }, Err(e)) => {
-                tracing::error!(queue = %q.name, %id, error = %e,
+                tracing::error!(queue = %q.name(), %id, error = %e,
                     "commit failed after the handler succeeded; the message returns to the queue");
             }
         }
@@ -472,7 +486,7 @@ impl Dispatcher {
         };
         let parsed = self.publisher.transport().resolve_address(address);
         match parsed {
-            Some(to) if to == q.name => Destination::Here,
+            Some(to) if to == *q.name() => Destination::Here,
             Some(to) => Destination::Queue(to),
             None => Destination::Unknown(address.to_string()),
         }
@@ -491,7 +505,7 @@ impl Dispatcher {
             return Dispatched::Ended;
         };
         let (id, logical_id) = (message.id, message.logical_id());
-        if q.failures.attempts(id) > 0 {
+        if q.failed_attempts(id) > 0 {
             self.undeliverable(q, received, to.as_str()).await;
             return Dispatched::Ended;
         }
@@ -502,8 +516,8 @@ impl Dispatcher {
             .insert_within(received.as_mut(), &to, &copy)
             .await
         {
-            q.failures.record(id, 1);
-            tracing::warn!(queue = %q.name, %id, destination = %to, error = %e,
+            q.remember_failed_attempts(id, 1);
+            tracing::warn!(queue = %q.name(), %id, destination = %to, error = %e,
                 "a due delayed message could not be sent on to its destination; it returns and goes to the error queue next");
             let _ = received.rollback().await;
             return Dispatched::Ended;
@@ -544,9 +558,9 @@ impl Dispatcher {
         id: Uuid,
         reason: &str,
     ) {
-        tracing::warn!(queue = %q.name, %id, error_queue = %q.error_queue, %reason,
+        tracing::warn!(queue = %q.name(), %id, error_queue = %q.error_queue(), %reason,
             "probable message metadata corruption: moving the row to the error queue unchanged");
-        let result = match received.dead_letter(&q.error_queue).await {
+        let result = match received.dead_letter(q.error_queue()).await {
             Ok(()) => received.commit().await,
             Err(e) => {
                 let _ = received.rollback().await;
@@ -555,11 +569,11 @@ impl Dispatcher {
         };
         match result {
             Ok(()) => {
-                q.metrics.poison.increment(1);
+                q.count(QueueEvent::Poison);
                 self.throttle.delivery_rates.outgoing();
                 self.observe(q, id, None, Outcome::Poison);
             }
-            Err(e) => tracing::error!(queue = %q.name, %id, error = %e,
+            Err(e) => tracing::error!(queue = %q.name(), %id, error = %e,
                 "could not move a poison row to the error queue; it stays in the queue"),
         }
     }
@@ -591,7 +605,7 @@ impl Dispatcher {
             let id = message.id;
             // The key a failure holds (`failed_key = "hold"`), when the message has one.
             let hold_key = q
-                .ordering
+                .ordering()
                 .as_ref()
                 .filter(|o| o.failed_key == FailedKey::Hold)
                 .and_then(|o| o.key_header())
@@ -599,13 +613,13 @@ impl Dispatcher {
                 .map(str::to_string);
             let logical_id = self.observer.as_ref().map(|_| message.logical_id());
             if let Some(o) = &self.observer {
-                o.started(&q.name, id, logical_id.as_deref());
+                o.started(q.name(), id, logical_id.as_deref());
             }
             let verdict = self.attempt_until_done(q, message, &settings).await;
             (id, logical_id, hold_key, verdict)
         };
         if let Some(o) = &self.observer {
-            o.handled(&q.name, id, logical_id.as_deref());
+            o.handled(q.name(), id, logical_id.as_deref());
         }
 
         let outcome = match verdict {
@@ -617,9 +631,9 @@ impl Dispatcher {
                 return self.to_commit(q, received, done, Some(in_process), key);
             }
             Verdict::Released => {
-                tracing::debug!(queue = %q.name, %id, "outage mode: message returned to the queue to be tried one at a time");
+                tracing::debug!(queue = %q.name(), %id, "outage mode: message returned to the queue to be tried one at a time");
                 if let Err(e) = received.rollback().await {
-                    tracing::warn!(queue = %q.name, %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
+                    tracing::warn!(queue = %q.name(), %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
                 }
                 None
             }
@@ -627,7 +641,7 @@ impl Dispatcher {
                 if self.defer(q, received, id, &home, &retry, &failure).await
                     && let Some(o) = &self.observer
                 {
-                    o.moved_on(&q.name, id, logical_id.as_deref());
+                    o.moved_on(q.name(), id, logical_id.as_deref());
                 }
                 None
             }
@@ -659,7 +673,7 @@ impl Dispatcher {
     ) -> Verdict {
         let id = message.id;
         let max_attempts = settings.immediate_retries + 1;
-        let mut attempt = q.failures.attempts(id);
+        let mut attempt = q.failed_attempts(id);
         let mut last_failure = None;
         loop {
             if attempt >= max_attempts {
@@ -671,8 +685,7 @@ impl Dispatcher {
                 });
                 let retries = delayed_retries_of(message);
                 if let Some(home) = q
-                    .delayed_home
-                    .as_ref()
+                    .delayed_home()
                     .filter(|_| retries < settings.delayed_retries)
                 {
                     let retry = self.delayed_retry(q, home, message, retries + 1);
@@ -681,17 +694,17 @@ impl Dispatcher {
                 let error_message = self.error_message(q, message, &failure, attempt);
                 return Verdict::Failed(Box::new(error_message), failure);
             }
-            if last_failure.is_some() && q.downstream.in_outage() && q.gate.in_flight() > 1 {
+            if last_failure.is_some() && q.downstream().in_outage() && q.gate().in_flight() > 1 {
                 return Verdict::Released;
             }
             match self.attempt(q, message, attempt, settings).await {
                 Ok(outbox) => return Verdict::Success(outbox),
                 Err(failure) => {
                     attempt += 1;
-                    q.failures.record(id, attempt);
+                    q.remember_failed_attempts(id, attempt);
                     if attempt < max_attempts {
-                        q.metrics.retry.increment(1);
-                        tracing::debug!(queue = %q.name, %id, attempt, error = %failure.message, "handler failed; retrying");
+                        q.count(QueueEvent::Retried);
+                        tracing::debug!(queue = %q.name(), %id, attempt, error = %failure.message, "handler failed; retrying");
                     }
                     last_failure = Some(failure);
                 }
@@ -708,24 +721,24 @@ impl Dispatcher {
         attempt: u32,
         settings: &crate::queue::QueueSettings,
     ) -> Result<Vec<(QueueName, OutgoingMessage)>, Failure> {
-        q.downstream.before_attempt().await;
+        q.downstream().before_attempt().await;
         let send_immediately = self.mode == TransactionMode::None;
         let sender = Sender {
             origin: &self.identity.origin,
             publisher: &self.publisher,
             send_immediately,
         };
-        let mut ctx = Context::new(message, &q.name, attempt, sender);
+        let mut ctx = Context::new(message, q.name(), attempt, sender);
         let started = Instant::now();
-        let result = call_handler(q.handler.as_ref(), &mut ctx, settings.handler_timeout).await;
+        let result = call_handler(self.handler_of(q), &mut ctx, settings.handler_timeout).await;
         let took = started.elapsed();
-        q.metrics.handler_duration.record(took.as_secs_f64());
-        let in_flight = q.gate.in_flight();
+        q.handler_took(took);
+        let in_flight = q.gate().in_flight();
         let change = match &result {
-            Ok(()) => q.downstream.succeeded(took, in_flight),
+            Ok(()) => q.downstream().succeeded(took, in_flight),
             Err(f) => {
                 let logical_id = message.logical_id();
-                q.downstream
+                q.downstream()
                     .failed(&logical_id, took, in_flight, f.kind == TIMEOUT_KIND)
             }
         };
@@ -756,13 +769,13 @@ impl Dispatcher {
                 TransactionMode::None => Ok(()),
             };
             if let Err(e) = sent {
-                let attempts = q.failures.attempts(id) + 1;
-                q.failures.record(id, attempts);
-                q.metrics.retry.increment(1);
-                tracing::warn!(queue = %q.name, %id, destination = %queue, error = %Failure::send(&e).message,
+                let attempts = q.failed_attempts(id) + 1;
+                q.remember_failed_attempts(id, attempts);
+                q.count(QueueEvent::Retried);
+                tracing::warn!(queue = %q.name(), %id, destination = %queue, error = %Failure::send(&e).message,
                     "handler succeeded but its messages could not be sent; rolling back for a retry");
                 if let Err(e) = received.rollback().await {
-                    tracing::warn!(queue = %q.name, %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
+                    tracing::warn!(queue = %q.name(), %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
                 }
                 return None;
             }
@@ -784,18 +797,18 @@ impl Dispatcher {
         failure: &Failure,
     ) -> Option<Outcome> {
         if let Err(e) = received.hold(key, &failure.message).await {
-            tracing::error!(queue = %q.name, %id, %key, error = %e,
+            tracing::error!(queue = %q.name(), %id, %key, error = %e,
                 "could not hold the key of a failed message; moving it to the error queue instead");
             return self
                 .move_to_error(q, received, id, error_message, failure)
                 .await;
         }
         // Released, it is tried afresh: its earlier attempts do not count.
-        q.failures.forget(id);
-        tracing::warn!(queue = %q.name, %id, %key, error = %failure.message,
-            "message failed after its retries: it stays in the queue and holds its key until `throttlehost queues release {} --key {key}`", q.name);
+        q.forget_failed_attempts(id);
+        tracing::warn!(queue = %q.name(), %id, %key, error = %failure.message,
+            "message failed after its retries: it stays in the queue and holds its key until `throttlehost queues release {} --key {key}`", q.name());
         if let Err(e) = received.rollback().await {
-            tracing::warn!(queue = %q.name, %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
+            tracing::warn!(queue = %q.name(), %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
         }
         None
     }
@@ -808,18 +821,18 @@ impl Dispatcher {
         error_message: &OutgoingMessage,
         failure: &Failure,
     ) -> Option<Outcome> {
-        let result = send_and_commit(received, &q.error_queue, error_message).await;
+        let result = send_and_commit(received, q.error_queue(), error_message).await;
         match result {
             Ok(()) => {
-                q.failures.forget(id);
-                q.metrics.error.increment(1);
+                q.forget_failed_attempts(id);
+                q.count(QueueEvent::Failed);
                 self.throttle.delivery_rates.outgoing();
-                tracing::warn!(queue = %q.name, %id, error_queue = %q.error_queue, error = %failure.message,
+                tracing::warn!(queue = %q.name(), %id, error_queue = %q.error_queue(), error = %failure.message,
                     "message moved to the error queue after its retries");
                 Some(Outcome::Error)
             }
             Err(e) => {
-                tracing::error!(queue = %q.name, %id, error_queue = %q.error_queue, error = %e,
+                tracing::error!(queue = %q.name(), %id, error_queue = %q.error_queue(), error = %e,
                     "could not move a failed message to the error queue; it stays in the queue");
                 None
             }
@@ -840,18 +853,18 @@ impl Dispatcher {
         let result = send_and_commit(received, home, retry).await;
         match result {
             Ok(()) => {
-                q.failures.forget(id);
-                q.depth.departed();
-                q.metrics.delayed_retry.increment(1);
+                q.forget_failed_attempts(id);
+                q.depth().departed();
+                q.count(QueueEvent::DelayedRetry);
                 self.throttle.delivery_rates.outgoing();
                 self.publisher.scheduled(home, retry.deliver_after);
-                tracing::info!(queue = %q.name, %id, retry = retry.headers.get(RETRIES_HEADER).cloned().flatten().as_deref().unwrap_or("?"),
+                tracing::info!(queue = %q.name(), %id, retry = retry.headers.get(RETRIES_HEADER).cloned().flatten().as_deref().unwrap_or("?"),
                     after = %humantime::format_duration(retry.deliver_after.unwrap_or_default()), error = %failure.message,
                     "message failed its immediate retries; a delayed retry is scheduled");
                 true
             }
             Err(e) => {
-                tracing::error!(queue = %q.name, %id, error = %e,
+                tracing::error!(queue = %q.name(), %id, error = %e,
                     "could not store a failed message for its delayed retry; it stays in the queue");
                 false
             }
@@ -878,10 +891,10 @@ impl Dispatcher {
             RETRIES_TIMESTAMP_HEADER.into(),
             Some(format_wire_time(Utc::now())),
         );
-        if *home != q.name {
+        if home != q.name() {
             retry.headers.insert(
                 FORWARD_DESTINATION_HEADER.into(),
-                Some(self.publisher.transport().address(&q.name)),
+                Some(self.publisher.transport().address(q.name())),
             );
         }
         if !retry
@@ -920,7 +933,7 @@ impl Dispatcher {
         for (name, value) in [
             (
                 "NServiceBus.FailedQ",
-                self.publisher.transport().address(&q.name),
+                self.publisher.transport().address(q.name()),
             ),
             (
                 "NServiceBus.ExceptionInfo.ExceptionType",
@@ -929,7 +942,7 @@ impl Dispatcher {
             ("NServiceBus.ExceptionInfo.Message", text),
             (
                 "NServiceBus.ExceptionInfo.Source",
-                q.handler.name().to_string(),
+                self.handler_of(q).name().to_string(),
             ),
             (
                 "NServiceBus.ExceptionInfo.StackTrace",

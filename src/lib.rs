@@ -95,9 +95,9 @@ pub(crate) mod status;
 pub use async_trait::async_trait;
 pub use config::Config;
 pub use dispatch::{DispatchObserver, Outcome};
-pub use fleet::{FleetMember, FleetView};
+pub use fleet::{FleetMember, FleetOrder, FleetOrderError, FleetView};
 pub use handlers::{Context, Handler, HandlerError};
-pub use host::{Host, HostBuilder, HostError, HostStatus};
+pub use host::{Host, HostBuilder, HostError, HostHandle, HostStatus};
 pub use message::{Headers, Message, OutgoingMessage};
 
 /// The metrics a host exports on `/metrics`: each name, kind, help text and labels, defined

@@ -161,6 +161,9 @@ pub struct QueueStatus {
     pub depth: u64,
     /// Loops or peekers.
     pub loops: u32,
+    /// This instance does the queue's background reading in the fleet (polls its delayed
+    /// table, reads its depth for the others); true when alone.
+    pub leads: bool,
     /// Circuit breaker: closed, armed or open.
     pub circuit_breaker: &'static str,
     /// Error queue.

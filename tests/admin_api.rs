@@ -111,7 +111,7 @@ async fn ingest_accepts_rejects_and_explains() {
     assert_eq!(status, 202, "{body}");
     assert!(body["id"].as_str().unwrap().len() == 36);
     common::wait_until(Duration::from_secs(5), "ingested message processed", || {
-        host.inner().metrics().render().contains(
+        host.handle().metrics_text().contains(
             "throttlehost_messages_processed_total{queue=\"orders\",outcome=\"success\"} 1",
         )
     })
@@ -171,12 +171,12 @@ async fn ingest_accepts_rejects_and_explains() {
     );
 
     // Publishing throttled beyond ingest_reject_after: 503 with Retry-After.
-    host.inner().set_override(
+    host.handle().set_override(
         throttlehost::throttling::Direction::Publishing,
         OverrideMode::Throttle,
     );
     common::wait_until(Duration::from_secs(5), "publishing delay", || {
-        host.inner().publisher().current_wait() > Duration::from_millis(5)
+        host.handle().publishing_wait() > Duration::from_millis(5)
     })
     .await;
     let (status, body, retry) = ingest(&base, vec![]).await;
@@ -198,9 +198,8 @@ async fn override_is_set_through_the_api_and_bad_requests_get_json_errors() {
     .await;
     assert_eq!(status, 200, "{body}");
     common::wait_until(Duration::from_secs(5), "delivery state 10", || {
-        host.inner()
-            .control()
-            .snapshot()
+        host.handle()
+            .throttling()
             .is_some_and(|s| s.decision.delivery.state == 10)
     })
     .await;
@@ -370,7 +369,7 @@ async fn the_status_command_prints_a_table_and_says_by_exit_code_whether_throttl
         text.contains("orders") && text.contains("not throttling"),
         "{text}"
     );
-    host.inner().set_override(
+    host.handle().set_override(
         throttlehost::throttling::Direction::Delivery,
         OverrideMode::Throttle,
     );
@@ -444,7 +443,7 @@ async fn status_answers_while_handlers_block_every_worker() {
         .unwrap();
     let base = format!("http://{}", host.admin_address().unwrap());
     // From a plain thread: with every worker blocked, the test's runtime cannot run timers.
-    let inner = host.inner().clone();
+    let inner = host.handle();
     let answers = std::thread::spawn(move || {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while inner.in_process() < 2 {
@@ -554,7 +553,7 @@ async fn slow_and_flooding_clients_cannot_exhaust_the_admin_endpoint() {
         Duration::from_secs(5),
         "20 messages handled during the flood",
         || {
-            host.inner().metrics().render().contains(
+            host.handle().metrics_text().contains(
                 "throttlehost_messages_processed_total{queue=\"orders\",outcome=\"success\"} 20",
             )
         },
@@ -673,7 +672,7 @@ async fn a_json_array_is_ingested_as_one_batch() {
     let (host, base) = start("").await;
     // The error queue is accepted but not received from, so what is stored stays to be read.
     let error = QueueName::new("error").unwrap();
-    let transport = host.inner().transport().clone();
+    let transport = host.handle().transport().clone();
     let depth = async || transport.peek_depth(&error).await.unwrap();
     for (body, reason) in [
         (r#"[{"body": "a"}, {"bdy": "x"}]"#, "[1]"),

@@ -89,7 +89,7 @@ async fn a_failing_message_goes_to_the_error_queue_with_fault_headers_after_its_
         0,
         "the original is gone"
     );
-    let metrics = host.inner().metrics().render();
+    let metrics = host.handle().metrics_text();
     assert!(
         metrics.contains(
             "throttlehost_messages_processed_total{queue=\"orders\",outcome=\"retry\"} 3"
@@ -204,9 +204,8 @@ async fn poison_rows_reach_the_error_queue_unchanged_and_the_host_goes_on() {
         || {
             probe.handled() == 1
                 && host
-                    .inner()
-                    .metrics()
-                    .render()
+                    .handle()
+                    .metrics_text()
                     .contains("outcome=\"poison\"} 1")
         },
     )
@@ -255,9 +254,8 @@ async fn expired_messages_are_dropped_and_counted() {
     .await
     .unwrap();
     wait_until(Duration::from_secs(10), "expired dropped", || {
-        host.inner()
-            .metrics()
-            .render()
+        host.handle()
+            .metrics_text()
             .contains("outcome=\"expired\"} 3")
     })
     .await;
@@ -313,9 +311,8 @@ async fn a_failed_attempt_sends_nothing_in_either_transactional_mode() {
             .await
             .unwrap();
         wait_until(Duration::from_secs(10), "forwarded", || {
-            host.inner()
-                .metrics()
-                .render()
+            host.handle()
+                .metrics_text()
                 .contains("outcome=\"success\"} 1")
         })
         .await;

@@ -46,7 +46,7 @@ async fn start(config: Config) -> (Host, std::sync::Arc<Probe>) {
 }
 
 async fn view(host: &Host) -> FleetView {
-    host.inner().fleet().await.unwrap()
+    host.handle().fleet().await.unwrap()
 }
 
 /// `host`'s view once `done` holds for it (looked at every 100 ms for up to 10 s).
@@ -91,7 +91,7 @@ async fn hosts_on_one_schema_see_each_other_and_a_stopping_one_leaves() {
             .filter(|m| m.this)
             .map(|m| m.instance_id.as_str())
             .collect();
-        assert_eq!(me, [host.inner().config().host.instance_id.as_str()]);
+        assert_eq!(me, [host.handle().config().host.instance_id.as_str()]);
         assert!(v.heartbeat_error.is_none());
         for m in &v.instances {
             assert_eq!(m.version, throttlehost::VERSION);
@@ -258,11 +258,7 @@ async fn status_fleet_lists_every_instance() {
 /// `host`'s delivery override in force and where it came from (as `/status` shows them from
 /// the next tick on).
 fn delivery_override(host: &Host) -> (OverrideMode, OverrideScope) {
-    let inner = host.inner();
-    (
-        inner.control().config().delivery.override_mode,
-        inner.override_scope(Direction::Delivery),
-    )
+    host.handle().override_in_force(Direction::Delivery)
 }
 
 /// Waits (10 s at most) until `host` has `expected` as its delivery override.
@@ -283,7 +279,7 @@ async fn a_fleet_override_reaches_every_instance_and_a_local_one_holds_until_the
     let b = start(config(&schema, "b")).await.0;
     view_when(&a, "both seen", |v| live(v) == ["a", "b"]).await;
     let fleet_throttle = (OverrideMode::Throttle, OverrideScope::Fleet);
-    a.inner()
+    a.handle()
         .set_fleet_override(Direction::Delivery, OverrideMode::Throttle)
         .await
         .unwrap();
@@ -299,7 +295,7 @@ async fn a_fleet_override_reaches_every_instance_and_a_local_one_holds_until_the
     );
 
     // A local override on b holds over the order b has applied...
-    b.inner()
+    b.handle()
         .set_override(Direction::Delivery, OverrideMode::None);
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(
@@ -312,7 +308,7 @@ async fn a_fleet_override_reaches_every_instance_and_a_local_one_holds_until_the
     override_becomes(&c, fleet_throttle).await;
 
     // The next order reaches all three, b included.
-    a.inner()
+    a.handle()
         .set_fleet_override(Direction::Delivery, OverrideMode::None)
         .await
         .unwrap();
@@ -346,7 +342,7 @@ async fn the_override_route_takes_a_fleet_scope_and_refuses_what_it_cannot_do() 
         Duration::from_secs(10),
         "/status shows the fleet's override",
         || {
-            a.inner().status().throttling.is_some_and(|t| {
+            a.handle().status().throttling.is_some_and(|t| {
                 t.delivery.override_mode == OverrideMode::Throttle
                     && t.delivery.override_scope == OverrideScope::Fleet
             })
@@ -432,7 +428,7 @@ async fn sqlserver_keeps_the_instance_registry() {
     let b = start(host_config("b")).await.0;
     view_when(&a, "both seen", |v| live(v) == ["a", "b"]).await;
     // A fleet order given on a reaches b at its next heartbeat, and is no instance.
-    a.inner()
+    a.handle()
         .set_fleet_override(Direction::Delivery, OverrideMode::Throttle)
         .await
         .unwrap();
@@ -447,11 +443,8 @@ async fn sqlserver_keeps_the_instance_registry() {
 fn leaders(hosts: &[(Host, std::sync::Arc<common::Counting>)]) -> Vec<String> {
     hosts
         .iter()
-        .filter(|(h, _)| {
-            let q = h.inner().queue("orders").unwrap().clone();
-            q.leads.load(std::sync::atomic::Ordering::Relaxed)
-        })
-        .map(|(h, _)| h.inner().config().host.instance_id.clone())
+        .filter(|(h, _)| h.handle().queue_status("orders").unwrap().leads)
+        .map(|(h, _)| h.handle().config().host.instance_id.clone())
         .collect()
 }
 
@@ -490,7 +483,7 @@ async fn one_instance_per_queue_reads_its_depth_and_polls_its_delayed_table() {
     let peeks: Vec<u64> = hosts.iter().map(|(_, c)| c.peeks()).collect();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     for ((host, counting), before) in hosts.iter().zip(peeks) {
-        let name = host.inner().config().host.instance_id.clone();
+        let name = host.handle().config().host.instance_id.clone();
         let peeked = counting.peeks() - before;
         match name == leader {
             true => assert!(
@@ -506,7 +499,7 @@ async fn one_instance_per_queue_reads_its_depth_and_polls_its_delayed_table() {
     }
     let follower = hosts
         .iter()
-        .position(|(h, _)| h.inner().config().host.instance_id != leader)
+        .position(|(h, _)| h.handle().config().host.instance_id != leader)
         .unwrap();
     let mut delayed = OutgoingMessage::new("later");
     delayed.deliver_after = Some(Duration::from_millis(300));
@@ -519,7 +512,7 @@ async fn one_instance_per_queue_reads_its_depth_and_polls_its_delayed_table() {
     .await;
     let at = hosts
         .iter()
-        .position(|(h, _)| h.inner().config().host.instance_id == leader)
+        .position(|(h, _)| h.handle().config().host.instance_id == leader)
         .unwrap();
     hosts.remove(at).0.shutdown().await;
     wait_until(Duration::from_secs(10), "a new leader", || {

@@ -73,20 +73,20 @@ async fn share_and_give_back(config: impl Fn(&str, ConcurrencyModel) -> Config) 
         .map(|i| OutgoingMessage::new(format!("m{i}")))
         .collect();
     hosts[0]
-        .inner()
+        .handle()
         .transport()
         .send_batch(&orders, &messages)
         .await
         .unwrap();
     // The gates read one after another within microseconds (a status document per host
     // would take long enough for shares to move between two reads).
-    let gates: Vec<_> = hosts
-        .iter()
-        .map(|h| h.inner().queue("orders").unwrap().gate.clone())
-        .collect();
+    let handles: Vec<_> = hosts.iter().map(|h| h.handle()).collect();
     let mut most_shared = 0;
     for _ in 0..600 {
-        let shared: u32 = gates.iter().map(|g| g.fleet_share()).sum();
+        let shared: u32 = handles
+            .iter()
+            .map(|h| h.fleet_share("orders").unwrap())
+            .sum();
         most_shared = most_shared.max(shared);
         if probe.handled() == 200 {
             break;
@@ -99,7 +99,7 @@ async fn share_and_give_back(config: impl Fn(&str, ConcurrencyModel) -> Config) 
     assert!(most_shared <= 4, "the shares added up to {most_shared}");
     for host in &hosts {
         let status = host.status();
-        let instance = &host.inner().config().host.instance_id;
+        let instance = &host.handle().config().host.instance_id;
         assert!(status.queues[0].succeeded_total > 0, "{instance} took part");
     }
     wait_until(Duration::from_secs(5), "every share given back", || {

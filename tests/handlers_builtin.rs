@@ -14,7 +14,7 @@ use throttlehost::transport::Payload;
 use common::q;
 
 fn processed(host: &throttlehost::Host, outcome: &str) -> bool {
-    host.inner().metrics().render().contains(&format!(
+    host.handle().metrics_text().contains(&format!(
         "throttlehost_messages_processed_total{{queue=\"in\",outcome=\"{outcome}\"}} 1"
     ))
 }
@@ -32,7 +32,7 @@ async fn forward_sends_on_with_the_same_headers_and_body() {
     })
     .await;
     let r = host
-        .inner()
+        .handle()
         .transport()
         .receive(&q("out"))
         .await
@@ -83,7 +83,7 @@ async fn command_gets_the_body_on_stdin_and_fails_on_a_nonzero_exit() {
     })
     .await;
     let r = host
-        .inner()
+        .handle()
         .transport()
         .receive(&q("error"))
         .await
@@ -178,14 +178,14 @@ async fn simulate_fails_at_its_failure_rate() {
         host.send("in", OutgoingMessage::new("x")).await.unwrap();
     }
     common::wait_until(Duration::from_secs(10), "all done", || {
-        host.inner().transport().connections_in_use() == 0
+        host.handle().transport().connections_in_use() == 0
             && host.status().queues[0].depth == 0
-            && host.inner().in_process() == 0
+            && host.handle().in_process() == 0
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let errors = host
-        .inner()
+        .handle()
         .transport()
         .peek_depth(&q("error"))
         .await

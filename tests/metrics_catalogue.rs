@@ -76,7 +76,7 @@ async fn every_design_metric_is_exported() {
     for sent in futures_util::future::join_all(sends).await {
         sent.unwrap();
     }
-    let _ = host.inner().reload_from(&path);
+    let _ = host.handle().reload_from(&path);
     tokio::time::sleep(Duration::from_millis(800)).await;
     let url = format!("http://{}/metrics", host.admin_address().unwrap());
     let (status, text, _) =
@@ -159,7 +159,7 @@ async fn requests_held_in_an_admission_show_as_waiting() {
     assert_eq!(waiting("delivery").await, Some(0.0));
     stop.store(true, Ordering::Relaxed);
     let sends = sender.await.unwrap();
-    host.inner()
+    host.handle()
         .set_override(Direction::Publishing, OverrideMode::None);
     for send in sends {
         send.await.unwrap().unwrap();

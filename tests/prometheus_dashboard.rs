@@ -112,14 +112,10 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     // Traffic only: no reload, no throttling episode. Every series a panel queries must exist
     // on a host that has seen neither (counters at 0), or the panel would say "No data".
     let publisher = {
-        let inner = host.inner().clone();
+        let handle = host.handle();
         tokio::spawn(async move {
-            let queue = throttlehost::transport::QueueName::new("orders").unwrap();
             loop {
-                let _ = inner
-                    .publisher()
-                    .send(&queue, &OutgoingMessage::new("load"))
-                    .await;
+                let _ = handle.send("orders", OutgoingMessage::new("load")).await;
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })

@@ -119,12 +119,12 @@ async fn a_throttled_batch_queue_receives_one_message_at_a_time() {
 
 /// Sets the delivery override and waits until the admission follows it.
 async fn override_delivery(host: &throttlehost::Host, mode: OverrideMode) {
-    host.inner().set_override(Direction::Delivery, mode);
+    host.handle().set_override(Direction::Delivery, mode);
     let open = mode != OverrideMode::Throttle;
     wait_until(
         Duration::from_secs(5),
         "delivery follows the override",
-        || host.inner().throttle().delivery.is_open() == open,
+        || host.handle().delivery_is_open() == open,
     )
     .await;
 }

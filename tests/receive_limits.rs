@@ -18,17 +18,16 @@ async fn lowering_the_limit_is_obeyed_within_one_completion(model: ConcurrencyMo
     let probe = Probe::new(Duration::from_millis(100));
     let mut config = backlog.config(model, 16);
     config.transport.pool_size = 24;
-    let host = backlog.host(config, &probe).await;
-    let queue = host.inner().queue("work").unwrap().clone();
+    let host = backlog.host(config.clone(), &probe).await;
     wait_until(Duration::from_secs(20), "16 in flight", || {
         probe.current.load(Ordering::SeqCst) == 16
     })
     .await;
 
-    // The path a config reload takes; the throttling controller narrows the same gate.
-    let mut settings = (*queue.settings()).clone();
-    settings.max = 2;
-    queue.reconfigure(settings);
+    // A config reload; the throttling controller narrows the same gate.
+    config.queues[0].concurrency.max = 2;
+    let restart = host.handle().apply_config(config);
+    assert!(restart.is_empty(), "{restart:?}");
     let calls_at_change = probe.calls.load(Ordering::SeqCst) as usize;
     wait_until(Duration::from_secs(20), "30 more handler calls", || {
         probe.calls.load(Ordering::SeqCst) as usize >= calls_at_change + 30
@@ -92,13 +91,12 @@ async fn a_reloaded_max_applies_without_restart() {
         "[[queues]]\nname = 'work'\n[queues.concurrency]\nmax = 'many'\n",
     )
     .unwrap();
-    let err = host.inner().reload().unwrap_err();
+    let err = host.handle().reload().unwrap_err();
     assert!(err.contains("queues[0].concurrency.max"), "{err}");
-    assert_eq!(host.inner().queue("work").unwrap().settings().max, 2);
+    assert_eq!(host.handle().queue_status("work").unwrap().max, 2);
     assert!(
-        host.inner()
-            .metrics()
-            .render()
+        host.handle()
+            .metrics_text()
             .contains("throttlehost_config_reloads_total{result=\"error\"} 1")
     );
 
@@ -115,7 +113,7 @@ async fn a_reloaded_max_applies_without_restart() {
         ),
     );
     std::fs::write(&path, text).unwrap();
-    let restart = host.inner().reload().unwrap();
+    let restart = host.handle().reload().unwrap();
     assert!(restart.is_empty(), "nothing needs a restart: {restart:?}");
     wait_until(
         Duration::from_secs(10),

@@ -124,9 +124,9 @@ async fn reload_reaches_each_queue_and_its_instance_queue_exactly() {
     config.queues[0].concurrency.max = 3;
     config.queues[0].instance_queue.max_concurrency = 2;
     config.queues[1].concurrency.max = 5;
-    let restart = host.inner().apply_config(config);
+    let restart = host.handle().apply_config(config);
     assert!(restart.is_empty(), "{restart:?}");
-    let max = |name: &str| host.inner().queue(name).unwrap().settings().max;
+    let max = |name: &str| host.handle().queue_status(name).unwrap().max;
     assert_eq!((max("a"), max("a.n1"), max("a.b")), (3, 2, 5));
     host.shutdown().await;
 }

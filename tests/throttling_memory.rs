@@ -75,7 +75,7 @@ async fn memory_pressure_enters_state_4_shrinks_the_limit_and_recovers_without_l
             tokio::time::Instant::now() < deadline,
             "did not finish in 90 s"
         );
-        if let Some(s) = host.inner().control().snapshot() {
+        if let Some(s) = host.handle().throttling() {
             saw_state_4 |= s.decision.delivery.state == 4;
             max_delay = max_delay.max(s.decision.delivery.delay);
             lowest_limit = lowest_limit.min(s.decision.queue_limits["work"]);
@@ -100,7 +100,7 @@ async fn memory_pressure_enters_state_4_shrinks_the_limit_and_recovers_without_l
         Duration::from_secs(30),
         "state 0 and limit 16 again",
         || {
-            host.inner().control().snapshot().is_some_and(|s| {
+            host.handle().throttling().is_some_and(|s| {
                 s.decision.delivery.state == 0 && s.decision.queue_limits["work"] == 16
             })
         },

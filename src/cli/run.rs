@@ -123,7 +123,7 @@ pub async fn run(path: &Path) -> ExitCode {
         println!("throttlehost running; console: http://{address}/ (also /status and /metrics)");
     }
     manager.ready(service::STARTED);
-    let samples = host.inner().control().subscribe();
+    let samples = host.handle().throttling_samples();
     tokio::spawn(manager.clone().follow(samples));
     let mut failed = false;
     loop {
@@ -138,7 +138,7 @@ pub async fn run(path: &Path) -> ExitCode {
             Some(trigger) = triggers.recv() => {
                 tracing::info!(?trigger, "reloading configuration");
                 manager.reloading();
-                let status = match host.inner().reload() {
+                let status = match host.handle().reload() {
                     Ok(_) => "configuration reloaded".to_owned(),
                     Err(e) => format!("reload refused, running on the previous configuration: {e}"),
                 };

@@ -297,6 +297,7 @@ mod tests {
                 fleet: None,
                 in_flight: 3,
                 peak_in_flight: 8,
+                leads: true,
                 depth,
                 loops: 8,
                 circuit_breaker: "closed",

@@ -119,7 +119,7 @@ pub async fn round(
     gone_after: Duration,
     last: Option<RoundOutcome>,
 ) -> Result<RoundOutcome, TransportError> {
-    let gate = &queue.gate;
+    let gate = &queue.gate();
     // Every place of its share in use: it wants more, whatever a peek would say (and a peek
     // under load costs a statement, or on Babelfish waits behind the receives' locks).
     let share = gate.fleet_share();
@@ -127,8 +127,8 @@ pub async fn round(
     let waiting = match saturated {
         true => true,
         false => {
-            let depth = transport.peek_depth(&queue.name).await?;
-            queue.depth.set(depth);
+            let depth = transport.peek_depth(queue.name()).await?;
+            queue.depth().set(depth);
             depth > 0
         }
     };
@@ -148,7 +148,7 @@ pub async fn round(
     }
     let mut target_now = 0;
     let claim = shares
-        .share_round(&queue.name, me, gone_after, &mut |rows| {
+        .share_round(queue.name(), me, gone_after, &mut |rows| {
             let target = target(fleet_max, me, wanted, rows);
             if target < gate.fleet_share() {
                 gate.set_fleet_share(target);
@@ -202,7 +202,7 @@ pub async fn run_shares(
         let mut failed = None;
         for queue in &queues {
             let Some(fleet_max) = queue.settings().fleet_max else {
-                queue.gate.set_fleet_share(u32::MAX);
+                queue.gate().set_fleet_share(u32::MAX);
                 continue;
             };
             let attempt = async {
@@ -210,7 +210,7 @@ pub async fn run_shares(
                     shares.create_shares().await?;
                     created = true;
                 }
-                let before = last.get(&queue.name).copied();
+                let before = last.get(queue.name()).copied();
                 round(
                     &*transport,
                     shares,
@@ -225,9 +225,9 @@ pub async fn run_shares(
             let outcome = within_cut_off(attempt, &queues, last_success, &config).await;
             match outcome {
                 Ok(done) => {
-                    queue.metrics.fleet_share.set(done.target as f64);
+                    queue.metrics().fleet_share.set(done.target as f64);
                     unsettled |= done.unsettled();
-                    last.insert(queue.name.clone(), done);
+                    last.insert(queue.name().clone(), done);
                 }
                 Err(e) => failed = Some(e),
             }
@@ -285,8 +285,8 @@ async fn within_cut_off(
 /// Closes the gates of every fleet-limited queue (this instance may count as gone soon).
 fn close_gates(queues: &[Arc<QueueRuntime>]) {
     for q in queues.iter().filter(|q| q.settings().fleet_max.is_some()) {
-        q.gate.set_fleet_share(0);
-        q.metrics.fleet_share.set(0.0);
+        q.gate().set_fleet_share(0);
+        q.metrics().fleet_share.set(0.0);
     }
 }
 
@@ -318,7 +318,7 @@ fn close_when_cut_off(
 async fn any_arrival(queues: &[Arc<QueueRuntime>]) {
     let waits: Vec<_> = queues
         .iter()
-        .filter(|q| q.settings().fleet_max.is_some() && q.gate.fleet_share() == 0)
+        .filter(|q| q.settings().fleet_max.is_some() && q.gate().fleet_share() == 0)
         .map(|q| Box::pin(q.share_wanted()))
         .collect();
     match waits.is_empty() {
@@ -337,7 +337,7 @@ async fn give_back(shares: &dyn FleetShares, queues: &[Arc<QueueRuntime>], me: U
         .iter()
         .filter(|q| q.settings().fleet_max.is_some())
         .collect();
-    while limited.iter().any(|q| q.gate.in_flight() > 0) {
+    while limited.iter().any(|q| q.gate().in_flight() > 0) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     if let Err(e) = shares.drop_shares(me).await {

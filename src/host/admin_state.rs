@@ -33,7 +33,7 @@ impl AdminState for HostInner {
             .queues()
             .iter()
             .filter(|q| !q.receiver_alive())
-            .map(|q| q.name.as_str())
+            .map(|q| q.name().as_str())
             .collect();
         if !stopped.is_empty() {
             return Some(format!(
@@ -44,8 +44,8 @@ impl AdminState for HostInner {
         let open: Vec<&str> = self
             .queues()
             .iter()
-            .filter(|q| q.breaker.is_triggered())
-            .map(|q| q.name.as_str())
+            .filter(|q| q.breaker().is_triggered())
+            .map(|q| q.name().as_str())
             .collect();
         (!open.is_empty()).then(|| {
             format!(

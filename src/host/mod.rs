@@ -13,6 +13,7 @@
 //! ```
 
 mod admin_state;
+mod handle;
 mod overrides;
 mod probe;
 mod status;
@@ -35,6 +36,7 @@ pub use crate::status::{
     DirectionStatus, FleetShareStatus, HostStatus, OverrideScope, QueueStatus, ResourceStatus,
     ThrottlingStatus,
 };
+pub use handle::HostHandle;
 
 use crate::config::{Config, HandlerConfig, TransportKind};
 use crate::depth::DepthCell;
@@ -196,19 +198,25 @@ impl HostBuilder {
         let instance = config.host.effective_instance_id();
         metrics.host_info(&config.host.name, &instance, &transport.describe());
         let identity = HostIdentity::new(&config.host.name, &instance);
-        let (throttle, publisher, dispatcher) =
-            message_path(&config, &transport, &metrics, identity, self.observer);
-
         let QueuePlan {
             queues,
+            handlers,
             to_create,
             error_queues,
             simulated,
         } = plan_queues(&config, &self.handlers, &metrics, &instance)?;
+        let (throttle, publisher, dispatcher) = message_path(
+            &config,
+            &transport,
+            &metrics,
+            identity,
+            handlers,
+            self.observer,
+        );
 
         prepare_transport(&config, transport.as_ref(), &to_create, &queues).await?;
         transport.report_conflicts_to(Arc::new(ConflictCounters::of(&queues)));
-        let names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
+        let names: Vec<QueueName> = queues.iter().map(|q| q.name().clone()).collect();
         transport.wake_on_arrival(&names, Arc::new(ArrivalWakes::of(&queues)));
 
         let mut sensor = self.sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
@@ -314,6 +322,8 @@ fn check_memory_threshold(
 struct QueuePlan {
     /// One runtime per receiving queue (an instance queue is a queue of its own).
     queues: Vec<Arc<QueueRuntime>>,
+    /// The handler of each receiving queue (an instance queue shares its queue's).
+    handlers: HashMap<QueueName, Arc<dyn Handler>>,
     /// Input, instance, error and forward queues, to create at start (each once).
     to_create: Vec<QueueName>,
     /// The error queues, whose depth counts as database size only when configured.
@@ -332,6 +342,7 @@ fn plan_queues(
 ) -> Result<QueuePlan, HostError> {
     let mode = config.transport.transaction_mode;
     let mut queues = Vec::new();
+    let mut handlers = HashMap::new();
     let mut simulated = Vec::new();
     let mut to_create: Vec<QueueName> = Vec::new();
     let mut error_queues = HashSet::new();
@@ -374,7 +385,6 @@ fn plan_queues(
                 error_depths.entry(error_queue.clone()).or_default().clone(),
                 qc.concurrency.model,
                 settings,
-                handler.clone(),
                 metrics.queue(queue_name.as_str()),
             )
             .with_delayed_home(
@@ -387,6 +397,7 @@ fn plan_queues(
                 false => runtime,
             };
             queues.push(Arc::new(runtime));
+            handlers.insert(queue_name.clone(), handler.clone());
             if let Some(sim) = &simulate {
                 simulated.push((queue_name.clone(), sim.clone()));
             }
@@ -397,6 +408,7 @@ fn plan_queues(
     to_create.dedup();
     Ok(QueuePlan {
         queues,
+        handlers,
         to_create,
         error_queues,
         simulated,
@@ -413,8 +425,11 @@ impl ConflictCounters {
             queues
                 .iter()
                 .map(|q| {
-                    let counters = (q.metrics.lock_timeouts.clone(), q.metrics.deadlocks.clone());
-                    (q.name.clone(), counters)
+                    let counters = (
+                        q.metrics().lock_timeouts.clone(),
+                        q.metrics().deadlocks.clone(),
+                    );
+                    (q.name().clone(), counters)
                 })
                 .collect(),
         )
@@ -443,7 +458,7 @@ impl ArrivalWakes {
         ArrivalWakes(
             queues
                 .iter()
-                .map(|q| (q.name.clone(), Arc::downgrade(q)))
+                .map(|q| (q.name().clone(), Arc::downgrade(q)))
                 .collect(),
         )
     }
@@ -466,7 +481,7 @@ fn known_queues(
     metrics: &Metrics,
 ) -> HashSet<QueueName> {
     let mut known: HashSet<QueueName> = to_create.into_iter().collect();
-    known.extend(queues.iter().map(|q| q.name.clone()));
+    known.extend(queues.iter().map(|q| q.name().clone()));
     for queue in &known {
         let _registered = metrics.published(queue.as_str());
     }
@@ -574,7 +589,7 @@ async fn prepare_transport(
     to_create: &[QueueName],
     queues: &[Arc<QueueRuntime>],
 ) -> Result<(), HostError> {
-    let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name.clone()).collect();
+    let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name().clone()).collect();
     check_abilities(config, transport)?;
     // Before anything is created: a start that is refused leaves no tables behind.
     let server_warnings = transport.server_checks().await?;
@@ -645,6 +660,7 @@ fn message_path(
     transport: &Arc<dyn Transport>,
     metrics: &Metrics,
     identity: HostIdentity,
+    handlers: HashMap<QueueName, Arc<dyn Handler>>,
     observer: Option<Arc<dyn DispatchObserver>>,
 ) -> (Arc<Throttle>, Arc<Publisher>, Arc<Dispatcher>) {
     let host_metrics = metrics.host();
@@ -662,6 +678,7 @@ fn message_path(
         throttle.clone(),
         config.transport.transaction_mode,
         identity,
+        handlers,
         observer,
     ));
     (throttle, publisher, dispatcher)
@@ -685,20 +702,20 @@ fn start_receiving(
     });
     for q in queues {
         // The publisher counts this host's sends into the queue's depth between reads.
-        publisher.track_depth(&q.name, q.depth.clone());
+        publisher.track_depth(q.name(), q.depth().clone());
         receive::start(q.clone(), receive_ctx.clone());
         if moves_delayed(q, transport.as_ref()) {
             let of = crate::delayed::MoverOf {
-                queue: q.name.clone(),
-                batch: q.delayed_batch,
-                metrics: q.metrics.clone(),
-                waiting: q.delayed_waiting.clone(),
-                polls: q.leads.clone(),
+                queue: q.name().clone(),
+                batch: q.delayed_batch(),
+                metrics: q.metrics().clone(),
+                waiting: q.delayed_waiting().clone(),
+                polls: q.lead_flag().clone(),
             };
             receive_ctx.tasks.spawn(crate::delayed::run_mover(
                 transport.clone(),
                 of,
-                publisher.schedule().wake(&q.name),
+                publisher.schedule().wake(q.name()),
                 receive_ctx.stop.clone(),
             ));
         }
@@ -709,7 +726,7 @@ fn start_receiving(
 /// Whether a host runs a mover for `q`'s delayed table: its own table (not an instance
 /// queue's), with delayed delivery on and a transport that has it.
 fn moves_delayed(q: &QueueRuntime, transport: &dyn Transport) -> bool {
-    q.delayed_home.as_ref() == Some(&q.name) && transport.delayed_delivery().is_some()
+    q.delayed_home() == Some(q.name()) && transport.delayed_delivery().is_some()
 }
 
 /// The throttling service of a running host.
@@ -837,9 +854,9 @@ fn start_census(inner: &Arc<HostInner>) {
     };
     for q in &inner.queues {
         plan.error_queues
-            .entry(q.error_queue.clone())
+            .entry(q.error_queue().clone())
             .or_default()
-            .push(q.name.clone());
+            .push(q.name().clone());
     }
     for queue in plan.error_queues.keys() {
         // At 0 before an operator's first retry or delete, so rate() has a series.
@@ -858,7 +875,7 @@ fn start_census(inner: &Arc<HostInner>) {
 }
 
 /// The parts of a running host that the admin endpoint and the host handle share.
-pub struct HostInner {
+pub(crate) struct HostInner {
     config: ArcSwap<Config>,
     config_path: Option<PathBuf>,
     instance: String,
@@ -937,7 +954,7 @@ impl HostInner {
 
     /// A receiving queue by name.
     pub fn queue(&self, name: &str) -> Option<&Arc<QueueRuntime>> {
-        self.queues.iter().find(|q| q.name.as_str() == name)
+        self.queues.iter().find(|q| q.name().as_str() == name)
     }
 
     /// Queues this host receives from, sends errors to or forwards to: what ingest accepts.
@@ -958,11 +975,6 @@ impl HostInner {
     /// The status document served at `/status`.
     pub fn status(&self) -> HostStatus {
         status::build(self)
-    }
-
-    /// This process's id in the instance registry.
-    pub fn process_id(&self) -> uuid::Uuid {
-        self.process_id
     }
 
     /// Every instance on this host's database, as `/fleet` shows it. Err: the registry is off
@@ -1063,7 +1075,7 @@ impl HostInner {
     ) {
         let Some((orders, rows)) = heard else {
             for q in &self.queues {
-                q.leads.store(true, std::sync::atomic::Ordering::Relaxed);
+                q.set_leads(true);
             }
             return;
         };
@@ -1072,7 +1084,7 @@ impl HostInner {
             .queues
             .iter()
             .map(|q| crate::fleet::lead::Mine {
-                queue: q.name.as_str(),
+                queue: q.name().as_str(),
                 moves_delayed: self.moves_delayed(q),
             })
             .collect();
@@ -1080,13 +1092,11 @@ impl HostInner {
         let leads = crate::fleet::lead::leads(self.process_id, &mine, &rows, gone_after);
         for (q, lead) in self.queues.iter().zip(leads) {
             match lead {
-                crate::fleet::lead::Lead::Here => {
-                    q.leads.store(true, std::sync::atomic::Ordering::Relaxed)
-                }
+                crate::fleet::lead::Lead::Here => q.set_leads(true),
                 crate::fleet::lead::Lead::Elsewhere { depth } => {
-                    q.leads.store(false, std::sync::atomic::Ordering::Relaxed);
+                    q.set_leads(false);
                     if let Some(depth) = depth {
-                        q.depth.set(depth);
+                        q.depth().set(depth);
                     }
                 }
             }
@@ -1142,16 +1152,16 @@ impl HostInner {
             let instance_queue = format!("{}.{}", qc.name, self.instance);
             let mode = new.transport.transaction_mode;
             for q in self.queues.iter() {
-                let settings = if q.name.as_str() == qc.name {
+                let settings = if q.name().as_str() == qc.name {
                     QueueSettings::from_config(qc, qc.concurrency.max, mode)
-                } else if qc.instance_queue.enabled && q.name.as_str() == instance_queue {
+                } else if qc.instance_queue.enabled && q.name().as_str() == instance_queue {
                     QueueSettings::from_config(qc, qc.instance_queue.max_concurrency, mode)
                         .local_only()
                 } else {
                     continue;
                 };
                 q.reconfigure(settings);
-                let sim = self.simulated.iter().find(|(name, _)| *name == q.name);
+                let sim = self.simulated.iter().find(|(name, _)| name == q.name());
                 match (&qc.handler, sim.map(|(_, sim)| sim)) {
                     (Some(HandlerConfig::Simulate(knobs)), Some(sim)) => {
                         sim.set_knobs(knobs.clone())
@@ -1229,9 +1239,15 @@ impl Host {
         HostBuilder::new(config).start().await
     }
 
-    /// The shared parts (status, publisher, control, reload).
-    pub fn inner(&self) -> &Arc<HostInner> {
+    /// The shared parts, for the crate's own tools (the load runner, `run`).
+    pub(crate) fn inner(&self) -> &Arc<HostInner> {
         &self.inner
+    }
+
+    /// A handle to this host that tasks and threads can keep: send, reload, override, and
+    /// read its status, throttling and metrics.
+    pub fn handle(&self) -> HostHandle {
+        HostHandle::new(self.inner.clone())
     }
 
     /// The admin endpoint's address, if it listens.
@@ -1241,9 +1257,7 @@ impl Host {
 
     /// Sends a message through the throttled publish path.
     pub async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), TransportError> {
-        let queue = QueueName::new(queue)?;
-        let message = message.sent_by(self.inner.origin());
-        self.inner.publisher.send(&queue, &message).await
+        self.handle().send(queue, message).await
     }
 
     /// Resolves if the throttling controller stops while the host runs (it panicked): the

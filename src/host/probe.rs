@@ -49,7 +49,7 @@ impl HostAdapter {
     /// Whether `q`'s held keys are due for a read (and, if so, counts it as read now).
     fn held_due(&self, q: &QueueRuntime) -> bool {
         if !q
-            .ordering
+            .ordering()
             .as_ref()
             .is_some_and(|o| o.failed_key == FailedKey::Hold)
         {
@@ -57,10 +57,10 @@ impl HostAdapter {
         }
         let now = std::time::Instant::now();
         let mut read_at = self.held_read_at.lock().unwrap_or_else(|e| e.into_inner());
-        match read_at.get(&q.name) {
+        match read_at.get(q.name()) {
             Some(at) if now.duration_since(*at) < HELD_READ_INTERVAL => false,
             _ => {
-                read_at.insert(q.name.clone(), now);
+                read_at.insert(q.name().clone(), now);
                 true
             }
         }
@@ -164,24 +164,15 @@ impl HostProbe for HostAdapter {
         let is_stale = |cell: &DepthCell| cell.age().is_none_or(|a| a >= max_age);
         let mut stale = Vec::new();
         let mut total = 0u64;
-        let receiving: HashSet<&QueueName> = self.queues.iter().map(|q| &q.name).collect();
-        for q in self.queues.iter().filter(|q| self.counts(&q.name)) {
-            // Delayed messages will join the queue: they count, as their mover last read them.
-            total += q.depth.get() + q.delayed_waiting.load(std::sync::atomic::Ordering::Relaxed);
+        let receiving: HashSet<&QueueName> = self.queues.iter().map(|q| q.name()).collect();
+        for q in self.queues.iter().filter(|q| self.counts(q.name())) {
+            total += q.stored();
             // Far from the threshold, a queue another instance leads takes that instance's
             // reading with each heartbeat instead of a peek of its own.
-            let read_here = max_age.is_zero() || q.leads.load(std::sync::atomic::Ordering::Relaxed);
-            if (is_stale(&q.depth) && read_here) | self.held_due(q) {
-                let mut read = StaleDepth::new(q.name.clone(), q.depth.clone(), false);
-                read.waiting = q
-                    .ordering
-                    .as_ref()
-                    .map(|_| q.metrics.ordered_waiting.clone());
-                read.held = q
-                    .ordering
-                    .as_ref()
-                    .filter(|o| o.failed_key == FailedKey::Hold)
-                    .map(|_| q.metrics.ordered_held_keys.clone());
+            let read_here = max_age.is_zero() || q.leads();
+            if (is_stale(q.depth()) && read_here) | self.held_due(q) {
+                let mut read = StaleDepth::new(q.name().clone(), q.depth().clone(), false);
+                (read.waiting, read.held) = q.ordered_gauges();
                 stale.push(read);
             }
         }
@@ -189,11 +180,14 @@ impl HostProbe for HostAdapter {
         // moves, which keep the cell current, or by other hosts'). Queues sharing an error
         // queue share its cell: it is read once.
         for q in &self.queues {
-            let due = q.error_depth.age().is_none_or(|a| a >= ERROR_DEPTH_MAX_AGE);
-            if due && !stale.iter().any(|s| Arc::ptr_eq(&s.cell, &q.error_depth)) {
+            let due = q
+                .error_depth()
+                .age()
+                .is_none_or(|a| a >= ERROR_DEPTH_MAX_AGE);
+            if due && !stale.iter().any(|s| Arc::ptr_eq(&s.cell, q.error_depth())) {
                 stale.push(StaleDepth::new(
-                    q.error_queue.clone(),
-                    q.error_depth.clone(),
+                    q.error_queue().clone(),
+                    q.error_depth().clone(),
                     true,
                 ));
             }
@@ -217,13 +211,13 @@ impl HostProbe for HostAdapter {
     }
 
     fn downstream(&self) -> DownstreamGuards {
-        downstream_guards(self.queues.iter().map(|q| q.downstream.reading()))
+        downstream_guards(self.queues.iter().map(|q| q.downstream().reading()))
     }
 }
 
 impl LimitSink for HostAdapter {
     fn set_limit(&self, queue: &str, limit: u32) {
-        if let Some(q) = self.queues.iter().find(|q| q.name.as_str() == queue) {
+        if let Some(q) = self.queues.iter().find(|q| q.name().as_str() == queue) {
             q.set_throttling_limit(limit);
         }
     }

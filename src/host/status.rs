@@ -114,26 +114,27 @@ fn resource_statuses(d: &Decision, resume_ratio: f64) -> Vec<ResourceStatus> {
 /// One receiving queue as `/status` shows it.
 fn queue_status(q: &QueueRuntime) -> QueueStatus {
     let settings = q.settings();
-    let (succeeded_total, failed_total) = q.outcomes.totals();
+    let (succeeded_total, failed_total) = q.outcome_totals();
     QueueStatus {
-        name: q.name.to_string(),
-        model: q.model,
+        name: q.name().to_string(),
+        model: q.model(),
         max: settings.max,
-        limit: q.gate.effective(),
+        limit: q.gate().effective(),
         fleet: settings.fleet_max.map(|fleet_max| FleetShareStatus {
             fleet_max,
-            share: q.gate.fleet_share().min(fleet_max),
+            share: q.gate().fleet_share().min(fleet_max),
         }),
-        in_flight: q.gate.in_flight(),
-        peak_in_flight: q.gate.peak(),
-        depth: q.depth.get(),
+        in_flight: q.gate().in_flight(),
+        peak_in_flight: q.gate().peak(),
+        depth: q.depth().get(),
         loops: q.loops(),
-        circuit_breaker: q.breaker.describe(),
-        error_queue: q.error_queue.to_string(),
-        error_queue_depth: q.error_depth.get(),
+        leads: q.leads(),
+        circuit_breaker: q.breaker().describe(),
+        error_queue: q.error_queue().to_string(),
+        error_queue_depth: q.error_depth().get(),
         succeeded_total,
         failed_total,
-        downstream: q.downstream.reading(),
+        downstream: q.downstream().reading(),
     }
 }
 
@@ -163,14 +164,14 @@ pub(super) fn fleet_summary(host: &HostInner) -> serde_json::Value {
     let queues: serde_json::Map<String, serde_json::Value> = host
         .queues
         .iter()
-        .map(|q| (q.name.to_string(), q.depth.get().into()))
+        .map(|q| (q.name().to_string(), q.depth().get().into()))
         .collect();
     // The queues whose delayed tables this host moves: only those lead a queue (`fleet::lead`).
     let moves_delayed: Vec<String> = host
         .queues
         .iter()
         .filter(|q| host.moves_delayed(q))
-        .map(|q| q.name.to_string())
+        .map(|q| q.name().to_string())
         .collect();
     serde_json::json!({
         "in_process": host.in_process(),

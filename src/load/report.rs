@@ -672,7 +672,7 @@ fn condition_text(c: &ConditionStatus) -> String {
 }
 
 /// The demo's live table.
-pub fn table(
+pub(crate) fn table(
     host: &HostInner,
     sample: &Sample,
     phase: &str,
@@ -730,16 +730,16 @@ pub fn table(
         "queue", "model", "max", "limit", "in-flight", "depth"
     );
     for q in host.queues() {
-        let model = format!("{:?}", q.model).to_lowercase();
+        let model = format!("{:?}", q.model()).to_lowercase();
         let _ = writeln!(
             out,
             "  {:<24}{:<9}{:>5}{:>7}{:>11}{:>8}",
-            q.name.as_str(),
+            q.name().as_str(),
             model,
             q.settings().max,
-            q.gate.effective(),
-            q.gate.in_flight(),
-            q.depth.get()
+            q.gate().effective(),
+            q.gate().in_flight(),
+            q.depth().get()
         );
     }
     let threshold = |t: Option<u64>, bytes: bool| match t {

@@ -1184,16 +1184,16 @@ async fn settle(
 }
 
 async fn drained(host: &HostInner) -> bool {
-    if host.in_process() > 0 || host.queues().iter().any(|q| q.gate.in_flight() > 0) {
+    if host.in_process() > 0 || host.queues().iter().any(|q| q.gate().in_flight() > 0) {
         return false;
     }
     for q in host.queues() {
-        match host.transport().peek_depth(&q.name).await {
+        match host.transport().peek_depth(q.name()).await {
             Ok(0) => {}
             _ => return false,
         }
         // Delayed retries still waiting will come back: not drained yet.
-        if delayed_waiting(host.transport().as_ref(), &q.name).await > 0 {
+        if delayed_waiting(host.transport().as_ref(), q.name()).await > 0 {
             return false;
         }
     }

@@ -53,11 +53,6 @@ impl ConcurrencyGate {
         }
     }
 
-    /// The configured maximum.
-    pub fn max(&self) -> u32 {
-        self.lock_sizes().max
-    }
-
     /// The limit this instance sets itself, without its fleet share: `min(max, limit, guard)`
     /// (what it would take of a fleet-wide limit if the others let it).
     pub fn local_limit(&self) -> u32 {
@@ -72,11 +67,6 @@ impl ConcurrencyGate {
     /// Permits held now.
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
-    }
-
-    /// Permits that could be taken now without waiting.
-    pub fn free(&self) -> u32 {
-        self.effective().saturating_sub(self.in_flight())
     }
 
     /// Most permits ever held at once (for tests and load reports).

@@ -1,7 +1,11 @@
 //! One receiving queue's state, shared by its receiver (which takes messages off it), the
 //! dispatcher (which handles them and counts their failures) and the throttling probe (which
 //! reads its load and sets its limit): settings that reload, the concurrency gate, the circuit
-//! breaker, the depth and the failure memory. It depends on none of them.
+//! breaker, the depth and the failure memory. It depends on none of them, and holds no
+//! handler (the dispatcher keeps those). Every field is private: its users reach it through
+//! what they do with it (count an event, remember a failure, start a loop) or, for the parts
+//! with intent methods of their own (the gate, the depth, the breaker, the downstream guards),
+//! through an accessor.
 
 pub mod breaker;
 pub mod downstream;
@@ -20,11 +24,10 @@ pub use self::breaker::CircuitBreaker;
 pub use self::downstream::{DownstreamGuard, DownstreamReading};
 pub use self::gate::ConcurrencyGate;
 use crate::config::{
-    ConcurrencyModel, LatencyLimitConfig, OrderingConfig, OutageConfig, QueueConfig,
+    ConcurrencyModel, FailedKey, LatencyLimitConfig, OrderingConfig, OutageConfig, QueueConfig,
     TransactionMode,
 };
 pub use crate::depth::DepthCell;
-use crate::handlers::Handler;
 use crate::metrics::QueueMetrics;
 use crate::names::QueueName;
 use crate::throttling::controller::QueueLoad;
@@ -160,51 +163,49 @@ impl QueueSettings {
 /// Everything about one receiving queue.
 pub struct QueueRuntime {
     /// The queue.
-    pub name: QueueName,
+    name: QueueName,
     /// Where failed and poison messages go.
-    pub error_queue: QueueName,
+    error_queue: QueueName,
     /// Its concurrency model (changing it needs a restart).
-    pub model: ConcurrencyModel,
+    model: ConcurrencyModel,
     settings: ArcSwap<QueueSettings>,
     /// The concurrency gate (max and throttling limit).
-    pub gate: Arc<ConcurrencyGate>,
+    gate: Arc<ConcurrencyGate>,
     /// Receive loops (fixed, adaptive) or peekers (monitor) running.
-    pub loops: AtomicU32,
+    loops: AtomicU32,
     /// Last known depth (shared with the throttling probe, which refreshes it when stale).
-    pub depth: Arc<DepthCell>,
+    depth: Arc<DepthCell>,
     /// The error queue's last known depth, shared by the queues that use that error queue:
     /// this host's moves keep it current, the throttling probe reads it again every
     /// [`ERROR_DEPTH_MAX_AGE`].
-    pub error_depth: Arc<DepthCell>,
+    error_depth: Arc<DepthCell>,
     /// Messages that left the queue, by outcome.
-    pub outcomes: OutcomeCounts,
+    outcomes: OutcomeCounts,
     /// Metric handles.
-    pub metrics: QueueMetrics,
+    metrics: QueueMetrics,
     /// How receives keep order (per key, stages); None for an unordered queue. Fixed at
     /// start: the transport's receive statements are built from it.
-    pub ordering: Option<OrderingConfig>,
-    /// The handler.
-    pub handler: Arc<dyn Handler>,
+    ordering: Option<OrderingConfig>,
     /// Transport-error circuit breaker.
-    pub breaker: CircuitBreaker,
+    breaker: CircuitBreaker,
     /// Failure counts per message id.
-    pub failures: FailureMemory,
+    failures: FailureMemory,
     /// Receives still to take one message each after a batch failed to commit.
-    pub single_receives: SingleReceives,
+    single_receives: SingleReceives,
     /// Outage mode and the latency-aware limit.
-    pub downstream: DownstreamGuard,
+    downstream: DownstreamGuard,
     /// The queue whose delayed table holds this queue's delayed retries (itself, or the queue
     /// an instance queue belongs to); None when delayed delivery is off for it.
-    pub delayed_home: Option<QueueName>,
+    delayed_home: Option<QueueName>,
     /// Due messages the mover of this queue's delayed table moves per transaction.
-    pub delayed_batch: u32,
+    delayed_batch: u32,
     /// Messages in this queue's delayed table, as its mover last read them (they count in the
     /// database size: they will join the queue).
-    pub delayed_waiting: Arc<AtomicU64>,
+    delayed_waiting: Arc<AtomicU64>,
     /// This instance does the queue's background reading: its delayed mover polls and its
     /// depth is read for database size (true unless another instance leads it, see
     /// `fleet::lead`).
-    pub leads: Arc<AtomicBool>,
+    leads: Arc<AtomicBool>,
     reconfigured: Notify,
     arrivals: Notify,
     share_wanted: Notify,
@@ -221,7 +222,6 @@ impl QueueRuntime {
         error_depth: Arc<DepthCell>,
         model: ConcurrencyModel,
         settings: QueueSettings,
-        handler: Arc<dyn Handler>,
         metrics: QueueMetrics,
     ) -> Self {
         metrics.concurrency_max.set(settings.max as f64);
@@ -253,7 +253,6 @@ impl QueueRuntime {
             outcomes: OutcomeCounts::default(),
             metrics,
             ordering: None,
-            handler,
             failures: FailureMemory::default(),
             single_receives: SingleReceives::default(),
             reconfigured: Notify::new(),
@@ -275,6 +274,183 @@ impl QueueRuntime {
         self.delayed_home = home;
         self.delayed_batch = batch;
         self
+    }
+
+    /// The queue.
+    pub fn name(&self) -> &QueueName {
+        &self.name
+    }
+
+    /// Where its failed and poison messages go.
+    pub fn error_queue(&self) -> &QueueName {
+        &self.error_queue
+    }
+
+    /// Its concurrency model (changing it needs a restart).
+    pub fn model(&self) -> ConcurrencyModel {
+        self.model
+    }
+
+    /// How its receives keep order; None for an unordered queue.
+    pub fn ordering(&self) -> Option<&OrderingConfig> {
+        self.ordering.as_ref()
+    }
+
+    /// The queue whose delayed table holds its delayed retries; None when delayed delivery is
+    /// off for it.
+    pub fn delayed_home(&self) -> Option<&QueueName> {
+        self.delayed_home.as_ref()
+    }
+
+    /// Due messages its delayed table's mover moves per transaction.
+    pub(crate) fn delayed_batch(&self) -> u32 {
+        self.delayed_batch
+    }
+
+    /// The count of messages waiting in its delayed table, which its mover keeps.
+    pub(crate) fn delayed_waiting(&self) -> &Arc<AtomicU64> {
+        &self.delayed_waiting
+    }
+
+    /// The concurrency gate (max, throttling, guard and fleet limits).
+    pub(crate) fn gate(&self) -> &Arc<ConcurrencyGate> {
+        &self.gate
+    }
+
+    /// The last known depth.
+    pub(crate) fn depth(&self) -> &Arc<DepthCell> {
+        &self.depth
+    }
+
+    /// The error queue's last known depth (shared by the queues that use that error queue).
+    pub(crate) fn error_depth(&self) -> &Arc<DepthCell> {
+        &self.error_depth
+    }
+
+    /// The transport-error circuit breaker.
+    pub(crate) fn breaker(&self) -> &CircuitBreaker {
+        &self.breaker
+    }
+
+    /// Outage mode and the latency-aware limit.
+    pub(crate) fn downstream(&self) -> &DownstreamGuard {
+        &self.downstream
+    }
+
+    /// Receives still to take one message each after a batch failed to commit.
+    pub(crate) fn single_receives(&self) -> &SingleReceives {
+        &self.single_receives
+    }
+
+    /// The queue's metric handles.
+    pub(crate) fn metrics(&self) -> &QueueMetrics {
+        &self.metrics
+    }
+
+    /// Messages this queue holds in the database: its depth and those in its delayed table,
+    /// as its mover last read them (they will join the queue).
+    pub(crate) fn stored(&self) -> u64 {
+        self.depth.get() + self.delayed_waiting.load(Ordering::Relaxed)
+    }
+
+    /// The gauges a read of an ordered queue's depth also sets: messages waiting behind a key
+    /// in flight, and the keys held after a failure (None where they do not apply).
+    pub(crate) fn ordered_gauges(&self) -> (Option<metrics::Gauge>, Option<metrics::Gauge>) {
+        let ordering = self.ordering.as_ref();
+        let waiting = ordering.map(|_| self.metrics.ordered_waiting.clone());
+        let held = ordering
+            .filter(|o| o.failed_key == FailedKey::Hold)
+            .map(|_| self.metrics.ordered_held_keys.clone());
+        (waiting, held)
+    }
+
+    /// (succeeded, failed) messages since start.
+    pub fn outcome_totals(&self) -> (u64, u64) {
+        self.outcomes.totals()
+    }
+
+    /// Counts one event of a message of this queue.
+    pub(crate) fn count(&self, event: QueueEvent) {
+        let m = &self.metrics;
+        let counter = match event {
+            QueueEvent::Received => &m.received,
+            QueueEvent::Succeeded => &m.success,
+            QueueEvent::Retried => &m.retry,
+            QueueEvent::DelayedRetry => &m.delayed_retry,
+            QueueEvent::Forwarded => &m.forwarded,
+            QueueEvent::Failed => &m.error,
+            QueueEvent::Expired => &m.expired,
+            QueueEvent::Poison => &m.poison,
+        };
+        counter.increment(1);
+    }
+
+    /// Records how long one handler attempt took.
+    pub(crate) fn handler_took(&self, took: Duration) {
+        self.metrics.handler_duration.record(took.as_secs_f64());
+    }
+
+    /// Failed attempts remembered for message `id`.
+    pub(crate) fn failed_attempts(&self, id: Uuid) -> u32 {
+        self.failures.attempts(id)
+    }
+
+    /// Remembers that message `id` has failed `attempts` times.
+    pub(crate) fn remember_failed_attempts(&self, id: Uuid, attempts: u32) {
+        self.failures.record(id, attempts);
+    }
+
+    /// Forgets message `id`'s failures (it succeeded or left the queue).
+    pub(crate) fn forget_failed_attempts(&self, id: Uuid) {
+        self.failures.forget(id);
+    }
+
+    /// A receive loop (or the peeker) started.
+    pub(crate) fn loop_started(&self) {
+        self.loops.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Receive loops (or the peeker) now running: `n`.
+    pub(crate) fn set_loops(&self, n: u32) {
+        self.loops.store(n, Ordering::Relaxed);
+    }
+
+    /// One more receive loop, if fewer than `limit` run (adaptive ramp-up); true if added.
+    pub(crate) fn add_loop_below(&self, limit: u32) -> bool {
+        self.loops
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// One receive loop fewer, unless it is the last (adaptive ramp-down); true if removed.
+    pub(crate) fn remove_loop_but_last(&self) -> bool {
+        self.loops
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n > 1).then_some(n - 1)
+            })
+            .is_ok()
+    }
+
+    /// A receive loop (or the peeker) ended.
+    pub(crate) fn loop_ended(&self) {
+        self.loops.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Whether this instance does the queue's background reading (see `fleet::lead`).
+    pub fn leads(&self) -> bool {
+        self.leads.load(Ordering::Relaxed)
+    }
+
+    /// This instance does (or no longer does) the queue's background reading.
+    pub(crate) fn set_leads(&self, leads: bool) {
+        self.leads.store(leads, Ordering::Relaxed);
+    }
+
+    /// The lead flag, for the delayed mover, which polls only while it is set.
+    pub(crate) fn lead_flag(&self) -> &Arc<AtomicBool> {
+        &self.leads
     }
 
     /// Applies the downstream guards' limit to the gate (after an attempt changed it).
@@ -456,6 +632,27 @@ impl QueueRuntime {
             m.latency_baseline.set(d.latency_mean);
         }
     }
+}
+
+/// What happened to one message of a queue, for its counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueEvent {
+    /// Taken from the queue for a handler.
+    Received,
+    /// Its handler succeeded and the receive committed.
+    Succeeded,
+    /// An attempt failed; another follows at once.
+    Retried,
+    /// Stored in a delayed table for a later attempt.
+    DelayedRetry,
+    /// Sent on from a delayed table to another queue.
+    Forwarded,
+    /// Moved to the error queue after its retries.
+    Failed,
+    /// Dropped: its time to be received had passed.
+    Expired,
+    /// Its row could not be read; moved to the error queue as it was.
+    Poison,
 }
 
 /// How a message left its queue (reported after the commit succeeded).

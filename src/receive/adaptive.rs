@@ -7,7 +7,6 @@
 //! queue is empty, polls with a peek and back-off up to `peek_interval`.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::{Backoff, IdlePolling, QueueRuntime, ReceiveContext, Turn, idle_pause, pause, turn};
 
@@ -24,7 +23,7 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
         ctx,
         idle: IdlePolling::new(),
     });
-    adaptive.q.loops.store(1, Ordering::Relaxed);
+    adaptive.q.set_loops(1);
     receive_loop(adaptive).await;
 }
 
@@ -35,14 +34,8 @@ impl Adaptive {
         let limit = self
             .q
             .settings()
-            .receivers_for(self.q.gate.effective(), open);
-        let grew = self
-            .q
-            .loops
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .is_ok();
+            .receivers_for(self.q.gate().effective(), open);
+        let grew = self.q.add_loop_below(limit);
         if grew {
             self.ctx.tasks.spawn(receive_loop(self.clone()));
         }
@@ -51,12 +44,7 @@ impl Adaptive {
 
     /// Removes this loop unless it is the last; true if it should exit.
     fn ramp_down(&self) -> bool {
-        self.q
-            .loops
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (n > 1).then_some(n - 1)
-            })
-            .is_ok()
+        self.q.remove_loop_but_last()
     }
 }
 
@@ -104,5 +92,5 @@ async fn receive_loop(a: Arc<Adaptive>) {
             break;
         }
     }
-    q.loops.fetch_sub(1, Ordering::Relaxed);
+    q.loop_ended();
 }

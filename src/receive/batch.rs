@@ -29,12 +29,12 @@ pub(crate) async fn receive_some(
     ctx: &Arc<ReceiveContext>,
 ) -> ReceiveOutcome {
     let want = q.settings().receive_batch as usize;
-    if want <= 1 || q.single_receives.take_one() {
+    if want <= 1 || q.single_receives().take_one() {
         return super::receive(q, ctx).await;
     }
     let mut permits = Vec::new();
     while permits.len() + 1 < want {
-        let Some(permit) = q.gate.try_acquire() else {
+        let Some(permit) = q.gate().try_acquire() else {
             break;
         };
         if !ctx.throttle.delivery.try_admit() {
@@ -50,7 +50,7 @@ pub(crate) async fn receive_some(
         drop(permits);
         return super::receive(q, ctx).await;
     };
-    let mut batch = match batches.receive_batch(&q.name, permits.len() + 1).await {
+    let mut batch = match batches.receive_batch(q.name(), permits.len() + 1).await {
         Ok(batch) => batch,
         Err(e) => return account(q, Err(e)),
     };
@@ -62,7 +62,8 @@ pub(crate) async fn receive_some(
     for (received, permit) in batch.into_iter().zip(permits) {
         let received = watched(received, &ended, q);
         let (q, ctx) = (q.clone(), ctx.clone());
-        q.metrics.receive_message.increment(1);
+        // Each message of the batch counts as a receive that returned one.
+        q.observe_receive(Ok(true));
         ctx.tasks.clone().spawn(async move {
             let _permit: Permit = permit;
             process(&q, &ctx, received, || {}).await;
@@ -116,8 +117,8 @@ impl Received for Watched {
         let result = self.inner.commit().await;
         if result.is_err() && !self.ended.0.swap(true, Ordering::AcqRel) {
             let singles = self.q.settings().receive_batch.saturating_mul(2);
-            self.q.single_receives.set(singles);
-            tracing::warn!(queue = %self.q.name, singles,
+            self.q.single_receives().set(singles);
+            tracing::warn!(queue = %self.q.name(), singles,
                 "a batch could not commit and returned to the queue; receiving one message at a time for a while");
         }
         result

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::task::JoinHandle;
 
@@ -23,7 +22,7 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
         loops.retain(|_, h| !h.is_finished());
         for index in 0..q.settings().max {
             loops.entry(index).or_insert_with(|| {
-                q.loops.fetch_add(1, Ordering::Relaxed);
+                q.loop_started();
                 ctx.tasks
                     .spawn(receive_loop(index, q.clone(), ctx.clone(), idle.clone()))
             });
@@ -58,7 +57,7 @@ async fn receive_loop(
             break;
         }
     }
-    q.loops.fetch_sub(1, Ordering::Relaxed);
+    q.loop_ended();
 }
 
 /// With batch receive, a loop beyond those the batches need waits while delivery is open

@@ -56,7 +56,7 @@ pub fn start(queue: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     tasks.spawn(async move {
         let _alive = Alive(queue.receiver_alive_flag());
         let q = queue.clone();
-        match q.model {
+        match q.model() {
             ConcurrencyModel::Fixed => fixed::run(q, ctx).await,
             ConcurrencyModel::Adaptive => adaptive::run(q, ctx).await,
             ConcurrencyModel::Monitor => monitor::run(q, ctx).await,
@@ -153,7 +153,7 @@ pub(crate) async fn admit_then_acquire<'c>(
         let permit = tokio::select! {
             biased;
             _ = ctx.stop.cancelled() => return None,
-            p = q.gate.acquire() => p,
+            p = q.gate().acquire() => p,
         };
         // The ceiling's allowance may have run out while this receiver waited for its
         // permit: then it gives the permit back and waits again.
@@ -165,7 +165,7 @@ pub(crate) async fn admit_then_acquire<'c>(
 
 /// Receives once. The caller has waited the throttle and holds a gate permit.
 pub(crate) async fn receive(q: &QueueRuntime, ctx: &ReceiveContext) -> ReceiveOutcome {
-    account(q, ctx.transport.receive(&q.name).await)
+    account(q, ctx.transport.receive(q.name()).await)
 }
 
 /// Counts a receive's result and turns it into an outcome.
@@ -189,7 +189,7 @@ fn may_follow_on(q: &QueueRuntime, ctx: &ReceiveContext) -> bool {
     // receive is a batch: it goes out from the loop, not with a commit.
     ctx.throttle.delivery.is_open()
         && !ctx.stop.is_cancelled()
-        && q.gate.in_flight() <= q.gate.effective()
+        && q.gate().in_flight() <= q.gate().effective()
         && q.settings().receive_batch <= 1
 }
 
@@ -218,7 +218,7 @@ pub(crate) async fn process(
             biased;
             next = dispatch_and_commit(q, ctx, current) => next,
             _ = ctx.abort.cancelled() => {
-                tracing::warn!(queue = %q.name, "shutdown timeout reached: rolled back an in-flight message; it returns to the queue");
+                tracing::warn!(queue = %q.name(), "shutdown timeout reached: rolled back an in-flight message; it returns to the queue");
                 return None;
             }
         };

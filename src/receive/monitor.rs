@@ -81,7 +81,7 @@ impl Batch {
 
 /// Runs the peeker until receiving stops.
 pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
-    q.loops.store(1, Ordering::Relaxed);
+    q.set_loops(1);
     let mut slots = Slots::new(q.settings().max);
     // Idle from the start: one peek per peek_interval. After messages were seen, the next
     // empty peeks come sooner (50 ms doubling), so a trickle of messages, or a queue that
@@ -116,7 +116,7 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
             break;
         }
     }
-    q.loops.store(0, Ordering::Relaxed);
+    q.set_loops(0);
 }
 
 /// Starts one receive task per message the peek counted (per batch of messages while
@@ -138,7 +138,7 @@ async fn start_receives(
     } else {
         1
     };
-    let size = if q.breaker.is_triggered() {
+    let size = if q.breaker().is_triggered() {
         1
     } else {
         depth.div_ceil(batch_size)

@@ -147,11 +147,6 @@ impl ThrottleControl {
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Snapshot>> {
         self.decisions.subscribe()
     }
-
-    /// The machine the thresholds were resolved for.
-    pub fn machine(&self) -> MachineFacts {
-        self.machine
-    }
 }
 
 /// Everything the loop reads and writes.

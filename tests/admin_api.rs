@@ -791,3 +791,62 @@ async fn ingest_keeps_header_names_in_their_case() {
         "{headers:?}"
     );
 }
+
+/// One request written by hand (the `Host` and `Origin` a browser would send): the status
+/// code and the body.
+async fn raw(address: std::net::SocketAddr, request: String) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, answer)
+}
+
+/// DNS rebinding and cross-site forgery: a request naming a host the endpoint is not is
+/// refused, reads included; a POST from another site's page is refused and stores nothing; the
+/// console's own page, a tool without `Origin`, and a name listed in `admin.allowed_hosts`
+/// pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_host_name_and_a_cross_site_post_are_refused() {
+    let mut config = common::memory_config("orders");
+    config.queues[0].handler = Some(HandlerConfig::Noop);
+    config.admin.allowed_hosts = vec!["throttle01.example".into()];
+    let host = HostBuilder::new(config).start().await.unwrap();
+    let address = host.admin_address().unwrap();
+    let get = |host_header: &str| {
+        format!("GET /status HTTP/1.1\r\nHost: {host_header}\r\nConnection: close\r\n\r\n")
+    };
+    let (status, body) = raw(address, get("evil.example:9464")).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("admin.allowed_hosts"), "{body}");
+    assert_eq!(raw(address, get(&address.to_string())).await.0, 200);
+    assert_eq!(raw(address, get("throttle01.example:9464")).await.0, 200);
+    assert_eq!(raw(address, get("localhost")).await.0, 200);
+
+    let post = |extra: &str| {
+        format!(
+            "POST /queues/orders/messages HTTP/1.1\r\nHost: {address}\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n{extra}Connection: close\r\n\r\nhello"
+        )
+    };
+    let (status, body) = raw(address, post("Origin: http://evil.example\r\n")).await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = raw(address, post("Sec-Fetch-Site: cross-site\r\n")).await;
+    assert_eq!(status, 403, "{body}");
+    let own_page = format!("Origin: http://{address}\r\nSec-Fetch-Site: same-origin\r\n");
+    assert_eq!(raw(address, post(&own_page)).await.0, 202);
+    assert_eq!(raw(address, post("")).await.0, 202, "a tool without Origin");
+    common::wait_until(Duration::from_secs(10), "the two handled", || {
+        host.status().queues[0].succeeded_total >= 2
+    })
+    .await;
+    // The refused posts were sent first: had they been stored, they would have been handled.
+    let handle = host.handle();
+    host.shutdown().await;
+    assert_eq!(handle.status().queues[0].succeeded_total, 2);
+}

@@ -16,8 +16,10 @@
 //! | `POST /errors/retry`, `GET`/`DELETE /errors/retry` | retry a selection as a paced job, its progress, stop it |
 //! | `POST /errors/delete` | delete a selection of failed messages |
 //!
-//! Mutating routes need `Authorization: Bearer <admin.token>` when a token is set (compared in
-//! constant time). Every error is a JSON body `{"error": "..."}` with a 4xx/5xx status.
+//! Every request names this endpoint in its `Host` (an IP address, localhost, this machine's
+//! name or one of `admin.allowed_hosts`), and a request that changes something comes from no
+//! other site (`Origin`, `Sec-Fetch-Site`): see `guard.rs`. Mutating routes need
+//! `Authorization: Bearer <admin.token>` when a token is set (compared in constant time). Every error is a JSON body `{"error": "..."}` with a 4xx/5xx status.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +40,7 @@ use crate::console::{self, History};
 
 mod console_routes;
 mod failed_routes;
+mod guard;
 mod header_case;
 mod ingest;
 
@@ -240,6 +243,10 @@ pub fn router(host: Shared, history: Arc<History>) -> Router {
         ))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            host.clone(),
+            guard::guard,
+        ))
         .with_state(host)
 }
 

@@ -114,6 +114,9 @@ pub struct AdminConfig {
     /// Ingest answers 503 with Retry-After while the publishing delay exceeds this.
     #[serde(with = "units::duration")]
     pub ingest_reject_after: Duration,
+    /// Host names the endpoint answers to besides IP addresses, `localhost` and this
+    /// machine's name (a request naming another is refused: DNS rebinding); `"*"` = any.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for AdminConfig {
@@ -122,6 +125,7 @@ impl Default for AdminConfig {
             token: Secret::default(),
             max_body_size: ByteSize(4 << 20),
             ingest_reject_after: Duration::from_secs(5),
+            allowed_hosts: Vec::new(),
         }
     }
 }

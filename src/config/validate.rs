@@ -250,6 +250,22 @@ fn validate_host(config: &Config, instance: &str, add: &mut impl FnMut(String, S
     if config.host.name.trim().is_empty() {
         add("host.name".into(), "must not be empty".into());
     }
+    for (i, name) in config.admin.allowed_hosts.iter().enumerate() {
+        let is_name = name == "*"
+            || (!name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.'));
+        if !is_name {
+            add(
+                format!("admin.allowed_hosts[{i}]"),
+                format!(
+                    "`{}` is not a host name (letters, digits, '-' and '.', without a port), or \"*\" for any",
+                    name.escape_debug()
+                ),
+            );
+        }
+    }
     if let Err(e) = validate_queue_name(instance) {
         add("host.instance_id".into(), e);
     }

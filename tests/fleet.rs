@@ -10,18 +10,22 @@ use std::time::Duration;
 
 use common::{PgSchema, Probe, ProbeHandler, wait_until};
 use throttlehost::FleetView;
-use throttlehost::config::{ConcurrencyModel, Config, OverrideMode, TransactionMode};
+use throttlehost::config::{ConcurrencyModel, Config, OverrideMode, Secret, TransactionMode};
 use throttlehost::host::OverrideScope;
 use throttlehost::host::{Host, HostBuilder};
 use throttlehost::message::OutgoingMessage;
 use throttlehost::throttling::Direction;
 use throttlehost::transport::{Heartbeat, Transport};
 
+const FLEET_TOKEN: &str = "the-fleet-token-for-tests";
+
 /// A host on `schema` whose heartbeat comes every 200 ms and that calls an instance gone
 /// after 1 s.
 fn config(schema: &PgSchema, instance: &str) -> Config {
     let mut config = common::pg_config(schema, "orders", ConcurrencyModel::Monitor, 2);
     config.host.instance_id = instance.into();
+    // The fleet's token: each instance obeys only orders sealed with its own.
+    config.admin.token = Secret::new(FLEET_TOKEN);
     config.fleet.heartbeat_interval = Duration::from_millis(200);
     config.fleet.gone_after = Duration::from_secs(1);
     config.fleet.forget_after = Duration::from_secs(2);
@@ -332,7 +336,10 @@ async fn the_override_route_takes_a_fleet_scope_and_refuses_what_it_cannot_do() 
     );
     let put = |query: &str| {
         let url = format!("{url}{query}");
-        tokio::task::spawn_blocking(move || common::http("PUT", &url, b"throttle", &[]))
+        let auth = format!("Bearer {FLEET_TOKEN}");
+        tokio::task::spawn_blocking(move || {
+            common::http("PUT", &url, b"throttle", &[("Authorization", &auth)])
+        })
     };
     let (status, body, _) = put("?scope=fleet").await.unwrap();
     assert_eq!(status, 200, "{body}");
@@ -364,10 +371,12 @@ async fn the_override_route_takes_a_fleet_scope_and_refuses_what_it_cannot_do() 
         "http://{}/throttling/delivery/override?scope=fleet",
         off.admin_address().unwrap()
     );
-    let (status, body, _) =
-        tokio::task::spawn_blocking(move || common::http("PUT", &url, b"throttle", &[]))
-            .await
-            .unwrap();
+    let auth = format!("Bearer {FLEET_TOKEN}");
+    let (status, body, _) = tokio::task::spawn_blocking(move || {
+        common::http("PUT", &url, b"throttle", &[("Authorization", &auth)])
+    })
+    .await
+    .unwrap();
     assert_eq!(status, 409, "{body}");
     assert!(body.contains("fleet.enabled = false"), "{body}");
     off.shutdown().await;
@@ -420,6 +429,7 @@ async fn sqlserver_keeps_the_instance_registry() {
             2,
         );
         config.host.instance_id = instance.into();
+        config.admin.token = Secret::new(FLEET_TOKEN);
         config.fleet.heartbeat_interval = Duration::from_millis(200);
         config.fleet.gone_after = Duration::from_secs(2);
         config
@@ -521,6 +531,46 @@ async fn one_instance_per_queue_reads_its_depth_and_polls_its_delayed_table() {
     .await;
     assert_ne!(leaders(&hosts)[0], leader);
     for (host, _) in hosts {
+        host.shutdown().await;
+    }
+}
+
+/// A fleet-wide override binds only the instances that hold the token it was sealed with: an
+/// instance with another token (or none) refuses it and keeps its own; an instance without a
+/// token cannot give one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_order_binds_only_instances_with_the_token_it_was_sealed_with() {
+    let schema = PgSchema::new();
+    let a = start(config(&schema, "a")).await.0;
+    let mut other = config(&schema, "other");
+    other.admin.token = Secret::new("another-token");
+    let other = start(other).await.0;
+    let mut none = config(&schema, "none");
+    none.admin.token = Secret::default();
+    let none = start(none).await.0;
+    view_when(&a, "all three seen", |v| live(v) == ["a", "none", "other"]).await;
+    let refused = none
+        .handle()
+        .set_fleet_override(Direction::Delivery, OverrideMode::Throttle)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("admin.token"), "{refused}");
+
+    a.handle()
+        .set_fleet_override(Direction::Delivery, OverrideMode::Throttle)
+        .await
+        .unwrap();
+    // A third instance with the fleet's token obeys at its next heartbeat...
+    let b = start(config(&schema, "b")).await.0;
+    override_becomes(&b, (OverrideMode::Throttle, OverrideScope::Fleet)).await;
+    // ...while the others have read the order at as many heartbeats and refused it.
+    for host in [&other, &none] {
+        assert_eq!(
+            delivery_override(host),
+            (OverrideMode::None, OverrideScope::Configured)
+        );
+    }
+    for host in [a, b, other, none] {
         host.shutdown().await;
     }
 }

@@ -459,7 +459,7 @@ async fn set_override(
                 .into_response()
         }
         // No registry: the request cannot be done as asked on this host.
-        Ok(Err(why @ FleetOrderError::NoRegistry(_))) => {
+        Ok(Err(why @ (FleetOrderError::NoRegistry(_) | FleetOrderError::NoToken))) => {
             error(StatusCode::CONFLICT, why.to_string())
         }
         Ok(Err(why)) => error(StatusCode::SERVICE_UNAVAILABLE, why.to_string()),

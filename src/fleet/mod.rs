@@ -82,9 +82,52 @@ pub struct FleetOrder {
     /// New at every order: an instance applies each revision once, so a local override set
     /// after it holds until the next order.
     pub revision: Uuid,
+    /// HMAC-SHA256 of the order under the `admin.token` of the instance that gave it (hex):
+    /// an instance obeys only orders sealed with its own token. Empty in an unsealed row.
+    #[serde(default)]
+    pub seal: String,
 }
 
 impl FleetOrder {
+    /// A new order, given on instance `set_by` and sealed with `token`.
+    pub fn sealed(direction: Direction, mode: OverrideMode, set_by: &str, token: &str) -> Self {
+        let mut order = FleetOrder {
+            direction,
+            mode,
+            set_by: set_by.to_string(),
+            revision: Uuid::new_v4(),
+            seal: String::new(),
+        };
+        order.seal = order.seal_with(token);
+        order
+    }
+
+    /// Whether it was sealed with `token` (compared in constant time); never with an empty
+    /// token.
+    pub fn is_sealed_with(&self, token: &str) -> bool {
+        if token.is_empty() {
+            return false;
+        }
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes());
+        data_encoding::HEXLOWER
+            .decode(self.seal.as_bytes())
+            .is_ok_and(|tag| ring::hmac::verify(&key, self.sealed_text().as_bytes(), &tag).is_ok())
+    }
+
+    fn seal_with(&self, token: &str) -> String {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes());
+        let tag = ring::hmac::sign(&key, self.sealed_text().as_bytes());
+        data_encoding::HEXLOWER.encode(tag.as_ref())
+    }
+
+    /// What the seal covers: every field but the seal.
+    fn sealed_text(&self) -> String {
+        format!(
+            "throttlehost fleet order 1\n{}\n{:?}\n{}\n{}",
+            self.direction, self.mode, self.set_by, self.revision
+        )
+    }
+
     /// The orders among `summaries` (the order rows' text); a row that is not an order (written
     /// by another version, or by hand) is skipped and said.
     pub fn parse_all(summaries: &[String]) -> Vec<FleetOrder> {
@@ -121,6 +164,11 @@ pub enum FleetOrderError {
     /// transport without one).
     #[error("{0}")]
     NoRegistry(String),
+    /// This instance has no `admin.token` to seal it with: the others would not obey it.
+    #[error(
+        "a fleet-wide override needs admin.token: every instance obeys only orders sealed with the token it is configured with, so give the fleet's instances the same token"
+    )]
+    NoToken,
     /// The registry did not take it.
     #[error("cannot write the fleet-wide override: {0}")]
     NotWritten(String),
@@ -280,6 +328,28 @@ impl FleetView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sealed order verifies with its token only, survives the registry's text, and fails
+    /// once any field is changed.
+    #[test]
+    fn an_order_is_sealed_with_the_token_and_nothing_else() {
+        let order = FleetOrder::sealed(Direction::Delivery, OverrideMode::Throttle, "a", "t0ken");
+        assert!(order.is_sealed_with("t0ken"));
+        assert!(!order.is_sealed_with("other"));
+        assert!(!order.is_sealed_with(""));
+        let read = FleetOrder::parse_all(&[order.as_heartbeat("sales").summary]);
+        assert!(read[0].is_sealed_with("t0ken"), "through the registry row");
+        let forged = FleetOrder {
+            mode: OverrideMode::Never,
+            ..order.clone()
+        };
+        assert!(!forged.is_sealed_with("t0ken"));
+        let unsealed = FleetOrder {
+            seal: String::new(),
+            ..order
+        };
+        assert!(!unsealed.is_sealed_with("t0ken"));
+    }
 
     fn record(id: Uuid, seen: f64) -> InstanceRecord {
         InstanceRecord {

@@ -1036,12 +1036,11 @@ impl HostInner {
                 self.transport.describe()
             )));
         };
-        let order = crate::fleet::FleetOrder {
-            direction,
-            mode,
-            set_by: self.instance.clone(),
-            revision: uuid::Uuid::new_v4(),
-        };
+        let token = config.admin.token.expose();
+        if token.is_empty() {
+            return Err(FleetOrderError::NoToken);
+        }
+        let order = crate::fleet::FleetOrder::sealed(direction, mode, &self.instance, token);
         let write = async {
             registry.create_registry().await?;
             registry
@@ -1062,7 +1061,6 @@ impl HostInner {
         Ok(order)
     }
 
-    /// Applies the fleet's orders this instance has not applied yet.
     /// What a heartbeat brought: the fleet's orders to apply, and who leads each queue's
     /// background reading (`fleet::lead`); None (the heartbeat failed): this host leads all
     /// its queues, as it would alone.
@@ -1108,8 +1106,20 @@ impl HostInner {
         moves_delayed(q, self.transport.as_ref())
     }
 
+    /// Applies the fleet's orders this instance has not applied yet, among those sealed with
+    /// its own `admin.token`; an order sealed otherwise (another token, none, a row written by
+    /// hand) is refused and said once.
     fn apply_fleet_orders(&self, orders: Vec<crate::fleet::FleetOrder>) {
-        for order in self.overrides.to_apply(orders) {
+        let config = self.config();
+        let token = config.admin.token.expose();
+        let (sealed, refused): (Vec<_>, Vec<_>) =
+            orders.into_iter().partition(|o| o.is_sealed_with(token));
+        for order in self.overrides.newly_refused(&refused) {
+            tracing::warn!(direction = %order.direction, mode = ?order.mode,
+                set_by = %order.set_by.escape_debug(),
+                "a fleet-wide override not sealed with this instance's admin.token is refused (the fleet's instances need the same token)");
+        }
+        for order in self.overrides.to_apply(sealed) {
             tracing::info!(direction = %order.direction, mode = ?order.mode, set_by = %order.set_by,
                 "fleet-wide throttling override applied");
             self.control.set_override(order.direction, order.mode);

@@ -25,6 +25,9 @@ struct Origins {
     applied: [Option<Uuid>; 2],
     /// The orders the last heartbeat read.
     orders: Vec<FleetOrder>,
+    /// The revision of the last order refused (not sealed with this instance's token), per
+    /// direction: each is said once.
+    refused: [Option<Uuid>; 2],
 }
 
 impl Overrides {
@@ -62,6 +65,21 @@ impl Overrides {
         fresh
     }
 
+    /// Of `refused` (orders this instance will not obey), those not said yet.
+    pub(crate) fn newly_refused(&self, refused: &[FleetOrder]) -> Vec<FleetOrder> {
+        let mut o = self.lock();
+        refused
+            .iter()
+            .filter(|order| {
+                let last = &mut o.refused[order.direction.index()];
+                let new = *last != Some(order.revision);
+                *last = Some(order.revision);
+                new
+            })
+            .cloned()
+            .collect()
+    }
+
     /// Where `direction`'s override in force came from.
     pub(crate) fn scope(&self, direction: Direction) -> OverrideScope {
         self.lock().scope[direction.index()]
@@ -80,6 +98,7 @@ mod tests {
 
     fn order(direction: Direction, mode: OverrideMode) -> FleetOrder {
         FleetOrder {
+            seal: String::new(),
             direction,
             mode,
             set_by: "node-1".into(),

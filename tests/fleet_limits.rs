@@ -264,3 +264,51 @@ async fn an_idle_instance_writes_no_share_rounds() {
     assert_ne!(last_share_write(&schema).await, before, "a share was taken");
     host.shutdown().await;
 }
+
+/// A host whose database froze while it held part of the limit: the others take its share
+/// once it counts as gone, and when it thaws, the messages that came back with its last
+/// commits are given back instead of run past the limit. Before, the thaw ran them beside the
+/// others' full share (16 at once for `fleet_max = 12` in the probe that found it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_thaws_does_not_pass_the_fleet_max() {
+    let schema = PgSchema::new();
+    let (proxy, through_proxy) =
+        common::CommitCutter::for_postgres(&schema, TransactionMode::ReceiveOnly, 8).await;
+    let mut frozen_config = config(&schema, "frozen", ConcurrencyModel::Fixed);
+    frozen_config.transport = through_proxy;
+    let probe = Probe::new(Duration::from_millis(50));
+    let frozen = start(frozen_config, &probe).await;
+    let other = start(config(&schema, "other", ConcurrencyModel::Fixed), &probe).await;
+    let messages: Vec<_> = (0..400)
+        .map(|i| OutgoingMessage::new(format!("m{i}")))
+        .collect();
+    other
+        .handle()
+        .transport()
+        .send_batch(&QueueName::new("orders").unwrap(), &messages)
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(20), "both hosts handling", || {
+        share(&frozen) > 0 && share(&other) > 0 && probe.handled() > 20
+    })
+    .await;
+    proxy.freeze(true);
+    // Gone after 1 s: the other host takes the whole limit meanwhile.
+    wait_until(Duration::from_secs(10), "the other holds the limit", || {
+        share(&other) == 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.freeze(false);
+    wait_until(Duration::from_secs(60), "all 400 handled", || {
+        probe.handled() == 400
+    })
+    .await;
+    let peak = probe.peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        peak <= 4,
+        "{peak} handlers ran at once across the fleet, limit 4"
+    );
+    frozen.shutdown().await;
+    other.shutdown().await;
+}

@@ -189,8 +189,14 @@ fn may_follow_on(q: &QueueRuntime, ctx: &ReceiveContext) -> bool {
     // receive is a batch: it goes out from the loop, not with a commit.
     ctx.throttle.delivery.is_open()
         && !ctx.stop.is_cancelled()
-        && q.gate().in_flight() <= q.gate().effective()
+        && within_limit(q)
         && q.settings().receive_batch <= 1
+}
+
+/// Whether the permits held are within the gate's size now (it may have shrunk since they
+/// were taken: a shrink takes effect as permits come back).
+fn within_limit(q: &QueueRuntime) -> bool {
+    q.gate().in_flight() <= q.gate().effective()
 }
 
 /// Processes a received message and, while the commits bring the queue's next message along,
@@ -223,6 +229,14 @@ pub(crate) async fn process(
             }
         };
         match account(q, next?) {
+            // The gate shrank while the receive was out with the commit (a fleet share taken
+            // back while the database was frozen, a throttling cut): its message goes back to
+            // the queue instead of running past the limit, and this permit is given back.
+            ReceiveOutcome::Got(received) if !within_limit(q) => {
+                tracing::debug!(queue = %q.name(), "a message that came with a commit is given back: the queue's limit shrank meanwhile");
+                drop(received);
+                return None;
+            }
             ReceiveOutcome::Got(received) => {
                 on_message();
                 current = received;

@@ -53,11 +53,13 @@ async fn view(host: &Host) -> FleetView {
     host.handle().fleet().await.unwrap()
 }
 
-/// `host`'s view once `done` holds for it (looked at every 100 ms for up to 10 s).
+/// `host`'s view once `done` holds for it (looked at every 100 ms for up to 10 s; a registry
+/// its first heartbeat has not created yet reads as not yet).
 async fn view_when(host: &Host, what: &str, done: impl Fn(&FleetView) -> bool) -> FleetView {
     for _ in 0..100 {
-        let v = view(host).await;
-        if done(&v) {
+        if let Ok(v) = host.handle().fleet().await
+            && done(&v)
+        {
             return v;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -573,4 +575,55 @@ async fn a_fleet_order_binds_only_instances_with_the_token_it_was_sealed_with() 
     for host in [a, b, other, none] {
         host.shutdown().await;
     }
+}
+
+/// Rows of the registry anyone can write: a `last_seen` PostgreSQL cannot subtract
+/// ('infinity') failed every host's heartbeat and `/fleet`; one far ahead kept a row alive for
+/// ever. Both are skipped at once and deleted by the next forget; the host goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_rows_with_impossible_times_are_skipped_and_forgotten() {
+    let schema = PgSchema::new();
+    let a = start(config(&schema, "a")).await.0;
+    view_when(&a, "a seen", |v| live(v) == ["a"]).await;
+    let client = schema.client().await;
+    let table = format!("\"{}\".throttlehost_instances", schema.name);
+    for (id, seen) in [("infinity", "'infinity'"), ("future", "'3000-01-01'")] {
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO {table} (process_id, host_name, instance_id, version, summary, last_seen)
+                     VALUES (gen_random_uuid(), 'forged', '{id}', '0', '{{}}', {seen})"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+    }
+    let count = async || {
+        client
+            .query_one(
+                &format!("SELECT count(*) FROM {table} WHERE host_name = 'forged'"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    assert_eq!(count().await, 2);
+    // The view reads (the listing and the heartbeat's read-back) go on without them...
+    view_when(&a, "a still seen, the forged rows not", |v| {
+        live(v) == ["a"]
+    })
+    .await;
+    // ...and the forget (forget_after 2 s here) deletes them.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while count().await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the forged rows stay"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(a.handle().fleet().await.is_ok());
+    a.shutdown().await;
 }

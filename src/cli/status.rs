@@ -122,6 +122,12 @@ async fn fleet_status(url: &str, raw: bool) -> ExitCode {
     throttling_code(throttling)
 }
 
+/// A value from the registry (rows anyone can write) as the terminal may show it: control
+/// characters escaped, so no escape sequence reaches the terminal.
+fn shown(value: &Value) -> String {
+    value.as_str().unwrap_or("?").escape_debug().to_string()
+}
+
 /// One line per instance: who, state per direction with its cause, in process, processed/s,
 /// last seen.
 fn render_fleet(f: &Value) -> String {
@@ -135,14 +141,14 @@ fn render_fleet(f: &Value) -> String {
             let x = &t[d];
             let state = x["state"].as_u64().unwrap_or(0);
             match x["cause"].as_str() {
-                Some(cause) if state != 0 => format!("{state} {cause}"),
-                _ => format!("{state} {}", x["state_name"].as_str().unwrap_or("")),
+                Some(_) if state != 0 => format!("{state} {}", shown(&x["cause"])),
+                _ => format!("{state} {}", shown(&x["state_name"])),
             }
         };
         let name = format!(
             "{}/{}{}",
-            i["host_name"].as_str().unwrap_or("?"),
-            i["instance_id"].as_str().unwrap_or("?"),
+            shown(&i["host_name"]),
+            shown(&i["instance_id"]),
             if i["this"] == true { " *" } else { "" }
         );
         let seen = i["seen_seconds_ago"].as_f64().unwrap_or(0.0);
@@ -163,13 +169,16 @@ fn render_fleet(f: &Value) -> String {
     for order in f["orders"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "fleet-wide override: {} {} (given on {})\n",
-            order["direction"].as_str().unwrap_or("?"),
-            order["mode"].as_str().unwrap_or("?"),
-            order["set_by"].as_str().unwrap_or("?"),
+            shown(&order["direction"]),
+            shown(&order["mode"]),
+            shown(&order["set_by"]),
         ));
     }
-    if let Some(e) = f["heartbeat_error"].as_str() {
-        out.push_str(&format!("this host's heartbeat is failing: {e}\n"));
+    if f["heartbeat_error"].is_string() {
+        out.push_str(&format!(
+            "this host's heartbeat is failing: {}\n",
+            shown(&f["heartbeat_error"])
+        ));
     }
     out
 }
@@ -290,6 +299,28 @@ fn render(s: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A registry row with terminal escape sequences in its names and order prints them
+    /// escaped: nothing another writer of the table chose reaches the terminal raw.
+    #[test]
+    fn the_fleet_table_escapes_what_the_registry_rows_say() {
+        let fleet = serde_json::json!({
+            "instances": [{
+                "host_name": "sales\u{1b}[2J",
+                "instance_id": "n1\u{7}",
+                "summary": { "throttling": { "delivery": { "state": 4, "cause": "memory\u{1b}]0;pwned\u{7}" } } },
+                "seen_seconds_ago": 1.0
+            }],
+            "orders": [{ "direction": "delivery", "mode": "throttle", "set_by": "x\u{1b}[31m" }],
+            "heartbeat_error": "down\u{1b}[0m"
+        });
+        let text = render_fleet(&fleet);
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text:?}"
+        );
+        assert!(text.contains("sales\\u{1b}[2J/n1\\u{7}"), "{text}");
+    }
 
     #[test]
     fn a_queue_whose_receives_fail_makes_the_host_impaired() {

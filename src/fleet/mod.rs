@@ -69,6 +69,17 @@ impl HeartbeatHealth {
     }
 }
 
+/// Whether a registry row's admin address is one a host writes (`http://` and an IP address
+/// with a port): anything else (`127.0.0.1:9464@evil.example`, a script) is not shown, so the
+/// console never links it.
+fn is_admin_address(address: &str) -> bool {
+    address
+        .strip_prefix("http://")
+        .unwrap_or(address)
+        .parse::<std::net::SocketAddr>()
+        .is_ok()
+}
+
 /// A fleet-wide override, as the registry keeps it (the `summary` of its direction's order
 /// row, see `transport::FLEET_ORDER_ROWS`).
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
@@ -136,7 +147,10 @@ impl FleetOrder {
             .filter_map(|text| match serde_json::from_str::<FleetOrder>(text) {
                 Ok(order) => Some(order),
                 Err(e) => {
-                    tracing::warn!(error = %e, row = %text, "a fleet order in the instance registry is not one this version reads; ignored");
+                    // A row anyone can write: shown short and escaped.
+                    let row: String = text.chars().take(200).flat_map(char::escape_debug).collect();
+                    tracing::warn!(error = %e, row = %row, length = text.len(),
+                        "a fleet order in the instance registry is not one this version reads; ignored");
                     None
                 }
             })
@@ -306,7 +320,7 @@ impl FleetView {
                     host_name: beat.host_name,
                     instance_id: beat.instance_id,
                     version: beat.version,
-                    admin_address: beat.admin_address,
+                    admin_address: beat.admin_address.filter(|a| is_admin_address(a)),
                     summary: serde_json::from_str(&beat.summary)
                         .unwrap_or(serde_json::Value::String(beat.summary)),
                     up_seconds: r.up_seconds,
@@ -328,6 +342,27 @@ impl FleetView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only an address a host writes is shown: a link to another site, or text that is no
+    /// address, is dropped from the view.
+    #[test]
+    fn a_registry_rows_admin_address_is_shown_only_when_it_is_one() {
+        for ok in [
+            "http://10.0.0.9:9464",
+            "127.0.0.1:9464",
+            "http://[::1]:9464",
+        ] {
+            assert!(is_admin_address(ok), "{ok}");
+        }
+        for bad in [
+            "127.0.0.1:9464@evil.example",
+            "http://evil.example:9464",
+            "javascript:alert(1)",
+            "",
+        ] {
+            assert!(!is_admin_address(bad), "{bad}");
+        }
+    }
 
     /// A sealed order verifies with its token only, survives the registry's text, and fails
     /// once any field is changed.

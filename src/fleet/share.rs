@@ -71,9 +71,16 @@ pub fn target(fleet_max: u32, me: Uuid, wanted: u32, rows: &[ShareRow]) -> u32 {
     if rows.iter().any(|r| r.process_id == me && !r.alive) {
         return 0;
     }
+    // The rows are anyone's to write: no grant or want counts for more than the whole limit,
+    // and the sum saturates (a forged grant of 2^31 - 1 beside another wrapped it to a few).
     let others = rows.iter().filter(|r| r.alive && r.process_id != me);
-    let held: u32 = others.clone().map(|r| r.granted).sum();
-    let mut wants: Vec<(Uuid, u32)> = others.map(|r| (r.process_id, r.wanted)).collect();
+    let held = others
+        .clone()
+        .map(|r| r.granted.min(fleet_max))
+        .fold(0u32, u32::saturating_add);
+    let mut wants: Vec<(Uuid, u32)> = others
+        .map(|r| (r.process_id, r.wanted.min(fleet_max)))
+        .collect();
     wants.push((me, wanted.min(fleet_max)));
     let fair = fair_split(fleet_max, &wants)
         .into_iter()
@@ -348,6 +355,25 @@ async fn give_back(shares: &dyn FleetShares, queues: &[Arc<QueueRuntime>], me: U
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Forged rows (grants far above the limit, two that would wrap a u32 when summed) count
+    /// as holding the whole limit at most: no panic, no wrap to a small number.
+    #[test]
+    fn grants_above_the_limit_count_as_the_limit() {
+        let me = Uuid::from_u128(1);
+        let rows = [row(2, u32::MAX, u32::MAX - 1, true), row(3, 1, 2, true)];
+        assert_eq!(
+            target(4, me, 4, &rows),
+            0,
+            "the others hold at least the limit"
+        );
+        let gone = [row(2, u32::MAX, u32::MAX, false)];
+        assert_eq!(
+            target(4, me, 4, &gone),
+            4,
+            "a forged row of no live instance"
+        );
+    }
 
     fn id(n: u128) -> Uuid {
         Uuid::from_u128(n)

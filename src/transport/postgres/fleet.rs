@@ -45,6 +45,11 @@ pub(crate) fn order_rows() -> String {
 pub fn registry_statements(schema: &str) -> RegistryStatements {
     let table = format!("{}.{}", quote_ident(schema), quote_ident(INSTANCES_TABLE));
     let orders = order_rows();
+    // Rows anyone can write: a time PostgreSQL cannot subtract ('infinity') failed the whole
+    // read-back, every host's heartbeat with it; a time far ahead kept a row alive for ever.
+    // Such rows are not read, and the next forget deletes them.
+    let readable = "isfinite(last_seen) AND isfinite(started_at) \
+AND last_seen <= now() + interval '1 day'";
     RegistryStatements {
         create: format!(
             "CREATE SCHEMA IF NOT EXISTS {schema};
@@ -69,17 +74,19 @@ CREATE TABLE IF NOT EXISTS {table} (
         version = EXCLUDED.version, admin_address = EXCLUDED.admin_address,
         summary = EXCLUDED.summary, last_seen = now()
 )
-SELECT process_id, summary, EXTRACT(EPOCH FROM now() - last_seen)::float8 FROM {table}"
+SELECT process_id, summary, EXTRACT(EPOCH FROM now() - last_seen)::float8 FROM {table}
+WHERE {readable}"
         ),
         list: format!(
             "SELECT process_id, host_name, instance_id, version, admin_address, summary,
     EXTRACT(EPOCH FROM now() - started_at)::float8,
     EXTRACT(EPOCH FROM now() - last_seen)::float8
-FROM {table} WHERE process_id NOT IN ({orders})
+FROM {table} WHERE process_id NOT IN ({orders}) AND {readable}
 ORDER BY last_seen DESC, host_name, instance_id"
         ),
         forget: format!(
-            "DELETE FROM {table} WHERE last_seen < now() - make_interval(secs => $1)
+            "DELETE FROM {table}
+WHERE (last_seen < now() - make_interval(secs => $1) OR NOT ({readable}))
     AND process_id NOT IN ({orders})"
         ),
         leave: format!("DELETE FROM {table} WHERE process_id = $1"),

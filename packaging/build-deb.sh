@@ -9,7 +9,7 @@
 #
 #   /usr/bin/throttlehost
 #   /lib/systemd/system/throttlehost.service       (packaging/throttlehost.service)
-#   /etc/throttlehost/host.toml                    (config/host.toml; a conffile, 0640 root:throttlehost)
+#   /etc/throttlehost/host.toml                    (config/host.toml; a conffile, 0640 root:throttlehost, in a 0750 directory)
 #   /usr/share/throttlehost/config/examples/       (config/examples)
 #   /usr/share/throttlehost/sql/                   (sql/, for DBAs who create the tables themselves)
 #   /usr/share/throttlehost/dashboards/            (Grafana dashboard, Prometheus scrape config, alert rules and their tests)
@@ -46,6 +46,7 @@ root="$stage/throttlehost_${version}_${arch}"
 
 install -D -m 0755 "$binary" "$root/usr/bin/throttlehost"
 install -D -m 0644 packaging/throttlehost.service "$root/lib/systemd/system/throttlehost.service"
+install -d -m 0750 "$root/etc/throttlehost"
 install -D -m 0640 config/host.toml "$root/etc/throttlehost/host.toml"
 share="$root/usr/share/throttlehost"
 mkdir -p "$share/config" "$share/dashboards"

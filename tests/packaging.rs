@@ -126,6 +126,13 @@ fn the_package_installs_and_purges_cleanly() {
     ] {
         assert!(root.join(file).is_file(), "{file} installed");
     }
+    // The configuration holds secrets: nobody outside root and the host's group reads it.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &str| root.join(p).metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode("etc/throttlehost"), 0o750);
+        assert_eq!(mode("etc/throttlehost/host.toml"), 0o640);
+    }
     let conffiles = String::from_utf8(
         run(
             "dpkg-query",

@@ -57,7 +57,7 @@ fn start_run(name: &str, db_port: u16, admin: &str, schema: &str) -> (Child, std
         .args(["run", "--config"])
         .arg(&config)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
         .spawn()
         .unwrap();
     (host, dir)
@@ -86,6 +86,14 @@ async fn a_host_started_before_its_database_says_so_survives_sighup_and_starts_p
     };
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("waiting for the database"), "{body}");
+    // `status` says so with exit code 3 (receiving impaired), not 2 (unreachable).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+        .args(["status", "--url", &format!("http://{admin}")])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(said.contains("waiting for the database"), "{said}");
 
     // SIGHUP while waiting reloads (or is ignored), never kills.
     for _ in 0..3 {
@@ -124,11 +132,15 @@ async fn sigterm_while_waiting_for_the_database_stops_cleanly() {
     let (mut host, dir) = start_run(&format!("term-{db_port}"), db_port, "off", "public");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     signal(&host, "HUP");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(host.try_wait().unwrap().is_none(), "SIGHUP killed the host");
     signal(&host, "TERM");
     let exit = host.wait().unwrap();
     assert!(exit.success(), "{exit}");
+    // Several tries a second apart, one warning: the same reason is said again after a minute.
+    let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
+    let warned = log.matches("database not reachable").count();
+    assert_eq!(warned, 1, "{log}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -75,6 +75,13 @@ pub fn config_check(path: &Path) -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(INVALID);
     }
+    if let Err(e) = memory_threshold_can_start(&config) {
+        eprintln!("error: {e}");
+        return ExitCode::from(INVALID);
+    }
+    if let Some(exposed) = throttlehost::config::exposed_secrets(path, &config) {
+        eprintln!("warning: {exposed}");
+    }
     match toml::to_string_pretty(&config) {
         Ok(text) => {
             use std::io::Write;
@@ -99,6 +106,26 @@ pub fn config_check(path: &Path) -> ExitCode {
             eprintln!("error: cannot print the configuration: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Refuses an absolute `throttling.process_memory` that `run` would refuse at start: at or
+/// below the memory of this process, which does less than a host does before it handles
+/// anything.
+fn memory_threshold_can_start(config: &throttlehost::Config) -> Result<(), String> {
+    use throttlehost::config::MemoryThreshold;
+    use throttlehost::throttling::sensors::{ResourceSensor, SystemSensor};
+    let MemoryThreshold::Bytes(limit) = config.throttling.process_memory else {
+        return Ok(());
+    };
+    let own = SystemSensor::new().read().process_memory;
+    match config.throttling.enabled && limit <= own {
+        true => Err(format!(
+            "throttling.process_memory: {} is at or below what even this command uses ({}); a host uses more before it handles anything, so `run` would refuse it",
+            throttlehost::config::ByteSize(limit),
+            throttlehost::config::ByteSize(own)
+        )),
+        false => Ok(()),
     }
 }
 

@@ -23,6 +23,9 @@ async fn start_host(
 ) -> Result<throttlehost::Host, ExitCode> {
     let mut waiting: Option<Waiting> = None;
     let mut retry_in = Duration::from_secs(1);
+    // What was last said at WARN, and when: a database down for an hour is one line per
+    // `WAIT_WARN_EVERY` (and one per new reason), not one per try.
+    let mut warned: Option<(std::time::Instant, String)> = None;
     loop {
         // A cheap probe first while waiting: the admin endpoint keeps answering until the
         // database does.
@@ -56,12 +59,22 @@ async fn start_host(
                 return Err(ExitCode::from(1));
             }
         };
-        tracing::warn!(
-            database = %config.transport.connection_string,
-            error = %e,
-            retry_in_seconds = retry_in.as_secs_f64(),
-            "database not reachable; starting once it answers"
-        );
+        let said = e.to_string();
+        let due = warned
+            .as_ref()
+            .is_none_or(|(at, last)| *last != said || at.elapsed() >= WAIT_WARN_EVERY);
+        if due {
+            tracing::warn!(
+                database = %config.transport.connection_string,
+                error = %e,
+                retry_in_seconds = retry_in.as_secs_f64(),
+                "database not reachable; starting once it answers (said again every {}s while the same)",
+                WAIT_WARN_EVERY.as_secs()
+            );
+            warned = Some((std::time::Instant::now(), said));
+        } else {
+            tracing::debug!(error = %e, "database still not reachable");
+        }
         let reason = format!("waiting for the database: {e}");
         // The next try starts within `retry_in` and gives up on a connection after the
         // connect timeout; the margin covers a slow start-up of the host itself.
@@ -91,6 +104,9 @@ async fn start_host(
     }
 }
 
+/// How often the same reason for waiting for the database is said again at WARN.
+const WAIT_WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// The longest wait between tries to reach a database that is down at start: a host starts
 /// within about this of the database answering (a try is one connection attempt).
 const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(1);
@@ -105,6 +121,9 @@ pub async fn run(path: &Path) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    if let Some(exposed) = throttlehost::config::exposed_secrets(path, &config) {
+        tracing::warn!("{exposed}");
+    }
     let manager = ServiceManager::from_environment();
     let shutdown = super::shutdown_signal();
     tokio::pin!(shutdown);

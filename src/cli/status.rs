@@ -1,7 +1,8 @@
 //! `throttlehost status`: reads `/status` of a running host and prints a table. Exit code 0:
 //! not throttling, 1: throttling, 2: unreachable or not a throttlehost, 3: receiving impaired
-//! (a queue's receives are failing, so its circuit breaker is not closed, or the host is
-//! shutting down); 3 wins over 1, since a host that cannot receive throttles nothing.
+//! (a queue's receives are failing, so its circuit breaker is not closed, the host is
+//! shutting down, or it answers 503 while `run` waits for the database at start); 3 wins
+//! over 1, since a host that cannot receive throttles nothing.
 //!
 //! With `--fleet` it reads `/fleet` instead: every instance on the host's database, one line
 //! each. Exit code 0: no instance seen throttling, 1: one is, 2: unreachable or no registry.
@@ -17,7 +18,7 @@ async fn fetch(url: &str, path: &str, what: &str) -> Result<(Value, String), Exi
     let url = format!("{}{path}", url.trim_end_matches('/'));
     let fetched = tokio::task::spawn_blocking({
         let url = url.clone();
-        move || -> Result<String, String> {
+        move || -> Result<String, (u16, String)> {
             let agent: ureq::Agent = ureq::Agent::config_builder()
                 .timeout_global(Some(Duration::from_secs(5)))
                 .build()
@@ -28,12 +29,13 @@ async fn fetch(url: &str, path: &str, what: &str) -> Result<(Value, String), Exi
                 .http_status_as_error(false)
                 .build()
                 .call()
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| (0, e.to_string()))?;
             let ok = response.status().is_success();
+            let code = response.status().as_u16();
             let body = response
                 .body_mut()
                 .read_to_string()
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| (code, e.to_string()))?;
             if ok {
                 Ok(body)
             } else {
@@ -42,15 +44,20 @@ async fn fetch(url: &str, path: &str, what: &str) -> Result<(Value, String), Exi
                     .ok()
                     .and_then(|v| v["error"].as_str().map(str::to_owned))
                     .unwrap_or(body);
-                Err(format!("{} {why}", response.status()))
+                Err((code, format!("{} {why}", response.status())))
             }
         }
     })
     .await
-    .unwrap_or_else(|e| Err(e.to_string()));
+    .unwrap_or_else(|e| Err((0, e.to_string())));
     let text = match fetched {
         Ok(t) => t,
-        Err(e) => {
+        // The host answers but does not receive yet: `run` waiting for the database at start.
+        Err((503, e)) if path == "/status" => {
+            eprintln!("receiving impaired: {url}: {e}");
+            return Err(ExitCode::from(3));
+        }
+        Err((_, e)) => {
             eprintln!("error: cannot read {url}: {e}");
             return Err(ExitCode::from(2));
         }

@@ -88,6 +88,43 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
     parse_str(&text, &path.display().to_string())
 }
 
+/// Why the file at `path` exposes what `config` keeps secret, if it does: a password in the
+/// connection string or an admin token, in a file every user of the machine may read (or,
+/// worse, write). None where permissions cannot be read (not Unix) or nothing is secret.
+pub fn exposed_secrets(path: &Path, config: &Config) -> Option<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let connection = &config.transport.connection_string;
+        let has_password = connection.redacted() != connection.expose();
+        let has_token = !config.admin.token.expose().is_empty();
+        if !(has_password || has_token) {
+            return None;
+        }
+        let mode = std::fs::metadata(path).ok()?.permissions().mode();
+        let what = match (has_password, has_token) {
+            (true, true) => "a database password and the admin token",
+            (true, false) => "a database password",
+            _ => "the admin token",
+        };
+        let who = match (mode & 0o002 != 0, mode & 0o004 != 0) {
+            (true, _) => "every user of this machine may change it",
+            (false, true) => "every user of this machine may read it",
+            _ => return None,
+        };
+        Some(format!(
+            "{} holds {what} and {who} (mode {:o}); make it readable by the host's user only, e.g. chmod 0640",
+            path.display(),
+            mode & 0o777
+        ))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (path, config);
+        None
+    }
+}
+
 /// Parses and validates configuration text; `origin` names it in error messages.
 pub fn parse_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
     let config: Config = deserialize_located(text, origin)?;

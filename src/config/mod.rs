@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use load::{ConfigError, load_file, parse_str};
+pub use load::{ConfigError, exposed_secrets, load_file, parse_str};
 pub use secret::{ConnectionString, Secret};
 pub use units::{ByteSize, MemoryThreshold};
 pub use validate::MAX_WORKER_THREADS;

@@ -1157,6 +1157,30 @@ async fn move_until_moved(
     }
 }
 
+/// A message delayed far ahead (400 days): its next due time is told as it is, not cut to
+/// the 49.7 days a u32 of milliseconds holds (a next-due gauge read 4 294 967 s).
+pub async fn a_far_delayed_message_is_due_when_it_says(h: &dyn Harness) {
+    let t = with_delayed(h, &["in"]).await;
+    let d = t.delayed_delivery().unwrap();
+    let days = |n: u64| Duration::from_secs(n * 86_400);
+    t.send(
+        &q("in"),
+        &OutgoingMessage::new("next year").with_delay(days(400)),
+    )
+    .await
+    .unwrap();
+    let next = d
+        .move_due(&q("in"), 100)
+        .await
+        .unwrap()
+        .next_due_in
+        .expect("the next due time");
+    assert!(
+        next > days(399) && next <= days(401),
+        "due in 400 days, told {next:?}"
+    );
+}
+
 pub async fn a_delayed_message_waits_in_its_table_until_due(h: &dyn Harness) {
     let t = with_delayed(h, &["in"]).await;
     let d = t.delayed_delivery().unwrap();
@@ -1428,6 +1452,7 @@ macro_rules! conformance {
                 an_ordered_queue_refuses_batches_and_mode_none,
                 a_held_key_waits_until_released,
                 a_delayed_message_waits_in_its_table_until_due,
+                a_far_delayed_message_is_due_when_it_says,
                 movers_at_once_move_each_message_once,
                 due_messages_move_in_batches_oldest_due_first,
                 a_delayed_send_inside_a_receive_commits_with_it,

@@ -1106,9 +1106,11 @@ impl DelayedDelivery for PostgresTransport {
             moved: count(0),
             busy: !got,
             waiting: count(2),
+            // A row written by anyone may be due in centuries: kept as it is, up to a bound
+            // `Duration` holds (a u32 of milliseconds cut it to 49.7 days).
             next_due_in: next_ms
                 .filter(|ms| ms.is_finite())
-                .map(|ms| Duration::from_millis(ms.clamp(0.0, u32::MAX as f64) as u64)),
+                .map(|ms| Duration::from_secs_f64((ms / 1000.0).clamp(0.0, 1e12))),
         })
     }
 

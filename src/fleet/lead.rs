@@ -13,6 +13,9 @@
 //! for a moment delays a poll by a heartbeat. An instance that cannot read the registry leads
 //! all its queues, as it would alone.
 //!
+//! A row of another process with this instance's id is this instance before a restart: it
+//! leads nothing, so a restarted instance leads again at once.
+//!
 //! Only an instance that moves a queue's delayed table may lead it while one that does is
 //! alive (the summary's `moves_delayed` lists them; a summary without the list, from an
 //! earlier version, counts as moving all its queues): a leader with delayed delivery off
@@ -49,6 +52,8 @@ pub fn leader(queue: &str, candidates: &[Uuid]) -> Option<Uuid> {
 struct Summary {
     queues: BTreeMap<String, Option<u64>>,
     moves_delayed: Option<Vec<String>>,
+    /// The instance id it runs as (None: an earlier version's summary).
+    instance: Option<String>,
 }
 
 impl Summary {
@@ -57,6 +62,7 @@ impl Summary {
             return Summary {
                 queues: BTreeMap::new(),
                 moves_delayed: Some(Vec::new()),
+                instance: None,
             };
         };
         let queues = value["queues"]
@@ -77,6 +83,7 @@ impl Summary {
         Summary {
             queues,
             moves_delayed,
+            instance: value["instance"].as_str().map(str::to_string),
         }
     }
 
@@ -99,13 +106,23 @@ pub struct Mine<'a> {
 
 /// Who leads each of `mine` (this instance's queues), from the rows a heartbeat read: the
 /// instances seen within `gone_after` seconds that receive from the queue, this one always
-/// among them; only those that move its delayed table when any of them does.
-pub fn leads(me: Uuid, mine: &[Mine<'_>], rows: &[BeatRow], gone_after: f64) -> Vec<Lead> {
+/// among them; only those that move its delayed table when any of them does. A row of
+/// another process with this instance's id (`instance`) is this instance before a restart
+/// (a crash leaves its row behind): it leads nothing, so a restarted instance takes its
+/// leads back at once instead of after `gone_after`.
+pub fn leads(
+    me: Uuid,
+    instance: &str,
+    mine: &[Mine<'_>],
+    rows: &[BeatRow],
+    gone_after: f64,
+) -> Vec<Lead> {
     let members: Vec<(Uuid, Summary)> = rows
         .iter()
         .filter(|r| r.process_id != me && !FLEET_ORDER_ROWS.contains(&r.process_id))
         .filter(|r| r.seen_seconds_ago <= gone_after)
         .map(|r| (r.process_id, Summary::of(&r.summary)))
+        .filter(|(_, s)| s.instance.as_deref() != Some(instance))
         .collect();
     mine.iter()
         .map(|mine| {
@@ -174,7 +191,7 @@ mod tests {
         for queue in ["orders", "billing"] {
             let leading = ids
                 .iter()
-                .filter(|me| leads(**me, &[moving(queue)], &rows, 20.0)[0] == Lead::Here)
+                .filter(|me| leads(**me, "me", &[moving(queue)], &rows, 20.0)[0] == Lead::Here)
                 .count();
             assert_eq!(leading, 1, "{queue}");
         }
@@ -182,7 +199,7 @@ mod tests {
         let leader_of_orders = leader("orders", &ids).unwrap();
         let follower = ids.iter().find(|id| **id != leader_of_orders).unwrap();
         assert_eq!(
-            leads(*follower, &[moving("orders")], &rows, 20.0),
+            leads(*follower, "me", &[moving("orders")], &rows, 20.0),
             [Lead::Elsewhere { depth: Some(5) }]
         );
     }
@@ -201,8 +218,14 @@ mod tests {
             summary: "{}".into(),
             seen_seconds_ago: 0.0,
         });
-        assert_eq!(leads(me, &[moving("orders")], &rows, 20.0), [Lead::Here]);
-        assert_eq!(leads(me, &[moving("orders")], &[], 20.0), [Lead::Here]);
+        assert_eq!(
+            leads(me, "me", &[moving("orders")], &rows, 20.0),
+            [Lead::Here]
+        );
+        assert_eq!(
+            leads(me, "me", &[moving("orders")], &[], 20.0),
+            [Lead::Here]
+        );
     }
 
     /// Of two instances on a queue, one with delayed delivery off: the other leads, seen from
@@ -224,13 +247,16 @@ mod tests {
                 },
             ];
             assert_eq!(
-                leads(idle, &[not_moving("orders")], &rows, 20.0),
+                leads(idle, "idle", &[not_moving("orders")], &rows, 20.0),
                 [Lead::Elsewhere { depth: Some(3) }]
             );
-            assert_eq!(leads(mover, &[moving("orders")], &rows, 20.0), [Lead::Here]);
+            assert_eq!(
+                leads(mover, "mover", &[moving("orders")], &rows, 20.0),
+                [Lead::Here]
+            );
             // Alone, or beside others that do not move it either, it leads by the hash.
             assert_eq!(
-                leads(idle, &[not_moving("orders")], &rows[1..], 20.0),
+                leads(idle, "idle", &[not_moving("orders")], &rows[1..], 20.0),
                 [Lead::Here]
             );
         }
@@ -238,8 +264,29 @@ mod tests {
         let (old, idle) = (Uuid::new_v4(), Uuid::new_v4());
         let rows = [row(old, r#"{"orders":1}"#, 1.0)];
         assert_eq!(
-            leads(idle, &[not_moving("orders")], &rows, 20.0),
+            leads(idle, "idle", &[not_moving("orders")], &rows, 20.0),
             [Lead::Elsewhere { depth: Some(1) }]
         );
+    }
+
+    /// An instance restarted after a crash (a new process, the same instance id) takes its
+    /// leads back at once: the row its previous process left behind, still seen within
+    /// `gone_after`, leads nothing.
+    #[test]
+    fn a_restarted_instance_takes_its_lead_back_from_its_previous_process() {
+        for _ in 0..50 {
+            let (before, after) = (Uuid::new_v4(), Uuid::new_v4());
+            let rows = [BeatRow {
+                process_id: before,
+                summary:
+                    r#"{"instance":"node-1","queues":{"orders":2},"moves_delayed":["orders"]}"#
+                        .into(),
+                seen_seconds_ago: 3.0,
+            }];
+            assert_eq!(
+                leads(after, "node-1", &[moving("orders")], &rows, 20.0),
+                [Lead::Here]
+            );
+        }
     }
 }

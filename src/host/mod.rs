@@ -1087,7 +1087,8 @@ impl HostInner {
             })
             .collect();
         let gone_after = self.config().fleet.gone_after.as_secs_f64();
-        let leads = crate::fleet::lead::leads(self.process_id, &mine, &rows, gone_after);
+        let leads =
+            crate::fleet::lead::leads(self.process_id, &self.instance, &mine, &rows, gone_after);
         for (q, lead) in self.queues.iter().zip(leads) {
             match lead {
                 crate::fleet::lead::Lead::Here => q.set_leads(true),

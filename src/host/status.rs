@@ -174,6 +174,7 @@ pub(super) fn fleet_summary(host: &HostInner) -> serde_json::Value {
         .map(|q| q.name().to_string())
         .collect();
     serde_json::json!({
+        "instance": host.instance,
         "in_process": host.in_process(),
         "receiving": host.is_receiving(),
         "throttling": throttling,

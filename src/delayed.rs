@@ -174,6 +174,7 @@ pub async fn run_mover(
                 if failing {
                     tracing::info!(queue = %queue, "moving due delayed messages works again");
                     failing = false;
+                    metrics.delayed_moves_failing.set(0.0);
                 }
                 metrics.delayed_moved.increment(moved.moved);
                 metrics.delayed_messages.set(moved.waiting as f64);
@@ -191,6 +192,7 @@ pub async fn run_mover(
                     tracing::warn!(queue = %queue, error = %e,
                         "cannot move due delayed messages into the queue; retrying with back-off");
                     failing = true;
+                    metrics.delayed_moves_failing.set(1.0);
                 }
                 wait = (wait * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
             }

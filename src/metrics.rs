@@ -293,6 +293,13 @@ pub const METRICS: &[MetricDef] = &[
         "Due messages the mover moved from the delayed table into the queue",
     ),
     def(
+        "delayed_moves_failing",
+        G,
+        None,
+        &["queue"],
+        "1 while the mover's statements on the queue's delayed table fail (due delayed messages are not moved in), else 0",
+    ),
+    def(
         "downstream_state",
         G,
         None,
@@ -570,6 +577,7 @@ impl Metrics {
             delayed_messages: self.gauge("delayed_messages", &q),
             delayed_next_due: self.gauge("delayed_next_due_seconds", &q),
             delayed_moved: self.counter("delayed_moved_total", &q),
+            delayed_moves_failing: self.gauge("delayed_moves_failing", &q),
             lock_timeouts: self.counter(
                 "lock_conflicts_total",
                 &[("queue", queue), ("kind", "lock_timeout")],
@@ -756,6 +764,8 @@ pub struct QueueMetrics {
     pub delayed_next_due: Gauge,
     /// Due messages moved in.
     pub delayed_moved: Counter,
+    /// 1 while the mover's statements fail.
+    pub delayed_moves_failing: Gauge,
     /// Rows passed over because another transaction held them (Babelfish claims, movers).
     pub lock_timeouts: Counter,
     /// Statements chosen as deadlock victims and retried.

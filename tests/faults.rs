@@ -560,3 +560,46 @@ async fn frozen_database_is_said_to_be_silent(
     .await;
     host.shutdown().await;
 }
+
+/// A delayed table the mover cannot use (dropped under the running host here; a refused
+/// permission is the same to it) is a visible condition: `delayed_moves_failing` reads 1 for
+/// the queue (the `ThrottlehostDelayedMovesFailing` alert fires on it after 2 minutes), and 0
+/// again once the table is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_table_the_mover_cannot_use_is_shown() {
+    let schema = common::PgSchema::new();
+    let mut config = common::pg_config(&schema, "orders", ConcurrencyModel::Fixed, 2);
+    config.queues[0].handler = Some(throttlehost::config::HandlerConfig::Noop);
+    let host = throttlehost::HostBuilder::new(config)
+        .start()
+        .await
+        .unwrap();
+    let handle = host.handle();
+    let failing = |v: u8| format!("throttlehost_delayed_moves_failing{{queue=\"orders\"}} {v}");
+    wait_until(Duration::from_secs(10), "the gauge at 0", || {
+        handle.metrics_text().contains(&failing(0))
+    })
+    .await;
+    let client = schema.client().await;
+    let table = format!("\"{}\".\"orders.Delayed\"", schema.name);
+    client
+        .batch_execute(&format!("ALTER TABLE {table} RENAME TO \"moved.away\""))
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(20), "the gauge at 1", || {
+        handle.metrics_text().contains(&failing(1))
+    })
+    .await;
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE \"{}\".\"moved.away\" RENAME TO \"orders.Delayed\"",
+            schema.name
+        ))
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(20), "the gauge at 0 again", || {
+        handle.metrics_text().contains(&failing(0))
+    })
+    .await;
+    host.shutdown().await;
+}

@@ -363,9 +363,9 @@ fn the_page_agrees_with_status_sets_overrides_and_survives_a_restart() {
     );
     assert_eq!(delivery_state(&mut browser), Some(10), "last state kept");
 
-    // A host without a token returns on the same address: the page recovers by itself and
-    // its override works with no token.
-    let _host = start_host(port, "", &dir);
+    // A host with another token returns on the same address: the page recovers by itself,
+    // and a fleet-wide override (sealed with the token, so it needs one) works with that one.
+    let _host = start_host(port, "another-s3cret-token", &dir);
     browser.wait_for(
         "document.body.dataset.connection === 'live'",
         Duration::from_secs(10),
@@ -374,7 +374,7 @@ fn the_page_agrees_with_status_sets_overrides_and_survives_a_restart() {
         "document.querySelector('#dir-delivery [data-role=state]').dataset.state === '0'",
         Duration::from_secs(15),
     );
-    browser.eval("document.getElementById('token').value = ''");
+    browser.eval("document.getElementById('token').value = 'another-s3cret-token'");
     // For the whole fleet this time (a fleet of one: the memory transport's registry).
     browser.eval(
         "document.querySelector('#dir-publishing [data-role=override-fleet]').checked = true",

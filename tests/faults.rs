@@ -12,7 +12,7 @@ use throttlehost::config::{ConcurrencyModel, TransactionMode};
 use throttlehost::message::OutgoingMessage;
 use throttlehost::throttling::controller::MachineFacts;
 use throttlehost::throttling::sensors::{ResourceReadings, ResourceSensor};
-use throttlehost::transport::{Transport, TransportError};
+use throttlehost::transport::{QueueAdmin, Transport, TransportError};
 
 /// `Expires` values PostgreSQL's `timestamp` holds and no client date type can: before the
 /// fix the receive failed to decode them, the row went back to the head of the queue and the
@@ -602,4 +602,49 @@ async fn a_delayed_table_the_mover_cannot_use_is_shown() {
     })
     .await;
     host.shutdown().await;
+}
+
+/// A delayed row whose Id a queued row already has (tables anyone can write): it is moved in
+/// under a new Id beside it. Before, the queue's primary key failed every move of the table,
+/// and its due messages stalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_row_with_the_id_of_a_queued_row_still_moves() {
+    let schema = common::PgSchema::new();
+    let t = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    let orders = q("orders");
+    t.create_queue(&orders).await.unwrap();
+    let delayed = t.delayed_delivery().unwrap();
+    delayed.create_delayed(&orders).await.unwrap();
+    let client = schema.client().await;
+    let id = uuid::Uuid::new_v4();
+    let (queue_table, delayed_table) = (
+        format!("\"{}\".\"orders\"", schema.name),
+        format!("\"{}\".\"orders.Delayed\"", schema.name),
+    );
+    client
+        .execute(
+            &format!("INSERT INTO {queue_table} (Id, Headers, Body) VALUES ($1, '{{}}', 'queued')"),
+            &[&id],
+        )
+        .await
+        .unwrap();
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {delayed_table} (Id, Headers, Body, Due) VALUES ($1, '{{}}', 'due', now() - interval '1 second')"
+            ),
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let moved = delayed.move_due(&orders, 100).await.unwrap();
+    assert_eq!((moved.moved, moved.waiting), (1, 0));
+    let bodies: Vec<Vec<u8>> = client
+        .query(&format!("SELECT Body FROM {queue_table} ORDER BY Seq"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(bodies, [b"queued".to_vec(), b"due".to_vec()]);
 }

@@ -96,7 +96,9 @@ pub struct DelayedStatements {
     /// Moves up to `$1` due rows into the queue in one statement, under the queue's mover
     /// lock (`$2`, a transaction-scoped advisory lock that another mover finds taken);
     /// returns moved, whether the lock was had, rows left, and milliseconds until the
-    /// earliest finite due time left (NULL when none).
+    /// earliest finite due time left (NULL when none). A due row whose Id a queued row
+    /// already has (rows anyone can write) goes in under a new Id: its headers keep the
+    /// message's id, and the queue's primary key failed every move of the table.
     pub move_due: String,
     /// Rows in the table.
     pub count: String,
@@ -129,7 +131,9 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (Due)"
                  WHERE Due < (now() AT TIME ZONE 'UTC')::timestamptz AND (SELECT got FROM mover) \
                  ORDER BY Due LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING Id, Headers, Body, Due), \
                  moved AS (INSERT INTO {queue_table} (Id, Expires, Headers, Body) \
-                 SELECT Id, NULL, Headers, Body FROM due ORDER BY Due RETURNING 1) \
+                 SELECT CASE WHEN EXISTS (SELECT 1 FROM {queue_table} q WHERE q.Id = due.Id) \
+                 THEN gen_random_uuid() ELSE due.Id END, NULL, Headers, Body \
+                 FROM due ORDER BY Due RETURNING 1) \
                  SELECT (SELECT count(*) FROM moved)::bigint, (SELECT got FROM mover), \
                  ((SELECT count(*) FROM {table}) - (SELECT count(*) FROM due))::bigint, \
                  (SELECT (EXTRACT(EPOCH FROM (min(Due) - (now() AT TIME ZONE 'UTC')::timestamptz)) * 1000)::float8 \

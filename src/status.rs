@@ -13,6 +13,7 @@ use crate::throttling::explain::Explanation;
 
 /// The whole document.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct HostStatus {
     /// `[host] name`.
     pub host: String,
@@ -48,6 +49,7 @@ impl HostStatus {
 
 /// Throttling at the last sample.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct ThrottlingStatus {
     /// When the sample was taken, seconds on the controller's clock: two documents with the
     /// same value show the same sample.
@@ -64,6 +66,7 @@ pub struct ThrottlingStatus {
 
 /// One direction.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct DirectionStatus {
     /// BizTalk state code.
     pub state: u8,
@@ -113,6 +116,7 @@ pub enum OverrideScope {
 
 /// One sensor.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct ResourceStatus {
     /// Condition it feeds.
     pub condition: Condition,
@@ -132,6 +136,7 @@ pub struct ResourceStatus {
 
 /// A queue's fleet-wide limit as this instance holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct FleetShareStatus {
     /// `concurrency.fleet_max`: in flight across every instance at most.
     pub fleet_max: u32,
@@ -141,6 +146,7 @@ pub struct FleetShareStatus {
 
 /// One receiving queue.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct QueueStatus {
     /// Name.
     pub name: String,

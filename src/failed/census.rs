@@ -19,6 +19,7 @@ pub const OTHER_SOURCE: &str = "other";
 
 /// One count of an error queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Census {
     /// Messages by the queue they failed in: every known source (at 0 when none failed
     /// there) and [`OTHER_SOURCE`].

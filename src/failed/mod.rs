@@ -58,6 +58,7 @@ impl Filter {
 /// Failed messages that share a cause: the exception type, the first line of its message and
 /// the queue they failed in.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Group {
     /// A short id for the group, the same on every host and every run.
     pub id: String,
@@ -75,6 +76,7 @@ pub struct Group {
 
 /// One failed message in a list.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Summary {
     /// Its native id (the row's `Id`).
     pub id: Uuid,
@@ -90,6 +92,7 @@ pub struct Summary {
 
 /// A page of failed messages.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Page {
     /// The messages, oldest first.
     pub messages: Vec<Summary>,

@@ -82,6 +82,7 @@ pub struct RetryRun<'a> {
 
 /// What a retry run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Retried {
     /// Messages sent back, each removed from the error queue in the same transaction.
     pub moved: u64,

@@ -77,6 +77,7 @@ fn cut_text(text: &str, limit: usize) -> (String, bool) {
 
 /// One failed message in full.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct MessageView {
     /// The native id.
     pub id: Uuid,

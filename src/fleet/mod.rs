@@ -262,6 +262,7 @@ pub async fn run_heartbeat<S, C, O>(
 
 /// Every instance on the database, as `/fleet` shows it.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct FleetView {
     /// This process's id.
     pub this_process: Uuid,
@@ -277,6 +278,7 @@ pub struct FleetView {
 
 /// One instance in the view.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct FleetMember {
     /// The process id.
     pub process_id: Uuid,

@@ -253,6 +253,7 @@ impl Readings {
 
 /// One condition as seen by one direction.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct ConditionStatus {
     /// Which condition.
     pub condition: Condition,
@@ -268,6 +269,7 @@ pub struct ConditionStatus {
 
 /// A direction's decision for one tick.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct DirectionDecision {
     /// Which direction.
     pub direction: Direction,
@@ -322,6 +324,7 @@ fn as_secs_opt<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok
 
 /// Everything decided in one tick.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Decision {
     /// Clock time of the tick.
     #[serde(serialize_with = "as_secs")]

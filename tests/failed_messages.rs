@@ -398,17 +398,16 @@ async fn a_running_host_counts_its_failed_messages_for_the_gauges() {
         "throttlehost_failed_messages{queue=\"error\",source=\"other\"} 1",
         "throttlehost_failed_message_groups{queue=\"error\"} 2",
     ];
-    let mut metrics = String::new();
-    for _ in 0..100 {
-        let url = url.clone();
-        metrics = tokio::task::spawn_blocking(move || common::http("GET", &url, b"", &[]).1)
-            .await
-            .unwrap();
-        if wanted.iter().all(|line| metrics.contains(line)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let handle = host.handle();
+    common::wait_until(Duration::from_secs(10), "the count in the gauges", || {
+        let metrics = handle.metrics_text();
+        wanted.iter().all(|line| metrics.contains(line))
+    })
+    .await;
+    // And as a scrape reads them.
+    let (_, metrics, _) = tokio::task::spawn_blocking(move || common::http("GET", &url, b"", &[]))
+        .await
+        .unwrap();
     for line in wanted {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }

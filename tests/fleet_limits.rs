@@ -294,11 +294,12 @@ async fn a_host_that_thaws_does_not_pass_the_fleet_max() {
     .await;
     proxy.freeze(true);
     // Gone after 1 s: the other host takes the whole limit meanwhile.
-    wait_until(Duration::from_secs(10), "the other holds the limit", || {
-        share(&other) == 4
+    // ...and the frozen one, without a round for half of it, closes its own gate: what its
+    // receives bring at the thaw must not run.
+    wait_until(Duration::from_secs(10), "the limit moved over", || {
+        share(&other) == 4 && share(&frozen) == 0
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
     proxy.freeze(false);
     wait_until(Duration::from_secs(60), "all 400 handled", || {
         probe.handled() == 400

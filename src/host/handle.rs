@@ -15,6 +15,17 @@ use crate::status::{HostStatus, OverrideScope, QueueStatus};
 use crate::throttling::{Direction, Snapshot};
 use crate::transport::{QueueName, Transport, TransportError};
 
+/// Sends `message` to `queue` as `host` sends: origin headers, the throttled publish path.
+pub(super) async fn send_from(
+    host: &HostInner,
+    queue: &str,
+    message: OutgoingMessage,
+) -> Result<(), TransportError> {
+    let queue = QueueName::new(queue)?;
+    let message = message.sent_by(host.origin());
+    host.publisher().send(&queue, &message).await
+}
+
 /// A handle to a running host (see [`crate::Host::handle`]). Cloning it is cheap; it stays
 /// usable after the host shut down (sends then fail and the status says it stopped).
 #[derive(Clone)]
@@ -29,9 +40,7 @@ impl HostHandle {
 
     /// Sends a message through the throttled publish path, with this host's origin headers.
     pub async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), TransportError> {
-        let queue = QueueName::new(queue)?;
-        let message = message.sent_by(self.inner.origin());
-        self.inner.publisher().send(&queue, &message).await
+        send_from(&self.inner, queue, message).await
     }
 
     /// The status document (as `/status` serves it).

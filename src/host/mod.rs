@@ -1268,7 +1268,7 @@ impl Host {
 
     /// Sends a message through the throttled publish path.
     pub async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), TransportError> {
-        self.handle().send(queue, message).await
+        handle::send_from(&self.inner, queue, message).await
     }
 
     /// Resolves if the throttling controller stops while the host runs (it panicked): the

@@ -6,7 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::{PostgresTransport, create_under_lock, map_error, quote_ident};
+use super::admin::create_under_lock;
+use super::{PostgresTransport, map_error, quote_ident};
 use crate::transport::fleet::{
     BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, INSTANCES_TABLE, InstanceRecord,
     InstanceRegistry, SHARES_TABLE, ShareClaim, ShareRow,

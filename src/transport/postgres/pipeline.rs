@@ -17,7 +17,8 @@ use futures_util::StreamExt;
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 use uuid::Uuid;
 
-use super::{map_error, parse_expires};
+use super::map_error;
+use super::receive::parse_expires;
 use crate::transport::row::RawRow;
 use crate::transport::{QueueName, TransportError};
 

@@ -1,0 +1,291 @@
+//! Queue administration: creating tables and indexes under a lock, checking their layout, purging, listing.
+
+use crate::transport::{QueueAdmin, QueueName, TransportError};
+use async_trait::async_trait;
+use deadpool_postgres::Object;
+use tokio_postgres::error::SqlState;
+
+use super::connection::map_error;
+use super::statements::quote_ident;
+use super::{Inner, PURGE_BATCH, PostgresTransport, QueueStatements, discard};
+
+impl Inner {
+    /// Builds the expression indexes an ordered queue's receives probe, those missing only.
+    ///
+    /// `CREATE INDEX IF NOT EXISTS` takes a SHARE lock on the table before it looks for the
+    /// name, so a host starting while others receive would wait for every open receive and
+    /// make every new one wait behind it. Existing indexes are therefore looked up first, and
+    /// a missing one is built `CONCURRENTLY` (writes go on), one host at a time under the
+    /// table's advisory lock (session level: CONCURRENTLY runs outside a transaction).
+    pub(super) async fn ensure_indexes(
+        &self,
+        queue: &QueueName,
+        st: &QueueStatements,
+    ) -> Result<(), TransportError> {
+        if st.ordering_indexes.is_empty() {
+            return Ok(());
+        }
+        let client = self.client().await?;
+        let built: Result<(), tokio_postgres::Error> = async {
+            for index in &st.ordering_indexes {
+                let exists = "SELECT to_regclass($1) IS NOT NULL";
+                if client.query_one(exists, &[&index.name]).await?.get(0) {
+                    continue;
+                }
+                client
+                    .execute("SELECT pg_advisory_lock(hashtext($1))", &[&st.table])
+                    .await?;
+                let created = client.batch_execute(&index.create).await;
+                client
+                    .execute("SELECT pg_advisory_unlock(hashtext($1))", &[&st.table])
+                    .await?;
+                created?;
+            }
+            Ok(())
+        }
+        .await;
+        built.map_err(|e| {
+            // A session lock may still be held on it: the connection goes.
+            discard(client);
+            map_error(e, Some(queue))
+        })
+    }
+}
+
+impl Inner {
+    /// Runs a statement that answers one bigint count (negative read as 0).
+    pub(super) async fn count(
+        &self,
+        queue: &QueueName,
+        what: &'static str,
+        sql: &str,
+    ) -> Result<u64, TransportError> {
+        let client = self.client().await?;
+        let (_, row) = self
+            .answered(what, client, async |c| {
+                let stmt = c.prepare_cached(sql).await?;
+                c.query_one(&stmt, &[]).await
+            })
+            .await?;
+        let row = row.map_err(|e| map_error(e, Some(queue)))?;
+        let n: i64 = row
+            .try_get(0)
+            .map_err(|e| TransportError::database(e.to_string()))?;
+        Ok(n.max(0) as u64)
+    }
+}
+
+/// The column types a queue table must have (`information_schema` names), by column.
+pub(super) const LAYOUT: [(&str, &[&str]); 5] = [
+    ("id", &["uuid"]),
+    (
+        "expires",
+        &["timestamp without time zone", "timestamp with time zone"],
+    ),
+    ("headers", &["text", "character varying"]),
+    ("body", &["bytea"]),
+    ("seq", &["integer", "bigint"]),
+];
+
+/// Checks a queue table's columns against [`LAYOUT`]; names the first one that differs.
+pub(super) async fn check_layout(
+    client: &tokio_postgres::Client,
+    schema: &str,
+    queue: &QueueName,
+) -> Result<(), TransportError> {
+    let rows = client
+        .query(
+            "SELECT lower(column_name::text), data_type::text FROM information_schema.columns              WHERE table_schema = $1 AND table_name = $2",
+            &[&schema, &queue.table()],
+        )
+        .await
+        .map_err(|e| map_error(e, Some(queue)))?;
+    if rows.is_empty() {
+        return Err(TransportError::QueueNotFound(queue.to_string()));
+    }
+    for (column, accepted) in LAYOUT {
+        let found = rows
+            .iter()
+            .find(|r| r.get::<_, String>(0) == column)
+            .map(|r| r.get::<_, String>(1));
+        match found {
+            Some(t) if accepted.contains(&t.as_str()) => {}
+            Some(t) => {
+                return Err(TransportError::queue(
+                    queue,
+                    format!(
+                        "has column {column} of type {t}; the queue layout needs {} (see sql/postgres/queue.sql)",
+                        accepted.join(" or ")
+                    ),
+                ));
+            }
+            None => {
+                return Err(TransportError::queue(
+                    queue,
+                    format!(
+                        "has no column {column}: it is not a queue table (see sql/postgres/queue.sql)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `ddl` (statements that create what is missing, each `IF NOT EXISTS`) in one
+/// transaction under an advisory lock keyed by `name`: two hosts creating the same object at
+/// once can still collide inside `CREATE ... IF NOT EXISTS`, so they take turns, and the
+/// "already exists" errors that remain are harmless (Ok).
+pub(super) async fn create_under_lock(
+    client: &mut Object,
+    name: &str,
+    ddl: &[&str],
+) -> Result<(), tokio_postgres::Error> {
+    let result = async {
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&name])
+            .await?;
+        for statement in ddl {
+            tx.batch_execute(statement).await?;
+        }
+        tx.commit().await
+    }
+    .await;
+    match result {
+        Err(e) if !is_concurrent_creation(&e) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// "Already exists" errors of two hosts creating the same table at once: harmless.
+pub(super) fn is_concurrent_creation(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        [
+            SqlState::DUPLICATE_TABLE,
+            SqlState::DUPLICATE_OBJECT,
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::DUPLICATE_SCHEMA,
+        ]
+        .contains(c)
+    })
+}
+
+#[async_trait]
+impl QueueAdmin for PostgresTransport {
+    async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue)?;
+        let mut client = self.inner.client().await?;
+        let own_schema = self.inner.schema_of(queue);
+        let schema = quote_ident(own_schema);
+        // Two hosts creating the same table at once can still collide inside
+        // CREATE ... IF NOT EXISTS; an advisory lock keyed by the table serialises them and the
+        // remaining "already exists" codes are harmless.
+        let result: Result<(), tokio_postgres::Error> = async {
+            let tx = client.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&st.table])
+                .await?;
+            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+                .await?;
+            tx.batch_execute(&st.create).await?;
+            if self.inner.notify_on_insert {
+                // The notify function is the schema's, shared by its tables: one creator at a
+                // time.
+                tx.execute(
+                    "SELECT pg_advisory_xact_lock(hashtext('throttlehost_notify:' || $1))",
+                    &[&own_schema],
+                )
+                .await?;
+                tx.batch_execute(&st.notify_on_insert).await?;
+            }
+            tx.commit().await
+        }
+        .await;
+        let created = match result {
+            Err(e) if !is_concurrent_creation(&e) => Err(map_error(e, Some(queue))),
+            _ => Ok(()),
+        };
+        created?;
+        // CREATE TABLE IF NOT EXISTS leaves a table of another layout in place.
+        check_layout(&client, own_schema, queue).await
+    }
+
+    async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        let mut total = 0;
+        loop {
+            let n = client
+                .execute(&st.purge_expired_batch, &[&PURGE_BATCH])
+                .await
+                .map_err(|e| map_error(e, Some(queue)))?;
+            total += n;
+            if n < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        client
+            .execute(&st.purge, &[])
+            .await
+            .map_err(|e| map_error(e, Some(queue)))
+    }
+
+    async fn reset_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue)?;
+        let client = self.inner.client().await?;
+        client
+            .batch_execute(&format!("DROP TABLE IF EXISTS {}", st.table))
+            .await
+            .map_err(|e| map_error(e, Some(queue)))?;
+        drop(client);
+        self.create_queue(queue).await
+    }
+
+    async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
+        let client = self.inner.client().await?;
+        let rows = client
+            .query(
+                "SELECT table_name::text FROM information_schema.columns \
+                 WHERE table_schema = $1 AND lower(column_name) IN ('id', 'expires', 'headers', 'body', 'seq') \
+                 GROUP BY table_name HAVING count(*) = 5 ORDER BY 1",
+                &[&self.inner.schema],
+            )
+            .await
+            .map_err(|e| map_error(e, None))?;
+        Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+    }
+
+    async fn startup_checks(&self, queues: &[QueueName]) -> Result<Vec<String>, TransportError> {
+        let mut warnings = Vec::new();
+        let client = match self.inner.client().await {
+            Ok(c) => c,
+            Err(e) => return Ok(vec![format!("cannot run start-up checks: {e}")]),
+        };
+        for queue in queues {
+            match check_layout(&client, self.inner.schema_of(queue), queue).await {
+                Err(e) if e.is_configuration() => return Err(e),
+                Err(e) => warnings.push(format!("cannot check the layout of `{queue}`: {e}")),
+                Ok(()) => {}
+            }
+            let indexed = client
+                .query_opt(
+                    "SELECT 1 FROM pg_indexes WHERE schemaname = $1 AND tablename = $2 \
+                     AND indexdef ILIKE '%UNIQUE%(seq)%'",
+                    &[&self.inner.schema_of(queue), &queue.table()],
+                )
+                .await;
+            match indexed {
+                Ok(Some(_)) => {}
+                Ok(None) => warnings.push(format!(
+                    "queue `{queue}` has no unique index on Seq: receives will scan the table (see sql/postgres/queue.sql)"
+                )),
+                Err(e) => warnings.push(format!("cannot check the indexes of `{queue}`: {}", map_error(e, Some(queue)))),
+            }
+        }
+        Ok(warnings)
+    }
+}

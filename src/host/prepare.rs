@@ -1,0 +1,143 @@
+//! Preparing the database before receiving: queue and delayed tables created or checked, and the transport's start-up checks.
+
+use crate::config::{Config, TransportKind};
+use crate::receive::QueueRuntime;
+use crate::transport::{QueueName, Transport, TransportError};
+use std::sync::Arc;
+
+use super::HostError;
+use super::plan::check_abilities;
+
+/// What a failed step of preparing `queue` becomes: a database that is away, or a setting or
+/// table layout the transport refused (its error names the queue and what to change), stays
+/// a transport error, so the caller may wait for the database; anything else is a `Prepare`
+/// error with what to do about it.
+pub(super) fn preparing<'q>(
+    queue: &'q QueueName,
+    what: &'static str,
+    remedy: &'static str,
+) -> impl FnOnce(TransportError) -> HostError + 'q {
+    move |e| match e {
+        TransportError::Connection { .. } | TransportError::PoolTimeout { .. } => {
+            HostError::Transport(e)
+        }
+        e if e.is_configuration() => HostError::Transport(e),
+        e => HostError::Prepare {
+            queue: queue.to_string(),
+            what,
+            source: e,
+            remedy,
+        },
+    }
+}
+
+/// Creates the delayed table of every queue with delayed delivery on, or, when the host is
+/// not to create tables, checks that each is there: a missing one would fail every delayed
+/// retry and every move, so the start is refused naming the table and the command.
+pub(super) async fn prepare_delayed_tables(
+    config: &Config,
+    transport: &dyn Transport,
+) -> Result<(), HostError> {
+    let Some(delayed) = transport.delayed_delivery() else {
+        return Ok(());
+    };
+    for qc in config.queues.iter().filter(|q| q.delayed_delivery.enabled) {
+        let name = QueueName::new(&qc.name)?;
+        if config.host.create_queues {
+            delayed.create_delayed(&name).await.map_err(preparing(
+                &name,
+                "create its delayed table",
+                "create it with a privileged account, or set queues.delayed_delivery.enabled = false",
+            ))?;
+        } else {
+            // Whether it is there, not how full: a count would read a large table whole.
+            let exists = delayed
+                .delayed_table_exists(&name)
+                .await
+                .map_err(preparing(
+                    &name,
+                    "look for its delayed table",
+                    "check the account's rights on the schema",
+                ))?;
+            if !exists {
+                return Err(HostError::Transport(TransportError::DelayedTableNotFound {
+                    queue: name.to_string(),
+                    table: delayed.delayed_table(&name),
+                }));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Creates the queues (when configured), runs the transport's start-up checks, warns about
+/// settings that cannot work well, and purges expired messages (when configured).
+pub(super) async fn prepare_transport(
+    config: &Config,
+    transport: &dyn Transport,
+    to_create: &[QueueName],
+    queues: &[Arc<QueueRuntime>],
+) -> Result<(), HostError> {
+    let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name().clone()).collect();
+    check_abilities(config, transport)?;
+    // Before anything is created: a start that is refused leaves no tables behind.
+    let server_warnings = transport.server_checks().await?;
+    for warning in server_warnings {
+        tracing::warn!("{warning}");
+    }
+    if config.host.create_queues {
+        for q in to_create {
+            transport.create_queue(q).await.map_err(preparing(
+                q,
+                "create its table",
+                "create the queues with a privileged account, then set host.create_queues = false",
+            ))?;
+        }
+    }
+    let ordered = config.queues.iter().filter(|q| q.ordering.is_ordered());
+    // check_abilities refused ordered queues on a transport that keeps no order.
+    for (q, ordering) in ordered.filter_map(|q| Some((q, transport.key_ordering()?))) {
+        let name = QueueName::new(&q.name)?;
+        ordering
+            .order_by_key(&name, &q.ordering)
+            .await
+            .map_err(preparing(
+                &name,
+                "prepare ordered receives (queues.ordering)",
+                "on PostgreSQL an account that may not create indexes and tables needs sql/postgres/ordering.sql, and with failed_key = \"hold\" sql/postgres/held.sql, run first by one that may",
+            ))?;
+    }
+    let warnings = transport.startup_checks(&receive_names).await?;
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    prepare_delayed_tables(config, transport).await?;
+    let total_concurrency: u64 = queues.iter().map(|q| q.settings().max as u64).sum();
+    if total_concurrency + 1 > config.transport.pool_size as u64 {
+        tracing::warn!(
+            pool_size = config.transport.pool_size,
+            total_concurrency,
+            "transport.pool_size is below the queues' total max concurrency + 1: receives will wait for connections"
+        );
+    }
+    if config.transport.kind == TransportKind::Memory {
+        tracing::warn!(
+            "memory transport: queues live inside this process and are lost when it exits"
+        );
+    }
+    if config.transport.purge_expired_on_startup {
+        for q in &receive_names {
+            match transport.purge_expired(q).await {
+                Ok(n) if n > 0 => {
+                    tracing::info!(queue = %q, purged = n, "expired messages purged at start-up")
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(queue = %q, error = %e, "purging expired messages failed")
+                }
+            }
+        }
+    }
+
+    Ok(())
+}

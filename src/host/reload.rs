@@ -1,0 +1,105 @@
+//! Reloading: a new configuration applied to a running host, and what it could not apply said.
+
+use crate::config::{Config, HandlerConfig};
+use crate::receive::QueueSettings;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::HostInner;
+
+impl HostInner {
+    /// Applies a new configuration without restarting: throttling settings, queue
+    /// concurrency, retries, peek intervals and simulate knobs. Returns the changes that need a
+    /// restart (they are left as they are).
+    pub fn apply_config(&self, new: Config) -> Vec<String> {
+        let old = self.config.load_full();
+        let mut needs_restart = Vec::new();
+        if old.transport != new.transport {
+            needs_restart.push("[transport]".to_string());
+        }
+        if old.host != new.host {
+            needs_restart.push("[host]".to_string());
+        }
+        if old.fleet.enabled != new.fleet.enabled {
+            needs_restart.push("fleet.enabled".to_string());
+        }
+        let old_names: Vec<&str> = old.queues.iter().map(|q| q.name.as_str()).collect();
+        let new_names: Vec<&str> = new.queues.iter().map(|q| q.name.as_str()).collect();
+        if old_names != new_names {
+            needs_restart.push("the list of queues".to_string());
+        }
+        for qc in &new.queues {
+            let Some(before) = old.queues.iter().find(|q| q.name == qc.name) else {
+                continue;
+            };
+            if before.concurrency.model != qc.concurrency.model
+                || before.error_queue != qc.error_queue
+                || before.instance_queue.enabled != qc.instance_queue.enabled
+            {
+                needs_restart.push(format!(
+                    "queue `{}` model, error queue or instance queue",
+                    qc.name
+                ));
+            }
+            let instance_queue = format!("{}.{}", qc.name, self.instance);
+            let mode = new.transport.transaction_mode;
+            for q in self.queues.iter() {
+                let settings = if q.name().as_str() == qc.name {
+                    QueueSettings::from_config(qc, qc.concurrency.max, mode)
+                } else if qc.instance_queue.enabled && q.name().as_str() == instance_queue {
+                    QueueSettings::from_config(qc, qc.instance_queue.max_concurrency, mode)
+                        .local_only()
+                } else {
+                    continue;
+                };
+                q.reconfigure(settings);
+                let sim = self.simulated.iter().find(|(name, _)| name == q.name());
+                match (&qc.handler, sim.map(|(_, sim)| sim)) {
+                    (Some(HandlerConfig::Simulate(knobs)), Some(sim)) => {
+                        sim.set_knobs(knobs.clone())
+                    }
+                    (h, _) if *h != before.handler => {
+                        needs_restart.push(format!("queue `{}` handler", qc.name));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.control.reconfigure(new.throttling.clone());
+        self.overrides.reloaded();
+        self.config.store(Arc::new(new));
+        needs_restart.sort();
+        needs_restart.dedup();
+        needs_restart
+    }
+
+    /// Re-reads the configuration file; an invalid file keeps the running settings.
+    pub fn reload(&self) -> Result<Vec<String>, String> {
+        let Some(path) = &self.config_path else {
+            return Err("the host was not started from a configuration file".into());
+        };
+        self.reload_from(path)
+    }
+
+    /// Reads `path` and applies it (see [`HostInner::apply_config`]).
+    pub fn reload_from(&self, path: &Path) -> Result<Vec<String>, String> {
+        match crate::config::load_file(path) {
+            Ok(config) => {
+                let restart = self.apply_config(config);
+                self.metrics.config_reload(true);
+                if restart.is_empty() {
+                    tracing::info!(path = %path.display(), "configuration reloaded");
+                } else {
+                    tracing::warn!(path = %path.display(), needs_restart = ?restart,
+                        "configuration reloaded; some changes take effect only after a restart");
+                }
+                Ok(restart)
+            }
+            Err(e) => {
+                self.metrics.config_reload(false);
+                tracing::error!(path = %path.display(), error = %e, "configuration reload failed; the running settings stay");
+                Err(e.to_string())
+            }
+        }
+    }
+}

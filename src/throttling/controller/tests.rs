@@ -8,6 +8,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::config::{MemoryThreshold, OverrideMode, ThrottlingConfig};
+use crate::throttling::law;
 
 const MIB: u64 = 1 << 20;
 

@@ -11,6 +11,10 @@
 //! until it ends, a send or peek briefly), a wait of up to `connect_timeout` for a free one,
 //! and `simulated_latency` per statement. Load tests use that to drive the publishing-rate
 //! and database-sessions conditions without a database.
+//!
+//! This file is the face: the transport, its shared state and the message path. The rooms:
+//! `queue` (one queue), `received` (an open receive), `delayed`, `admin` (with key ordering
+//! and batches), `fleet` and `failed`.
 
 mod admin;
 mod delayed;

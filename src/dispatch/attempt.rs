@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::failure::{Failure, TIMEOUT_KIND, delayed_retries_of};
-use super::{Dispatched, Dispatcher, Done, Verdict};
+use super::{Dispatched, Dispatcher, Done, Outcome, Verdict};
 
 /// Calls a handler once, turning errors, panics and timeouts into a [`Failure`].
 pub async fn call_handler(
@@ -90,25 +90,10 @@ impl Dispatcher {
             let Payload::Message(received_message) = received.payload() else {
                 return Dispatched::Ended;
             };
-            // A message from this queue's delayed table: its handler does not see the header.
-            let local_copy = received_message
-                .headers
-                .contains_key(FORWARD_DESTINATION_HEADER)
-                .then(|| {
-                    let mut m = received_message.clone();
-                    m.headers.remove(FORWARD_DESTINATION_HEADER);
-                    m
-                });
+            let local_copy = without_forward_header(received_message);
             let message = local_copy.as_ref().unwrap_or(received_message);
             let id = message.id;
-            // The key a failure holds (`failed_key = "hold"`), when the message has one.
-            let hold_key = q
-                .ordering()
-                .as_ref()
-                .filter(|o| o.failed_key == FailedKey::Hold)
-                .and_then(|o| o.key_header())
-                .and_then(|h| message.header(h))
-                .map(str::to_string);
+            let hold_key = hold_key_of(q, message);
             let logical_id = self.observer.as_ref().map(|_| message.logical_id());
             if let Some(o) = &self.observer {
                 o.started(q.name(), id, logical_id.as_deref());
@@ -129,10 +114,7 @@ impl Dispatcher {
                 return self.to_commit(q, received, done, Some(in_process), key);
             }
             Verdict::Released => {
-                tracing::debug!(queue = %q.name(), %id, "outage mode: message returned to the queue to be tried one at a time");
-                if let Err(e) = received.rollback().await {
-                    tracing::warn!(queue = %q.name(), %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
-                }
+                release(q, received, id).await;
                 None
             }
             Verdict::Deferred(home, retry, failure) => {
@@ -143,21 +125,38 @@ impl Dispatcher {
                 }
                 None
             }
-            Verdict::Failed(error_message, failure) => match hold_key {
-                Some(key) => {
-                    self.hold(q, received, id, &key, &error_message, &failure)
-                        .await
-                }
-                None => {
-                    self.move_to_error(q, received, id, &error_message, &failure)
-                        .await
-                }
-            },
+            Verdict::Failed(error_message, failure) => {
+                let failed = (error_message.as_ref(), &failure);
+                self.fail(q, received, id, hold_key.as_deref(), failed)
+                    .await
+            }
         };
         if let Some(outcome) = outcome {
             self.observe(q, id, logical_id.as_deref(), outcome);
         }
         Dispatched::Ended
+    }
+
+    /// A message whose retries are used up: held under its key when its queue holds failed
+    /// keys, moved to the error queue otherwise.
+    async fn fail(
+        &self,
+        q: &QueueRuntime,
+        received: Box<dyn Received>,
+        id: Uuid,
+        hold_key: Option<&str>,
+        (error_message, failure): (&OutgoingMessage, &Failure),
+    ) -> Option<Outcome> {
+        match hold_key {
+            Some(key) => {
+                self.hold(q, received, id, key, error_message, failure)
+                    .await
+            }
+            None => {
+                self.move_to_error(q, received, id, error_message, failure)
+                    .await
+            }
+        }
     }
 
     /// Calls the handler until it succeeds or the immediate retries are used up (counting the
@@ -279,5 +278,37 @@ impl Dispatcher {
             }
         }
         Some(received)
+    }
+}
+
+/// The message a handler sees: a message from its queue's delayed table without the forward
+/// header (handlers do not see it), `None` when the received one has none.
+fn without_forward_header(message: &Message) -> Option<Message> {
+    message
+        .headers
+        .contains_key(FORWARD_DESTINATION_HEADER)
+        .then(|| {
+            let mut m = message.clone();
+            m.headers.remove(FORWARD_DESTINATION_HEADER);
+            m
+        })
+}
+
+/// The key a failure of `message` holds (`failed_key = "hold"`), when it has one.
+fn hold_key_of(q: &QueueRuntime, message: &Message) -> Option<String> {
+    q.ordering()
+        .as_ref()
+        .filter(|o| o.failed_key == FailedKey::Hold)
+        .and_then(|o| o.key_header())
+        .and_then(|h| message.header(h))
+        .map(str::to_string)
+}
+
+/// Outage mode: a message in flight beside others goes back to its place, to be tried one at
+/// a time.
+async fn release(q: &QueueRuntime, received: Box<dyn Received>, id: Uuid) {
+    tracing::debug!(queue = %q.name(), %id, "outage mode: message returned to the queue to be tried one at a time");
+    if let Err(e) = received.rollback().await {
+        tracing::warn!(queue = %q.name(), %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
     }
 }

@@ -6,7 +6,7 @@ use crate::handlers::Handler;
 use crate::metrics::Metrics;
 use crate::throttling::sensors::{ResourceSensor, SystemSensor};
 use crate::throttling::service::{ServiceParts, ThrottleControl};
-use crate::throttling::{Clock, TokioClock};
+use crate::throttling::{Clock, Throttle, TokioClock};
 use crate::transport::{self, QueueName, Transport};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
@@ -18,8 +18,8 @@ use super::plan::{ArrivalWakes, ConflictCounters, QueuePlan, known_queues, plan_
 use super::prepare::prepare_transport;
 use super::probe;
 use super::tasks::{
-    AdminServer, message_path, serve_admin, start_census, start_controller, start_heartbeat,
-    start_receiving,
+    AdminServer, RunningController, message_path, serve_admin, start_census, start_controller,
+    start_heartbeat, start_receiving,
 };
 use super::{Host, HostError, HostInner};
 
@@ -130,32 +130,21 @@ impl HostBuilder {
         let names: Vec<QueueName> = queues.iter().map(|q| q.name().clone()).collect();
         transport.wake_on_arrival(&names, Arc::new(ArrivalWakes::of(&queues)));
 
-        let mut sensor = self.sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
-        check_memory_threshold(&config, sensor.as_mut())?;
-        let control = Arc::new(ThrottleControl::new(
-            config.throttling.clone(),
-            sensor.machine(),
-        ));
-        let adapter = Arc::new(probe::HostAdapter {
-            queues: queues.clone(),
-            dispatcher: dispatcher.clone(),
-            transport: transport.clone(),
-            publisher: publisher.clone(),
+        let adapter = Arc::new(probe::HostAdapter::new(
+            &config,
+            &queues,
+            &dispatcher,
+            &transport,
+            &publisher,
             error_queues,
-            include_error_queues: config.throttling.database_size_includes_error_queue,
-            runtime: tokio::runtime::Handle::current(),
-            refreshing: Arc::default(),
-            held_read_at: Default::default(),
-        });
-        let controller = start_controller(ServiceParts {
-            control: control.clone(),
-            sensor,
-            clock: self.clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
-            throttle: throttle.clone(),
-            probe: adapter.clone(),
-            limits: adapter,
-            metrics: metrics.clone(),
-        });
+        ));
+        let (control, controller) = start_throttling(
+            &config,
+            (self.sensor, self.clock),
+            &throttle,
+            adapter,
+            &metrics,
+        )?;
 
         let receive_ctx = start_receiving(&queues, &transport, &dispatcher, &throttle, &publisher);
         let known_queues = known_queues(to_create, &queues, &metrics);
@@ -189,6 +178,33 @@ impl HostBuilder {
             admin,
         })
     }
+}
+
+/// The throttling controller, reading the host through `adapter`, started on the sensor and
+/// clock the builder was given (the machine's and tokio's when none).
+fn start_throttling(
+    config: &Config,
+    (sensor, clock): (Option<Box<dyn ResourceSensor>>, Option<Arc<dyn Clock>>),
+    throttle: &Arc<Throttle>,
+    adapter: Arc<probe::HostAdapter>,
+    metrics: &Metrics,
+) -> Result<(Arc<ThrottleControl>, RunningController), HostError> {
+    let mut sensor = sensor.unwrap_or_else(|| Box::new(SystemSensor::new()));
+    check_memory_threshold(config, sensor.as_mut())?;
+    let control = Arc::new(ThrottleControl::new(
+        config.throttling.clone(),
+        sensor.machine(),
+    ));
+    let controller = start_controller(ServiceParts {
+        control: control.clone(),
+        sensor,
+        clock: clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
+        throttle: throttle.clone(),
+        probe: adapter.clone(),
+        limits: adapter,
+        metrics: metrics.clone(),
+    });
+    Ok((control, controller))
 }
 
 /// Makes a started host known: its admin endpoint (when asked for), its heartbeat in the

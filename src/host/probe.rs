@@ -36,6 +36,30 @@ pub struct HostAdapter {
     pub(super) held_read_at: std::sync::Mutex<HashMap<QueueName, std::time::Instant>>,
 }
 
+impl HostAdapter {
+    /// The probe of a host's queues: depths, in-process count, sessions, downstream guards.
+    pub(super) fn new(
+        config: &crate::config::Config,
+        queues: &[Arc<QueueRuntime>],
+        dispatcher: &Arc<Dispatcher>,
+        transport: &Arc<dyn Transport>,
+        publisher: &Arc<Publisher>,
+        error_queues: HashSet<QueueName>,
+    ) -> Self {
+        HostAdapter {
+            queues: queues.to_vec(),
+            dispatcher: dispatcher.clone(),
+            transport: transport.clone(),
+            publisher: publisher.clone(),
+            error_queues,
+            include_error_queues: config.throttling.database_size_includes_error_queue,
+            runtime: tokio::runtime::Handle::current(),
+            refreshing: Arc::default(),
+            held_read_at: Default::default(),
+        }
+    }
+}
+
 /// How often the held keys of a queue with `failed_key = "hold"` are read: a hold is lifted
 /// from another process (`throttlehost queues release`), and receivers keep the depth fresh,
 /// so the depth's own refresh cannot be counted on to come.

@@ -201,11 +201,30 @@ impl Controller {
             }
         }
         let offered = rates.recent_incoming_per_sec.max(1.0);
-        // Each release after a cause that would engage again if let in at once has its own
-        // line and its own end (the two are never both the relaxing cause); any other pace
-        // ends once new requests pass with room to spare and those still waiting would pass
-        // within one sample at this pace anyway (no burst at the end).
-        let (next, ends_at, needs_headroom) = match (cause, tick.sessions_release) {
+        let (next, ends_at, needs_headroom) = self.release_line(tick, cause, (p, next), offered);
+        let next = ((needs_headroom && next < 2.0 * offered)
+            || !passes_within_a_sample(ends_at)
+            || held_by_use)
+            .then_some(next);
+        (next, held_by_use)
+    }
+
+    /// The pace a release after `cause` may grow to from `next` (`p` before), the pace at
+    /// which it ends, and whether it also waits for headroom over what is `offered`.
+    ///
+    /// Each release after a cause that would engage again if let in at once has its own line
+    /// and its own end (the two are never both the relaxing cause); any other pace ends once
+    /// new requests pass with room to spare and those still waiting would pass within one
+    /// sample at this pace anyway (no burst at the end).
+    fn release_line(
+        &self,
+        tick: &DirectionTick,
+        cause: Option<Condition>,
+        (p, next): (f64, f64),
+        offered: f64,
+    ) -> (f64, f64, bool) {
+        let rates = tick.rates;
+        match (cause, tick.sessions_release) {
             // After a rate imbalance, what the pace held back goes in at the resume line
             // (recent outgoing x overdrive x resume ratio), and the pace ends once what is
             // left would pass within a sample at that line. Opened by half a sample, the
@@ -237,11 +256,6 @@ impl Controller {
                 (next.min(release.max(2.0 * offered)), offered, true)
             }
             _ => (next, next, true),
-        };
-        let next = ((needs_headroom && next < 2.0 * offered)
-            || !passes_within_a_sample(ends_at)
-            || held_by_use)
-            .then_some(next);
-        (next, held_by_use)
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The `[host]`, `[admin]`, `[fleet]` and `[failed_messages]` sections.
 
-use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use super::units;
 use super::{ByteSize, Secret};

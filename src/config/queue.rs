@@ -1,7 +1,9 @@
-//! A `[[queue]]`: its handler, concurrency, recoverability, delayed delivery, downstream guards and ordering.
+//! A `[[queue]]`: its handler, concurrency, recoverability, delayed delivery, downstream guards and
+//! ordering.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
 
 use super::ByteSize;
 use super::units;

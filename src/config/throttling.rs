@@ -1,7 +1,9 @@
-//! The `[throttling]` section: thresholds, severities and each direction's settings, with BizTalk's defaults.
+//! The `[throttling]` section: thresholds, severities and each direction's settings, with BizTalk's
+//! defaults.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
 
 use super::MemoryThreshold;
 use super::units;

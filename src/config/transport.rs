@@ -1,7 +1,8 @@
 //! The `[transport]` section: which database, how to reach it, and the NServiceBus layout's names.
 
-use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use super::ConnectionString;
 use super::units;

@@ -1,4 +1,12 @@
-//! The handler's attempts: in-flight accounting, the call under its timeout and downstream guards, immediate retries, and the outbox sent with the unit of work.
+//! The handler's attempts: in-flight accounting, the call under its timeout and downstream guards,
+//! immediate retries, and the outbox sent with the unit of work.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use uuid::Uuid;
 
 use crate::config::{FailedKey, TransactionMode};
 use crate::handlers::{Context, Handler, Sender};
@@ -6,11 +14,6 @@ use crate::message::{FORWARD_DESTINATION_HEADER, Message, OutgoingMessage};
 use crate::queue::downstream::Change;
 use crate::queue::{QueueEvent, QueueRuntime};
 use crate::transport::{Payload, QueueName, Received};
-use futures_util::FutureExt;
-use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-use uuid::Uuid;
 
 use super::failure::{Failure, TIMEOUT_KIND, delayed_retries_of};
 use super::{Dispatched, Dispatcher, Done, Outcome, Verdict};

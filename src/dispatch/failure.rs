@@ -1,4 +1,10 @@
-//! What a failure becomes: the fault description, a held key, a delayed retry, or a move to the error queue with the headers ServiceControl reads.
+//! What a failure becomes: the fault description, a held key, a delayed retry, or a move to the
+//! error queue with the headers ServiceControl reads.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use uuid::Uuid;
 
 use crate::message::{
     FORWARD_DESTINATION_HEADER, Headers, Message, OutgoingMessage, RETRIES_HEADER,
@@ -6,9 +12,6 @@ use crate::message::{
 };
 use crate::queue::{QueueEvent, QueueRuntime};
 use crate::transport::{QueueName, Received};
-use chrono::Utc;
-use std::time::Duration;
-use uuid::Uuid;
 
 use super::{Dispatcher, Outcome, send_and_commit};
 

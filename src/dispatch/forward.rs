@@ -1,9 +1,11 @@
-//! Where a message goes besides its handler: forwarded to the queue its delayed row named, undeliverable, or dead-lettered as poison.
+//! Where a message goes besides its handler: forwarded to the queue its delayed row named,
+//! undeliverable, or dead-lettered as poison.
+
+use uuid::Uuid;
 
 use crate::message::{FORWARD_DESTINATION_HEADER, Message, OutgoingMessage};
 use crate::queue::{QueueEvent, QueueRuntime};
 use crate::transport::{Payload, QueueName, Received};
-use uuid::Uuid;
 
 use super::failure::Failure;
 use super::{Destination, Dispatched, Dispatcher, Done, Outcome};

@@ -1,5 +1,12 @@
 //! Building a host: what a builder may be given, and the start that assembles it in order.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::time::Instant;
+
 use crate::config::Config;
 use crate::dispatch::{DispatchObserver, HostIdentity};
 use crate::handlers::Handler;
@@ -8,11 +15,6 @@ use crate::throttling::sensors::{ResourceSensor, SystemSensor};
 use crate::throttling::service::{ServiceParts, ThrottleControl};
 use crate::throttling::{Clock, Throttle, TokioClock};
 use crate::transport::{self, QueueName, Transport};
-use arc_swap::ArcSwap;
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::Arc;
-use tokio::time::Instant;
 
 use super::plan::{ArrivalWakes, ConflictCounters, QueuePlan, known_queues, plan_queues};
 use super::prepare::prepare_transport;
@@ -138,13 +140,9 @@ impl HostBuilder {
             &publisher,
             error_queues,
         ));
-        let (control, controller) = start_throttling(
-            &config,
-            (self.sensor, self.clock),
-            &throttle,
-            adapter,
-            &metrics,
-        )?;
+        let (sensor, clock) = (self.sensor, self.clock);
+        let (control, controller) =
+            start_throttling(&config, sensor, clock, &throttle, adapter, &metrics)?;
 
         let receive_ctx = start_receiving(&queues, &transport, &dispatcher, &throttle, &publisher);
         let known_queues = known_queues(to_create, &queues, &metrics);
@@ -184,7 +182,8 @@ impl HostBuilder {
 /// clock the builder was given (the machine's and tokio's when none).
 fn start_throttling(
     config: &Config,
-    (sensor, clock): (Option<Box<dyn ResourceSensor>>, Option<Arc<dyn Clock>>),
+    sensor: Option<Box<dyn ResourceSensor>>,
+    clock: Option<Arc<dyn Clock>>,
     throttle: &Arc<Throttle>,
     adapter: Arc<probe::HostAdapter>,
     metrics: &Metrics,

@@ -1,4 +1,5 @@
-//! The fleet seen from one instance: the view of its members, orders written for all, and orders heard at a heartbeat.
+//! The fleet seen from one instance: the view of its members, orders written for all, and orders
+//! heard at a heartbeat.
 
 use crate::throttling::Direction;
 

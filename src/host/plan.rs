@@ -1,4 +1,8 @@
-//! Which queues a host runs and how each is set up: the plan, the handlers, and the sinks the transport reports to.
+//! Which queues a host runs and how each is set up: the plan, the handlers, and the sinks the
+//! transport reports to.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use crate::config::{Config, HandlerConfig};
 use crate::depth::DepthCell;
@@ -6,8 +10,6 @@ use crate::handlers::{self, Handler, SimulateHandler};
 use crate::metrics::Metrics;
 use crate::receive::{QueueRuntime, QueueSettings};
 use crate::transport::{ArrivalSink, ConflictSink, QueueName, Transport};
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
 use super::HostError;
 

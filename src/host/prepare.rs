@@ -1,9 +1,11 @@
-//! Preparing the database before receiving: queue and delayed tables created or checked, and the transport's start-up checks.
+//! Preparing the database before receiving: queue and delayed tables created or checked, and the
+//! transport's start-up checks.
+
+use std::sync::Arc;
 
 use crate::config::{Config, TransportKind};
 use crate::receive::QueueRuntime;
 use crate::transport::{QueueName, Transport, TransportError};
-use std::sync::Arc;
 
 use super::HostError;
 use super::plan::check_abilities;

@@ -1,9 +1,10 @@
 //! Reloading: a new configuration applied to a running host, and what it could not apply said.
 
-use crate::config::{Config, HandlerConfig};
-use crate::receive::QueueSettings;
 use std::path::Path;
 use std::sync::Arc;
+
+use crate::config::{Config, HandlerConfig};
+use crate::receive::QueueSettings;
 
 use super::HostInner;
 

@@ -1,5 +1,9 @@
 //! A running host: the shared parts its tasks read, status, sends, overrides and shutdown.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
 use crate::config::Config;
 use crate::handlers::SimulateHandler;
 use crate::message::OutgoingMessage;
@@ -9,9 +13,6 @@ use crate::receive::QueueRuntime;
 use crate::throttling::service::ThrottleControl;
 use crate::throttling::{Direction, Throttle};
 use crate::transport::{QueueName, Transport, TransportError};
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
 
 use super::tasks::moves_delayed;
 use super::{ABORT_GRACE, Host, HostHandle, HostInner, ShutdownReport};

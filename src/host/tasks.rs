@@ -1,4 +1,13 @@
-//! The host's running tasks: receivers, delayed movers, the throttling controller, the admin endpoint, the fleet heartbeat and the failed-message census.
+//! The host's running tasks: receivers, delayed movers, the throttling controller, the admin
+//! endpoint, the fleet heartbeat and the failed-message census.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::dispatch::{DispatchObserver, Dispatcher, HostIdentity};
@@ -9,12 +18,6 @@ use crate::receive::{self, QueueRuntime, ReceiveContext};
 use crate::throttling::Throttle;
 use crate::throttling::service::{self, ServiceParts};
 use crate::transport::{QueueName, Transport};
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::status;
 use super::{HostError, HostInner};

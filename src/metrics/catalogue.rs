@@ -1,4 +1,5 @@
-//! The catalogue: every metric's name, type, unit, labels and help text, in the order the documentation lists them.
+//! The catalogue: every metric's name, type, unit, labels and help text, in the order the
+//! documentation lists them.
 
 use metrics::Unit;
 

@@ -1,7 +1,9 @@
-//! Typed handles: the counters, gauges and histograms of a queue, a direction and the host, registered once and recorded through without a lookup.
+//! Typed handles: the counters, gauges and histograms of a queue, a direction and the host,
+//! registered once and recorded through without a lookup.
+
+use metrics::{Counter, Gauge, Histogram};
 
 use crate::states::{Condition, Direction};
-use metrics::{Counter, Gauge, Histogram};
 
 /// Per-queue handles.
 #[derive(Clone)]

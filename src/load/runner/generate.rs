@@ -1,17 +1,20 @@
-//! Offered load: the backlog stored before a run, open-loop generation at a phase's rate, and closed-loop senders.
+//! Offered load: the backlog stored before a run, open-loop generation at a phase's rate, and
+//! closed-loop senders.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::host::HostInner;
 use crate::load::scenario::{Phase, Scenario};
 use crate::message::{EXECUTION_STAGE_HEADER, OutgoingMessage, PREVIOUS_STAGE_HEADER};
 use crate::transport::{QueueName, Transport, TransportError};
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
-use tokio::sync::Semaphore;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::first_queue;
 use super::ledger::Ledger;

@@ -1,4 +1,12 @@
-//! The ledger: every message sent and every end seen, by logical id, to count what was lost or duplicated and to judge key and stage order.
+//! The ledger: every message sent and every end seen, by logical id, to count what was lost or
+//! duplicated and to judge key and stage order.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::time::Instant;
+use uuid::Uuid;
 
 use crate::dispatch::{DispatchObserver, Outcome};
 use crate::load::in_flight::InFlightSpans;
@@ -6,11 +14,6 @@ use crate::load::peer::{PeerEvent, now_ns};
 use crate::load::record::Accounting;
 use crate::message::OutgoingMessage;
 use crate::transport::QueueName;
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
-use tokio::time::Instant;
-use uuid::Uuid;
 
 /// Counts every message by id; the host reports outcomes through [`DispatchObserver`].
 #[derive(Default)]

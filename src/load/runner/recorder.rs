@@ -1,11 +1,14 @@
-//! The recorder: every controller tick with the phase that ran, and the latencies the simulated handlers saw.
+//! The recorder: every controller tick with the phase that ran, and the latencies the simulated
+//! handlers saw.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::host::HostInner;
 use crate::load::record::Sample;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::ledger::Ledger;
 

@@ -1,4 +1,15 @@
-//! A session plays the scenario's phases against the running host, then drains and waits for the states to clear.
+//! A session plays the scenario's phases against the running host, then drains and waits for the
+//! states to clear.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::OverrideMode;
 use crate::host::HostInner;
@@ -8,14 +19,6 @@ use crate::load::record::PhaseSpan;
 use crate::load::scenario::{Phase, Scenario};
 use crate::throttling::Direction;
 use crate::transport::{QueueName, Transport};
-use std::io::IsTerminal;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
-use tokio::sync::Semaphore;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::first_queue;
 use super::generate::generate;

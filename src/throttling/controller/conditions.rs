@@ -1,9 +1,12 @@
-//! Conditions: each measured against its threshold with hysteresis, latched while active, ranked by severity.
+//! Conditions: each measured against its threshold with hysteresis, latched while active, ranked by
+//! severity.
+
+use std::time::Duration;
 
 use crate::config::OverrideMode;
 use crate::throttling::law;
+use crate::throttling::rates::RateReading;
 use crate::throttling::{Condition, Direction};
-use std::time::Duration;
 
 use super::{ConditionStatus, Controller, Readings};
 
@@ -44,28 +47,8 @@ impl Controller {
     ) -> Vec<ConditionStatus> {
         let rates = readings.rates(direction);
         let idx = direction.index();
-        let outgoing = self.outgoing_judged(direction, now, &rates, dir_config);
-        let rate_limit = outgoing.map_or(0.0, |(rate, _)| {
-            rate * dir_config.overdrive_percent as f64 / 100.0
-        });
-        // Judged only with enough samples, an outgoing rate to judge against, and outside the
-        // quiet window after another cause; otherwise it reads as off (threshold 0), not as a
-        // value over a line nobody is watching.
-        let rate_judged = now >= self.directions[idx].rate_quiet_until && outgoing.is_some();
-        let may_engage = outgoing.is_some_and(|(_, confirmed)| confirmed);
-        let resume_after = self.config.resume_after;
-        let rate = &mut self.directions[idx].rate;
-        let rate_active = if rate_judged {
-            rate.update(
-                now,
-                may_engage && rates.incoming_per_sec > rate_limit,
-                rates.incoming_per_sec >= rate_limit * self.config.resume_ratio,
-                resume_after,
-            )
-        } else {
-            *rate = Latch::default();
-            false
-        };
+        let (rate_active, rate_judged, rate_limit) =
+            self.rate_imbalance(direction, now, &rates, dir_config);
         let mut conditions = Vec::new();
         for condition in Condition::ALL {
             let Some(state) = condition.state_code(direction) else {
@@ -116,6 +99,41 @@ impl Controller {
             }
         }
         conditions
+    }
+
+    /// The rate imbalance of `direction`: whether it is active, whether it is judged at all,
+    /// and its line (outgoing x overdrive).
+    fn rate_imbalance(
+        &mut self,
+        direction: Direction,
+        now: Duration,
+        rates: &RateReading,
+        dir_config: &crate::config::DirectionConfig,
+    ) -> (bool, bool, f64) {
+        let idx = direction.index();
+        let outgoing = self.outgoing_judged(direction, now, rates, dir_config);
+        let rate_limit = outgoing.map_or(0.0, |(rate, _)| {
+            rate * dir_config.overdrive_percent as f64 / 100.0
+        });
+        // Judged only with enough samples, an outgoing rate to judge against, and outside the
+        // quiet window after another cause; otherwise it reads as off (threshold 0), not as a
+        // value over a line nobody is watching.
+        let rate_judged = now >= self.directions[idx].rate_quiet_until && outgoing.is_some();
+        let may_engage = outgoing.is_some_and(|(_, confirmed)| confirmed);
+        let resume_after = self.config.resume_after;
+        let rate = &mut self.directions[idx].rate;
+        let rate_active = if rate_judged {
+            rate.update(
+                now,
+                may_engage && rates.incoming_per_sec > rate_limit,
+                rates.incoming_per_sec >= rate_limit * self.config.resume_ratio,
+                resume_after,
+            )
+        } else {
+            *rate = Latch::default();
+            false
+        };
+        (rate_active, rate_judged, rate_limit)
     }
 }
 

@@ -1,10 +1,12 @@
 //! What a tick decides: each direction's state, delay, pace and conditions, and the queues' limits.
 
-use crate::config::OverrideMode;
-use crate::throttling::{Condition, Direction};
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::OverrideMode;
+use crate::throttling::{Condition, Direction};
 
 /// One condition as seen by one direction.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

@@ -1,8 +1,10 @@
-//! Delivery limits: cut from what is in flight under memory, in-process or thread pressure, held, and grown back.
+//! Delivery limits: cut from what is in flight under memory, in-process or thread pressure, held,
+//! and grown back.
+
+use std::collections::BTreeMap;
 
 use crate::throttling::Direction;
 use crate::throttling::law;
-use std::collections::BTreeMap;
 
 use super::conditions::resource_conditions;
 use super::{Controller, QueueLoad, Readings};

@@ -1,9 +1,11 @@
-//! Pacing publishing: the drain law under database size, sessions or memory, the rate law under imbalance, and relaxing a pace a closed-loop sender still uses.
+//! Pacing publishing: the drain law under database size, sessions or memory, the rate law under
+//! imbalance, and relaxing a pace a closed-loop sender still uses.
+
+use std::time::Duration;
 
 use crate::throttling::law;
 use crate::throttling::rates::RateReading;
 use crate::throttling::{Condition, Direction};
-use std::time::Duration;
 
 use super::conditions::condition_overage;
 use super::{ConditionStatus, Controller, DirectionTick, Readings};

@@ -1,9 +1,11 @@
-//! What a tick reads: the machine, the thresholds resolved on it, the readings, the downstream guards and the ceiling's holds.
+//! What a tick reads: the machine, the thresholds resolved on it, the readings, the downstream
+//! guards and the ceiling's holds.
+
+use serde::Serialize;
 
 use crate::config::ThrottlingConfig;
 use crate::throttling::rates::RateReading;
 use crate::throttling::{Condition, Direction};
-use serde::Serialize;
 
 /// What the machine looks like, for thresholds given per CPU or as a share of memory.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

@@ -1,9 +1,10 @@
 //! A direction's decision: its delay, and the state it shows while any action is in effect.
 
+use std::time::Duration;
+
 use crate::throttling::law;
 use crate::throttling::rates::RateReading;
 use crate::throttling::{Condition, Direction, state_name};
-use std::time::Duration;
 
 use super::conditions::{Latch, condition_overage};
 use super::{ConditionStatus, Controller, DirectionDecision, DirectionTick, Readings};

@@ -1,10 +1,12 @@
 //! Queue administration, key ordering and batch receives of the memory transport.
 
-use crate::config::OrderingConfig;
-use crate::transport::{HeldKey, QueueAdmin, QueueName, Received, TransportError};
-use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::SystemTime;
+
+use async_trait::async_trait;
+
+use crate::config::OrderingConfig;
+use crate::transport::{HeldKey, QueueAdmin, QueueName, Received, TransportError};
 
 use super::{MemoryTransport, lock};
 

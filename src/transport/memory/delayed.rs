@@ -1,11 +1,13 @@
 //! Delayed tables in memory: stored with their due time, moved into their queue when due.
 
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+
 use crate::config::DEFAULT_DELAYED_TABLE_SUFFIX;
 use crate::transport::delayed::{DelayedDelivery, Moved};
 use crate::transport::{QueueName, TransportError};
-use async_trait::async_trait;
-use std::collections::BTreeMap;
-use std::time::SystemTime;
 
 use super::queue::StoredMessage;
 use super::{MemoryTransport, lock};

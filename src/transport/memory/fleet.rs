@@ -1,14 +1,16 @@
 //! The instance registry and fleet shares in memory, for tests of several hosts in one process.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
 use crate::transport::fleet::{
     BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry,
     ShareClaim, ShareRow,
 };
 use crate::transport::{QueueName, TransportError};
-use async_trait::async_trait;
-use std::collections::BTreeMap;
-use std::time::Duration;
-use uuid::Uuid;
 
 use super::{MemoryTransport, lock};
 

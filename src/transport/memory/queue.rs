@@ -1,12 +1,15 @@
-//! One in-memory queue: stored messages in sequence order, what receives hold, keys held by failed messages.
+//! One in-memory queue: stored messages in sequence order, what receives hold, keys held by failed
+//! messages.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use uuid::Uuid;
 
 use crate::config::OrderingConfig;
 use crate::message::{EXECUTION_STAGE_HEADER, Headers, PREVIOUS_STAGE_HEADER};
 use crate::transport::HeldKey;
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
-use std::time::SystemTime;
-use uuid::Uuid;
 
 #[derive(Debug, Clone)]
 pub(super) struct StoredMessage {

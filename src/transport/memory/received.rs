@@ -1,10 +1,13 @@
-//! An open receive of the memory transport: invisible to others until it commits, back at its place when it rolls back or drops.
+//! An open receive of the memory transport: invisible to others until it commits, back at its place
+//! when it rolls back or drops.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
 
 use crate::message::OutgoingMessage;
 use crate::transport::{HeldKey, Payload, QueueName, Received, TransportError};
-use async_trait::async_trait;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 
 use super::queue::{Holds, QueueState, StoredMessage};
 use super::{Session, Shared, lock, stored_from};

@@ -1,9 +1,11 @@
-//! Queue administration: creating tables and indexes under a lock, checking their layout, purging, listing.
+//! Queue administration: creating tables and indexes under a lock, checking their layout, purging,
+//! listing.
 
-use crate::transport::{QueueAdmin, QueueName, TransportError};
 use async_trait::async_trait;
 use deadpool_postgres::Object;
 use tokio_postgres::error::SqlState;
+
+use crate::transport::{QueueAdmin, QueueName, TransportError};
 
 use super::connection::map_error;
 use super::statements::quote_ident;

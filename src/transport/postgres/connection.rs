@@ -1,7 +1,9 @@
-//! Connection settings as libpq reads them (URL, environment, password file), and driver errors told as transport errors.
+//! Connection settings as libpq reads them (URL, environment, password file), and driver errors
+//! told as transport errors.
+
+use tokio_postgres::error::SqlState;
 
 use crate::transport::{QueueName, TransportError};
-use tokio_postgres::error::SqlState;
 
 /// A URL whose password holds an unencoded `@` is read by every driver as a host name after
 /// the first `@`: a name lookup error that says nothing of the password. Say what it is.

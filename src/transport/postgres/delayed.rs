@@ -1,9 +1,12 @@
-//! Delayed delivery: the `"<queue>.Delayed"` table NServiceBus keeps, and moving due rows into their queue.
+//! Delayed delivery: the `"<queue>.Delayed"` table NServiceBus keeps, and moving due rows into
+//! their queue.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
 
 use crate::transport::delayed::{DelayedDelivery, Moved};
 use crate::transport::{QueueName, TransportError};
-use async_trait::async_trait;
-use std::time::Duration;
 
 use super::admin::is_concurrent_creation;
 use super::connection::map_error;

@@ -1,10 +1,12 @@
 //! Key ordering: the held-keys table and holding a failed key.
 
-use crate::config::{FailedKey, OrderingConfig};
-use crate::transport::{HeldKey, QueueName, TransportError};
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use deadpool_postgres::Object;
-use std::sync::Arc;
+
+use crate::config::{FailedKey, OrderingConfig};
+use crate::transport::{HeldKey, QueueName, TransportError};
 
 use super::admin::create_under_lock;
 use super::connection::map_error;

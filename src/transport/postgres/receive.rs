@@ -1,15 +1,18 @@
-//! Receiving: the rows a receive returns, batch receives, and rows an autocommitted receive must give back.
+//! Receiving: the rows a receive returns, batch receives, and rows an autocommitted receive must
+//! give back.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::NaiveDateTime;
+use deadpool_postgres::Object;
+use uuid::Uuid;
 
 use crate::config::TransactionMode;
 use crate::transport::batch;
 use crate::transport::row::RawRow;
 use crate::transport::unit_of_work::{SqlReceived, split_batch};
 use crate::transport::{QueueName, Received, TransportError};
-use async_trait::async_trait;
-use chrono::NaiveDateTime;
-use deadpool_postgres::Object;
-use std::sync::Arc;
-use uuid::Uuid;
 
 use super::connection::map_error;
 use super::{Inner, PostgresTransport, discard};

@@ -1,15 +1,17 @@
 //! Storing messages: single and multi-row inserts, delayed rows, and the unit of work's statements.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::Object;
+use uuid::Uuid;
+
 use crate::message::OutgoingMessage;
 use crate::transport::delayed::{delay_millis, delayed_headers};
 use crate::transport::headers::serialize_headers;
 use crate::transport::unit_of_work::{Receipt, SqlStore};
 use crate::transport::{CommitAndReceive, QueueName, Transport, TransportError};
-use async_trait::async_trait;
-use deadpool_postgres::Object;
-use std::sync::Arc;
-use std::time::Duration;
-use uuid::Uuid;
 
 use super::connection::map_error;
 use super::delayed::map_delayed_error;

@@ -1,8 +1,10 @@
-//! Queue administration: creating, checking and purging tables, and addresses as NServiceBus writes them.
+//! Queue administration: creating, checking and purging tables, and addresses as NServiceBus writes
+//! them.
+
+use async_trait::async_trait;
 
 use crate::config::Dialect;
 use crate::transport::{QueueAdmin, QueueName, TransportError};
-use async_trait::async_trait;
 
 use super::connection::{int_at, is_server_error, map_error};
 use super::{Inner, PURGE_BATCH, SqlServerTransport, statements};

@@ -1,4 +1,5 @@
-//! Connection settings from an ADO.NET connection string, and tiberius errors told as transport errors.
+//! Connection settings from an ADO.NET connection string, and tiberius errors told as transport
+//! errors.
 
 use crate::transport::{QueueName, TransportError};
 

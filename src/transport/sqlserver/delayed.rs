@@ -1,10 +1,12 @@
-//! Delayed delivery: the `<queue>.Delayed` table NServiceBus keeps, and moving due rows into their queue.
+//! Delayed delivery: the `<queue>.Delayed` table NServiceBus keeps, and moving due rows into their
+//! queue.
+
+use async_trait::async_trait;
+use chrono::NaiveDateTime;
 
 use crate::transport::delayed::{DelayedDelivery, Moved};
 use crate::transport::unit_of_work::SqlStore;
 use crate::transport::{QueueName, TransportError};
-use async_trait::async_trait;
-use chrono::NaiveDateTime;
 
 use super::connection::{int_at, map_error};
 use super::{QueueStatements, SqlServerTransport};

@@ -1,10 +1,12 @@
 //! Key ordering: the held-keys table and the ordered receive.
 
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
 use crate::config::{FailedKey, OrderingConfig};
 use crate::transport::{HeldKey, QueueName, TransportError};
-use async_trait::async_trait;
-use std::sync::Arc;
-use uuid::Uuid;
 
 use super::connection::{is_server_error, map_error};
 use super::statements::{bracket, held_statements};

@@ -1,14 +1,17 @@
-//! Receiving: the READPAST receive, Babelfish's claims, batch receives and reading the rows they return.
+//! Receiving: the READPAST receive, Babelfish's claims, batch receives and reading the rows they
+//! return.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::NaiveDateTime;
+use uuid::Uuid;
 
 use crate::config::{Dialect, TransactionMode};
 use crate::transport::batch;
 use crate::transport::row::RawRow;
 use crate::transport::unit_of_work::{SqlReceived, split_batch};
 use crate::transport::{CommitAndReceive, QueueName, Received, TransportError};
-use async_trait::async_trait;
-use chrono::NaiveDateTime;
-use std::sync::Arc;
-use uuid::Uuid;
 
 use super::connection::{int_at, is_server_error, map_error};
 use super::{Inner, MAX_BATCH, Pooled, SqlServerTransport, claim, statements};

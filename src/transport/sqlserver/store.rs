@@ -1,18 +1,20 @@
 //! Storing messages: single, multi-row and bulk-loaded inserts, and the unit of work's statements.
 
-use super::pool::Connection;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
 use crate::config::Dialect;
 use crate::message::OutgoingMessage;
 use crate::transport::delayed::{delay_millis, delayed_headers};
 use crate::transport::headers::serialize_headers;
 use crate::transport::unit_of_work::{Receipt, SqlStore};
 use crate::transport::{CommitAndReceive, QueueName, Transport, TransportError};
-use async_trait::async_trait;
-use std::sync::Arc;
-use uuid::Uuid;
 
 use super::connection::{int_at, is_server_error, map_error};
 use super::delayed::delayed_table_named;
+use super::pool::Connection;
 use super::{DEADLOCK_RETRIES, Inner, Pooled, SqlServerTransport, claim, statements};
 
 impl Inner {

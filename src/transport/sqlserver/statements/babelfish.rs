@@ -1,4 +1,5 @@
-//! Babelfish's claims: it ignores READPAST, so receives pick candidates and claim them under a 1 ms lock timeout.
+//! Babelfish's claims: it ignores READPAST, so receives pick candidates and claim them under a 1 ms
+//! lock timeout.
 
 use crate::config::{FailedKey, OrderingConfig};
 use crate::message::{EXECUTION_STAGE_HEADER, PREVIOUS_STAGE_HEADER};

@@ -1,4 +1,5 @@
-//! The statements of a queue that keeps an order: the ordered receive under application locks, and the count of what waits.
+//! The statements of a queue that keeps an order: the ordered receive under application locks, and
+//! the count of what waits.
 
 use crate::config::{Dialect, FailedKey, OrderingConfig};
 use crate::message::{EXECUTION_STAGE_HEADER, PREVIOUS_STAGE_HEADER};

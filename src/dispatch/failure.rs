@@ -231,14 +231,7 @@ impl Dispatcher {
         let mut headers: Headers = message.headers.clone();
         headers.remove("NServiceBus.Retries");
         headers.remove("NServiceBus.FLRetries");
-        let mut text = failure.message.clone();
-        if text.len() > MAX_EXCEPTION_MESSAGE {
-            let mut cut = MAX_EXCEPTION_MESSAGE;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            text.truncate(cut);
-        }
+        let text = cut_to(&failure.message, MAX_EXCEPTION_MESSAGE);
         let id = &self.identity;
         for (name, value) in [
             (
@@ -286,6 +279,15 @@ impl Dispatcher {
     }
 }
 
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn cut_to(text: &str, max: usize) -> String {
+    let mut cut = max.min(text.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text[..cut].to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +301,13 @@ mod tests {
         let f = Failure::from_error(&Outer(inner));
         assert_eq!(f.message, "saving failed");
         assert_eq!(f.detail, "saving failed\n  caused by: disk full");
+    }
+
+    #[test]
+    fn a_long_exception_message_is_cut_on_a_character_boundary() {
+        assert_eq!(cut_to("héllo", 2), "h");
+        assert_eq!(cut_to("héllo", 3), "hé");
+        assert_eq!(cut_to("hi", 16_384), "hi");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{Config, HandlerConfig};
+use crate::config::{Config, HandlerConfig, QueueConfig, TransactionMode};
 use crate::receive::QueueSettings;
 
 use super::HostInner;
@@ -14,56 +14,14 @@ impl HostInner {
     /// restart (they are left as they are).
     pub fn apply_config(&self, new: Config) -> Vec<String> {
         let old = self.config.load_full();
-        let mut needs_restart = Vec::new();
-        if old.transport != new.transport {
-            needs_restart.push("[transport]".to_string());
-        }
-        if old.host != new.host {
-            needs_restart.push("[host]".to_string());
-        }
-        if old.fleet.enabled != new.fleet.enabled {
-            needs_restart.push("fleet.enabled".to_string());
-        }
-        let old_names: Vec<&str> = old.queues.iter().map(|q| q.name.as_str()).collect();
-        let new_names: Vec<&str> = new.queues.iter().map(|q| q.name.as_str()).collect();
-        if old_names != new_names {
-            needs_restart.push("the list of queues".to_string());
-        }
+        let mut needs_restart = restart_needed(&old, &new);
+        let mode = new.transport.transaction_mode;
         for qc in &new.queues {
             let Some(before) = old.queues.iter().find(|q| q.name == qc.name) else {
                 continue;
             };
-            if before.concurrency.model != qc.concurrency.model
-                || before.error_queue != qc.error_queue
-                || before.instance_queue.enabled != qc.instance_queue.enabled
-            {
-                needs_restart.push(format!(
-                    "queue `{}` model, error queue or instance queue",
-                    qc.name
-                ));
-            }
-            let instance_queue = format!("{}.{}", qc.name, self.instance);
-            let mode = new.transport.transaction_mode;
-            for q in self.queues.iter() {
-                let settings = if q.name().as_str() == qc.name {
-                    QueueSettings::from_config(qc, qc.concurrency.max, mode)
-                } else if qc.instance_queue.enabled && q.name().as_str() == instance_queue {
-                    QueueSettings::from_config(qc, qc.instance_queue.max_concurrency, mode)
-                        .local_only()
-                } else {
-                    continue;
-                };
-                q.reconfigure(settings);
-                let sim = self.simulated.iter().find(|(name, _)| name == q.name());
-                match (&qc.handler, sim.map(|(_, sim)| sim)) {
-                    (Some(HandlerConfig::Simulate(knobs)), Some(sim)) => {
-                        sim.set_knobs(knobs.clone())
-                    }
-                    (h, _) if *h != before.handler => {
-                        needs_restart.push(format!("queue `{}` handler", qc.name));
-                    }
-                    _ => {}
-                }
+            if !self.reconfigure_queue(qc, mode) && qc.handler != before.handler {
+                needs_restart.push(format!("queue `{}` handler", qc.name));
             }
         }
         self.control.reconfigure(new.throttling.clone());
@@ -72,6 +30,30 @@ impl HostInner {
         needs_restart.sort();
         needs_restart.dedup();
         needs_restart
+    }
+
+    /// Applies `qc`'s settings to its queue and its instance queue, and a simulate handler's
+    /// new knobs to it. False when its handler is not a simulate handler whose knobs could
+    /// take the change.
+    fn reconfigure_queue(&self, qc: &QueueConfig, mode: TransactionMode) -> bool {
+        let instance_queue = format!("{}.{}", qc.name, self.instance);
+        let mut knobs_applied = true;
+        for q in self.queues.iter() {
+            let settings = if q.name().as_str() == qc.name {
+                QueueSettings::from_config(qc, qc.concurrency.max, mode)
+            } else if qc.instance_queue.enabled && q.name().as_str() == instance_queue {
+                QueueSettings::from_config(qc, qc.instance_queue.max_concurrency, mode).local_only()
+            } else {
+                continue;
+            };
+            q.reconfigure(settings);
+            let sim = self.simulated.iter().find(|(name, _)| name == q.name());
+            match (&qc.handler, sim.map(|(_, sim)| sim)) {
+                (Some(HandlerConfig::Simulate(knobs)), Some(sim)) => sim.set_knobs(knobs.clone()),
+                _ => knobs_applied = false,
+            }
+        }
+        knobs_applied
     }
 
     /// Re-reads the configuration file; an invalid file keeps the running settings.
@@ -103,4 +85,38 @@ impl HostInner {
             }
         }
     }
+}
+
+/// What a reload cannot change while the host runs, named for the operator.
+fn restart_needed(old: &Config, new: &Config) -> Vec<String> {
+    let mut needs_restart = Vec::new();
+    if old.transport != new.transport {
+        needs_restart.push("[transport]".to_string());
+    }
+    if old.host != new.host {
+        needs_restart.push("[host]".to_string());
+    }
+    if old.fleet.enabled != new.fleet.enabled {
+        needs_restart.push("fleet.enabled".to_string());
+    }
+    let old_names: Vec<&str> = old.queues.iter().map(|q| q.name.as_str()).collect();
+    let new_names: Vec<&str> = new.queues.iter().map(|q| q.name.as_str()).collect();
+    if old_names != new_names {
+        needs_restart.push("the list of queues".to_string());
+    }
+    for qc in &new.queues {
+        let Some(before) = old.queues.iter().find(|q| q.name == qc.name) else {
+            continue;
+        };
+        if before.concurrency.model != qc.concurrency.model
+            || before.error_queue != qc.error_queue
+            || before.instance_queue.enabled != qc.instance_queue.enabled
+        {
+            needs_restart.push(format!(
+                "queue `{}` model, error queue or instance queue",
+                qc.name
+            ));
+        }
+    }
+    needs_restart
 }

@@ -234,19 +234,6 @@ impl Admission {
     }
 
     async fn admit_slow(&self) -> Duration {
-        // Counted down however the wait ends, cancellation included.
-        struct Waiting<'a>(&'a AtomicU64);
-        impl<'a> Waiting<'a> {
-            fn enter(count: &'a AtomicU64) -> Self {
-                count.fetch_add(1, Ordering::Relaxed);
-                Waiting(count)
-            }
-        }
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
         let _waiting = Waiting::enter(&self.waiting);
         let start = self.now_ns();
         // The delay: every caller waits it, concurrently.
@@ -337,6 +324,23 @@ enum Check<T> {
     RecheckWhenRelaxed,
 }
 use Check::{Ready, RecheckAt, RecheckWhenRelaxed};
+
+/// One caller waiting, counted in `count` until it is dropped however the wait ends,
+/// cancellation included.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -46,7 +46,6 @@ impl Controller {
         dir_config: &crate::config::DirectionConfig,
     ) -> Vec<ConditionStatus> {
         let rates = readings.rates(direction);
-        let idx = direction.index();
         let (rate_active, rate_judged, rate_limit) =
             self.rate_imbalance(direction, now, &rates, dir_config);
         let mut conditions = Vec::new();
@@ -84,13 +83,23 @@ impl Controller {
                 threshold,
             });
         }
-        // Another cause taking the direction at this tick starts the rate's quiet window now
-        // (see `rate_quiet_until`): a rate not yet engaged is not judged while it holds.
+        self.quiet_rate_under_another_cause(direction, rate_active, &mut conditions);
+        conditions
+    }
+
+    /// Another cause taking the direction at this tick starts the rate's quiet window now
+    /// (see `rate_quiet_until`): a rate not yet engaged is not judged while it holds.
+    fn quiet_rate_under_another_cause(
+        &mut self,
+        direction: Direction,
+        rate_active: bool,
+        conditions: &mut [ConditionStatus],
+    ) {
         let other_active = conditions
             .iter()
             .any(|c| c.active && c.condition != Condition::RateImbalance);
         if other_active && !rate_active && self.applies(direction) {
-            self.directions[idx].rate = Latch::default();
+            self.directions[direction.index()].rate = Latch::default();
             if let Some(rate) = conditions
                 .iter_mut()
                 .find(|c| c.condition == Condition::RateImbalance)
@@ -98,7 +107,6 @@ impl Controller {
                 rate.threshold = 0.0;
             }
         }
-        conditions
     }
 
     /// The rate imbalance of `direction`: whether it is active, whether it is judged at all,

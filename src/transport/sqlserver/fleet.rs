@@ -199,34 +199,14 @@ impl FleetShares for SqlServerTransport {
         // Any failure from here on leaves a transaction open: the connection is dropped, and
         // the server rolls it back.
         let results = settle(&mut conn.broken, read, &st.table)?;
-        let granted = results
-            .first()
-            .and_then(|rows| rows.first())
-            .and_then(|row| row.get::<i32, _>(0))
-            .is_some_and(|got| got >= 0);
-        if !granted {
+        if !lock_granted(&results) {
             conn.broken = true;
             return Err(TransportError::Unanswered {
                 what: "the lock of a fleet-wide limit",
                 after: Duration::from_secs(10),
             });
         }
-        let rows: Vec<ShareRow> = results
-            .get(1)
-            .map(|rows| {
-                rows.iter()
-                    .filter_map(|r| {
-                        Some(ShareRow {
-                            process_id: r.get::<Uuid, _>(0)?,
-                            wanted: r.get::<i32, _>(1)?.max(0) as u32,
-                            granted: r.get::<i32, _>(2)?.max(0) as u32,
-                            alive: r.get::<i32, _>(3)? == 1,
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let claim = decide(&rows);
+        let claim = decide(&share_rows(&results));
         let (wanted, granted) = claim.columns();
         let written = conn
             .execute(
@@ -387,4 +367,32 @@ impl InstanceRegistry for SqlServerTransport {
         let result = conn.execute(st.leave.as_str(), &[&process_id]).await;
         settle(&mut conn.broken, result, &st.table).map(|_| ())
     }
+}
+
+/// Whether the share read's first result says the application lock was granted.
+fn lock_granted(results: &[Vec<tiberius::Row>]) -> bool {
+    results
+        .first()
+        .and_then(|rows| rows.first())
+        .and_then(|row| row.get::<i32, _>(0))
+        .is_some_and(|got| got >= 0)
+}
+
+/// The shares the read's second result holds; rows of unexpected shape are passed over.
+fn share_rows(results: &[Vec<tiberius::Row>]) -> Vec<ShareRow> {
+    results
+        .get(1)
+        .map(|rows| {
+            rows.iter()
+                .filter_map(|r| {
+                    Some(ShareRow {
+                        process_id: r.get::<Uuid, _>(0)?,
+                        wanted: r.get::<i32, _>(1)?.max(0) as u32,
+                        granted: r.get::<i32, _>(2)?.max(0) as u32,
+                        alive: r.get::<i32, _>(3)? == 1,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }

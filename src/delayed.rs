@@ -140,25 +140,8 @@ pub async fn run_mover(
     let mut failing = false;
     let mut following_until: Option<Instant> = None;
     loop {
-        // Wait until the next move, or an earlier due time this process tells of. A mover that
-        // does not poll looks again every LEAD_CHECK whether it has come to lead the queue.
-        loop {
-            let told = *wake.earliest.lock().unwrap_or_else(|e| e.into_inner());
-            let polling = of.polls.load(Ordering::Relaxed)
-                || following_until.is_some_and(|t| Instant::now() < t);
-            let next = match polling {
-                true => next_move,
-                false => Instant::now() + LEAD_CHECK,
-            };
-            let until = told.map_or(next, |t| t.min(next));
-            if until <= Instant::now() && (polling || told.is_some()) {
-                break;
-            }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep_until(until) => {}
-                _ = wake.notify.notified() => {}
-            }
+        if !wait_for_turn(&of, &wake, &stop, next_move, following_until).await {
+            return;
         }
         // A due time this process was told of is followed through for a while (a move that
         // came a little early, or found the table busy, looks again at the table's next due
@@ -176,15 +159,7 @@ pub async fn run_mover(
                     failing = false;
                     metrics.delayed_moves_failing.set(0.0);
                 }
-                metrics.delayed_moved.increment(moved.moved);
-                metrics.delayed_messages.set(moved.waiting as f64);
-                of.waiting.store(moved.waiting, Ordering::Relaxed);
-                metrics
-                    .delayed_next_due
-                    .set(moved.next_due_in.map_or(0.0, |d| d.as_secs_f64()));
-                if moved.moved > 0 {
-                    tracing::debug!(queue = %queue, moved = moved.moved, "due delayed messages moved into the queue");
-                }
+                record_moved(&of, &moved);
                 wait = next_wait(wait, &moved, batch);
             }
             Err(e) => {
@@ -198,6 +173,51 @@ pub async fn run_mover(
             }
         }
         next_move = Instant::now() + wait;
+    }
+}
+
+/// Waits until the next move, or an earlier due time this process tells of. A mover that
+/// does not poll looks again every LEAD_CHECK whether it has come to lead the queue. False
+/// once `stop` is cancelled.
+async fn wait_for_turn(
+    of: &MoverOf,
+    wake: &Wake,
+    stop: &CancellationToken,
+    next_move: Instant,
+    following_until: Option<Instant>,
+) -> bool {
+    loop {
+        let told = *wake.earliest.lock().unwrap_or_else(|e| e.into_inner());
+        let polling =
+            of.polls.load(Ordering::Relaxed) || following_until.is_some_and(|t| Instant::now() < t);
+        let next = match polling {
+            true => next_move,
+            false => Instant::now() + LEAD_CHECK,
+        };
+        let until = told.map_or(next, |t| t.min(next));
+        if until <= Instant::now() && (polling || told.is_some()) {
+            return true;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = tokio::time::sleep_until(until) => {}
+            _ = wake.notify.notified() => {}
+        }
+    }
+}
+
+/// A move's numbers into the queue's gauges and counters, and what waits for the lead's
+/// decision.
+fn record_moved(of: &MoverOf, moved: &Moved) {
+    let metrics = &of.metrics;
+    metrics.delayed_moved.increment(moved.moved);
+    metrics.delayed_messages.set(moved.waiting as f64);
+    of.waiting.store(moved.waiting, Ordering::Relaxed);
+    metrics
+        .delayed_next_due
+        .set(moved.next_due_in.map_or(0.0, |d| d.as_secs_f64()));
+    if moved.moved > 0 {
+        tracing::debug!(queue = %of.queue, moved = moved.moved, "due delayed messages moved into the queue");
     }
 }
 

@@ -96,19 +96,7 @@ pub(super) async fn prepare_transport(
             ))?;
         }
     }
-    let ordered = config.queues.iter().filter(|q| q.ordering.is_ordered());
-    // check_abilities refused ordered queues on a transport that keeps no order.
-    for (q, ordering) in ordered.filter_map(|q| Some((q, transport.key_ordering()?))) {
-        let name = QueueName::new(&q.name)?;
-        ordering
-            .order_by_key(&name, &q.ordering)
-            .await
-            .map_err(preparing(
-                &name,
-                "prepare ordered receives (queues.ordering)",
-                "on PostgreSQL an account that may not create indexes and tables needs sql/postgres/ordering.sql, and with failed_key = \"hold\" sql/postgres/held.sql, run first by one that may",
-            ))?;
-    }
+    prepare_ordering(config, transport).await?;
     let warnings = transport.startup_checks(&receive_names).await?;
     for warning in warnings {
         tracing::warn!("{warning}");
@@ -128,18 +116,41 @@ pub(super) async fn prepare_transport(
         );
     }
     if config.transport.purge_expired_on_startup {
-        for q in &receive_names {
-            match transport.purge_expired(q).await {
-                Ok(n) if n > 0 => {
-                    tracing::info!(queue = %q, purged = n, "expired messages purged at start-up")
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(queue = %q, error = %e, "purging expired messages failed")
-                }
+        purge_expired(transport, &receive_names).await;
+    }
+    Ok(())
+}
+
+/// The indexes and tables ordered receives need, for every queue that keeps an order
+/// (`check_abilities` refused ordered queues on a transport that keeps none).
+async fn prepare_ordering(config: &Config, transport: &dyn Transport) -> Result<(), HostError> {
+    let ordered = config.queues.iter().filter(|q| q.ordering.is_ordered());
+    for (q, ordering) in ordered.filter_map(|q| Some((q, transport.key_ordering()?))) {
+        let name = QueueName::new(&q.name)?;
+        ordering
+            .order_by_key(&name, &q.ordering)
+            .await
+            .map_err(preparing(
+                &name,
+                "prepare ordered receives (queues.ordering)",
+                "on PostgreSQL an account that may not create indexes and tables needs sql/postgres/ordering.sql, and with failed_key = \"hold\" sql/postgres/held.sql, run first by one that may",
+            ))?;
+    }
+    Ok(())
+}
+
+/// Purges expired messages from the queues received from (`purge_expired_on_startup`); a
+/// failure is logged and does not stop the start.
+async fn purge_expired(transport: &dyn Transport, queues: &[QueueName]) {
+    for q in queues {
+        match transport.purge_expired(q).await {
+            Ok(n) if n > 0 => {
+                tracing::info!(queue = %q, purged = n, "expired messages purged at start-up")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(queue = %q, error = %e, "purging expired messages failed")
             }
         }
     }
-
-    Ok(())
 }

@@ -359,28 +359,9 @@ fn sense(
 
 fn export(metrics: &HostMetrics, snapshot: &Snapshot) {
     metrics.samples.increment(1);
-    let (decision, readings, thresholds) =
-        (&snapshot.decision, &snapshot.readings, &snapshot.thresholds);
+    let (readings, thresholds) = (&snapshot.readings, &snapshot.thresholds);
     for direction in Direction::ALL {
-        let d = decision.direction(direction);
-        let m = metrics.direction(direction);
-        m.state.set(d.state as f64);
-        m.delay.set(d.effective_wait().as_secs_f64());
-        m.state_duration.set(d.state_duration.as_secs_f64());
-        m.override_mode.set(d.override_mode.code() as f64);
-        m.recovering.set(if d.recovering { 1.0 } else { 0.0 });
-        m.pace_rate.set(d.pace_rate.unwrap_or(0.0));
-        for (condition, gauge) in &m.conditions {
-            let active = d.active().any(|c| c.condition == *condition);
-            gauge.set(if active { 1.0 } else { 0.0 });
-        }
-        let rates = match direction {
-            Direction::Delivery => readings.delivery,
-            Direction::Publishing => readings.publishing,
-        };
-        m.incoming.set(rates.incoming_per_sec);
-        m.outgoing.set(rates.outgoing_per_sec);
-        m.waiting.set(rates.waiting as f64);
+        export_direction(metrics, direction, snapshot);
     }
     let off = |t: Option<u64>| t.unwrap_or(0) as f64;
     let pairs = [
@@ -425,6 +406,30 @@ fn export(metrics: &HostMetrics, snapshot: &Snapshot) {
         value.set(v as f64);
         threshold.set(off(t));
     }
+}
+
+/// A direction's state, delay, pace, conditions and rates into its gauges.
+fn export_direction(metrics: &HostMetrics, direction: Direction, snapshot: &Snapshot) {
+    let readings = &snapshot.readings;
+    let d = snapshot.decision.direction(direction);
+    let m = metrics.direction(direction);
+    m.state.set(d.state as f64);
+    m.delay.set(d.effective_wait().as_secs_f64());
+    m.state_duration.set(d.state_duration.as_secs_f64());
+    m.override_mode.set(d.override_mode.code() as f64);
+    m.recovering.set(if d.recovering { 1.0 } else { 0.0 });
+    m.pace_rate.set(d.pace_rate.unwrap_or(0.0));
+    for (condition, gauge) in &m.conditions {
+        let active = d.active().any(|c| c.condition == *condition);
+        gauge.set(if active { 1.0 } else { 0.0 });
+    }
+    let rates = match direction {
+        Direction::Delivery => readings.delivery,
+        Direction::Publishing => readings.publishing,
+    };
+    m.incoming.set(rates.incoming_per_sec);
+    m.outgoing.set(rates.outgoing_per_sec);
+    m.waiting.set(rates.waiting as f64);
 }
 
 #[cfg(test)]

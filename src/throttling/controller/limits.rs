@@ -128,28 +128,7 @@ impl Controller {
                     self.config.concurrency_decrease_ratio,
                 ),
                 None if pressure.holding => current,
-                None => {
-                    let step = self.config.concurrency_increase_step;
-                    let mut grown = law::grow(current, max, pressure.headroom, step);
-                    if after_pressure && q.in_flight > 0 {
-                        grown = grown.min(current.max(q.in_flight.saturating_mul(2) + step));
-                    }
-                    // Only a queue that uses its whole limit (a backlog waits behind it) could
-                    // carry the resource up with a bigger limit. An idle queue has nothing in
-                    // flight whose growth the cap could bound: capping it would pin its limit
-                    // at one for good (a resource above half its threshold for reasons of its
-                    // own, such as system memory). A queue below its limit is not held by it:
-                    // capped, its limit stayed at 7-19 of 64 after `demo`'s memory phase, with
-                    // RSS kept just above half the threshold by the allocator, and the state
-                    // said "recovering" for good. Between ticks the ceiling guards the resource
-                    // against a burst either way.
-                    match pressure.approach {
-                        Some(room) if q.in_flight > 0 && q.in_flight >= current => {
-                            grown.min(law::approach_cap(q.in_flight, room, step))
-                        }
-                        _ => grown,
-                    }
-                }
+                None => self.grown_limit(q, current, pressure, after_pressure),
             };
             // What the guarded resources have room for, while the ceiling holds receives back.
             let next = next
@@ -160,5 +139,37 @@ impl Controller {
         }
         self.limits = limits.clone();
         (limits, reduced)
+    }
+
+    /// The limit `q` grows to from `current` with no resource over its line: by the growth
+    /// law, no faster than twice what is in flight just after pressure, and capped on the
+    /// approach to a threshold while the queue uses its whole limit.
+    fn grown_limit(
+        &self,
+        q: &QueueLoad,
+        current: u32,
+        pressure: &LimitPressure,
+        after_pressure: bool,
+    ) -> u32 {
+        let step = self.config.concurrency_increase_step;
+        let mut grown = law::grow(current, q.max.max(1), pressure.headroom, step);
+        if after_pressure && q.in_flight > 0 {
+            grown = grown.min(current.max(q.in_flight.saturating_mul(2) + step));
+        }
+        // Only a queue that uses its whole limit (a backlog waits behind it) could
+        // carry the resource up with a bigger limit. An idle queue has nothing in
+        // flight whose growth the cap could bound: capping it would pin its limit
+        // at one for good (a resource above half its threshold for reasons of its
+        // own, such as system memory). A queue below its limit is not held by it:
+        // capped, its limit stayed at 7-19 of 64 after `demo`'s memory phase, with
+        // RSS kept just above half the threshold by the allocator, and the state
+        // said "recovering" for good. Between ticks the ceiling guards the resource
+        // against a burst either way.
+        match pressure.approach {
+            Some(room) if q.in_flight > 0 && q.in_flight >= current => {
+                grown.min(law::approach_cap(q.in_flight, room, step))
+            }
+            _ => grown,
+        }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::config::{Config, HandlerConfig};
+use crate::config::{Config, HandlerConfig, QueueConfig, TransactionMode};
 use crate::depth::DepthCell;
 use crate::handlers::{self, Handler, SimulateHandler};
 use crate::metrics::Metrics;
@@ -43,36 +43,16 @@ pub(super) fn plan_queues(
     let mut error_queues = HashSet::new();
     let mut error_depths: HashMap<QueueName, Arc<DepthCell>> = HashMap::new();
     for qc in &config.queues {
-        let (handler, simulate) = match registered.get(&qc.name) {
-            Some(h) => (h.clone(), None),
-            None => match &qc.handler {
-                Some(hc) => {
-                    let built = handlers::build(hc)?;
-                    (built.handler, built.simulate)
-                }
-                None => {
-                    return Err(HostError::NoHandler {
-                        queue: qc.name.clone(),
-                    });
-                }
-            },
-        };
+        let (handler, simulate) = handler_for(qc, registered)?;
         let name = QueueName::new(&qc.name)?;
         let error_queue = QueueName::new(&qc.error_queue)?;
         if let Some(HandlerConfig::Forward(f)) = &qc.handler {
             to_create.push(QueueName::new(&f.to)?);
         }
-        to_create.push(name.clone());
         to_create.push(error_queue.clone());
         error_queues.insert(error_queue.clone());
-        let shared = QueueSettings::from_config(qc, qc.concurrency.max, mode);
-        let mut receivers = vec![(name.clone(), shared)];
-        if qc.instance_queue.enabled {
-            let instance_queue = QueueName::new(&qc.instance_queue_name(instance))?;
-            to_create.push(instance_queue.clone());
-            let own = QueueSettings::from_config(qc, qc.instance_queue.max_concurrency, mode);
-            receivers.push((instance_queue, own.local_only()));
-        }
+        let receivers = receivers_of(qc, &name, instance, mode)?;
+        to_create.extend(receivers.iter().map(|(queue, _)| queue.clone()));
         for (queue_name, settings) in receivers {
             let runtime = QueueRuntime::new(
                 queue_name.clone(),
@@ -108,6 +88,45 @@ pub(super) fn plan_queues(
         error_queues,
         simulated,
     })
+}
+
+/// A queue's handler, with the knobs of a simulate handler.
+type BuiltHandler = (Arc<dyn Handler>, Option<Arc<SimulateHandler>>);
+
+/// `qc`'s handler: the one registered for it by name, or the one its configuration builds
+/// (with a simulate handler's knobs).
+fn handler_for(
+    qc: &QueueConfig,
+    registered: &HashMap<String, Arc<dyn Handler>>,
+) -> Result<BuiltHandler, HostError> {
+    if let Some(h) = registered.get(&qc.name) {
+        return Ok((h.clone(), None));
+    }
+    let Some(hc) = &qc.handler else {
+        return Err(HostError::NoHandler {
+            queue: qc.name.clone(),
+        });
+    };
+    let built = handlers::build(hc)?;
+    Ok((built.handler, built.simulate))
+}
+
+/// The queues `qc` receives from with their settings: the queue itself (`name`) and, when
+/// enabled, this instance's own queue.
+fn receivers_of(
+    qc: &QueueConfig,
+    name: &QueueName,
+    instance: &str,
+    mode: TransactionMode,
+) -> Result<Vec<(QueueName, QueueSettings)>, HostError> {
+    let shared = QueueSettings::from_config(qc, qc.concurrency.max, mode);
+    let mut receivers = vec![(name.clone(), shared)];
+    if qc.instance_queue.enabled {
+        let instance_queue = QueueName::new(&qc.instance_queue_name(instance))?;
+        let own = QueueSettings::from_config(qc, qc.instance_queue.max_concurrency, mode);
+        receivers.push((instance_queue, own.local_only()));
+    }
+    Ok(receivers)
 }
 
 /// The lock conflicts the transport handles itself, counted per receiving queue

@@ -187,26 +187,7 @@ impl Guard {
         } else {
             fresh
         };
-        // Receives let through within a settle time, whose cost may not show yet.
-        let recent = if self.condition == Condition::DatabaseSessions {
-            // A receive takes its connection as it starts and keeps it while its message is
-            // in process: its cost is in the pool's count at once, and only a receive out now
-            // may not have its connection yet. Counting the receives of the last settle time
-            // as well counted each twice: on `database-sessions` (20 ms handlers) those were
-            // in process and in the count, and the ceiling held delivery at about 200 msg/s
-            // with the sessions at half their threshold, showing state 8 meanwhile.
-            admission.receiving.min(pending_bound)
-        } else {
-            self.reads
-                .iter()
-                .rev()
-                .find(|(at, _, _)| now.duration_since(*at) >= CEILING_SETTLE)
-                .or(self.reads.front())
-                .map_or(0, |(_, _, then)| started.saturating_sub(*then))
-                // At thousands of messages a second most of them are done already, and a message
-                // done holds nothing: only those still in flight can cost what does not show.
-                .min(pending_bound)
-        };
+        let recent = self.recent_receives(now, admission, pending_bound);
         let estimate = Estimate {
             idle: self.idle,
             margin,
@@ -234,6 +215,30 @@ impl Guard {
             }
         }
         fit
+    }
+
+    /// Receives let through within a settle time, whose cost may not show yet.
+    fn recent_receives(&self, now: Instant, admission: AdmissionCounts, pending_bound: u64) -> u64 {
+        let started = admission.started;
+        if self.condition == Condition::DatabaseSessions {
+            // A receive takes its connection as it starts and keeps it while its message is
+            // in process: its cost is in the pool's count at once, and only a receive out now
+            // may not have its connection yet. Counting the receives of the last settle time
+            // as well counted each twice: on `database-sessions` (20 ms handlers) those were
+            // in process and in the count, and the ceiling held delivery at about 200 msg/s
+            // with the sessions at half their threshold, showing state 8 meanwhile.
+            admission.receiving.min(pending_bound)
+        } else {
+            self.reads
+                .iter()
+                .rev()
+                .find(|(at, _, _)| now.duration_since(*at) >= CEILING_SETTLE)
+                .or(self.reads.front())
+                .map_or(0, |(_, _, then)| started.saturating_sub(*then))
+                // At thousands of messages a second most of them are done already, and a message
+                // done holds nothing: only those still in flight can cost what does not show.
+                .min(pending_bound)
+        }
     }
 
     /// Records this read and returns what the value rose by per receive over the last window,

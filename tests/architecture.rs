@@ -1,8 +1,9 @@
 //! The code stays walkable. The data flow goes one way: no two top-level modules of `src/`
 //! import each other, directly or around a circle (read from the code itself: every
 //! `crate::<module>` path outside comments and unit-test modules is an edge), and neither do
-//! two files of one module directory (`super::x`, `crate::<module>::x`). And no function
-//! outside unit tests is longer than 100 lines.
+//! two files of one module directory (`super::x`, `crate::<module>::x`). No function outside
+//! unit tests is longer than 60 lines but those listed with a reason, and no file is longer
+//! than 800 lines before its unit tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -263,7 +264,96 @@ fn the_scan_sees_an_import_and_ignores_comments_and_tests() {
 }
 
 /// Functions longer than this (outside unit tests) are split into named steps.
-const MAX_FUNCTION_LINES: usize = 100;
+const MAX_FUNCTION_LINES: usize = 60;
+
+/// The functions allowed to be longer, by file under `src/` and name, each with its reason.
+/// The list only shrinks: an entry whose function is no longer long fails the check too.
+const LONGER_ALLOWED: &[(&str, &str, &str)] = &[
+    ("admin/failed_routes.rs", "retry", "not yet split (#47)"),
+    ("cli/errors.rs", "errors", "not yet split (#47)"),
+    ("cli/errors.rs", "list", "not yet split (#47)"),
+    ("cli/errors.rs", "retry_through_host", "not yet split (#47)"),
+    ("cli/queues.rs", "queues", "not yet split (#47)"),
+    ("cli/run.rs", "run", "not yet split (#47)"),
+    ("cli/run.rs", "start_host", "not yet split (#47)"),
+    ("cli/send.rs", "send", "not yet split (#47)"),
+    ("cli/status.rs", "render", "not yet split (#47)"),
+    (
+        "config/validate.rs",
+        "validate_queue",
+        "independent checks, one per setting, in the order host.toml lists them",
+    ),
+    (
+        "config/validate.rs",
+        "validate_recoverability",
+        "independent checks, one per setting, in the order host.toml lists them",
+    ),
+    (
+        "config/validate.rs",
+        "validate_throttling",
+        "independent checks, one per setting, in the order host.toml lists them",
+    ),
+    (
+        "config/validate.rs",
+        "validate_transport",
+        "independent checks, one per setting, in the order host.toml lists them",
+    ),
+    ("fleet/share.rs", "run_shares", "not yet split (#47)"),
+    ("host/builder.rs", "start", "not yet split (#47)"),
+    (
+        "load/chart.rs",
+        "draw_causes",
+        "one chart drawn top to bottom: axes, series, legend",
+    ),
+    (
+        "load/chart.rs",
+        "draw_flow",
+        "one chart drawn top to bottom: axes, series, legend",
+    ),
+    (
+        "load/chart.rs",
+        "draw_states",
+        "one chart drawn top to bottom: axes, series, legend",
+    ),
+    (
+        "load/chart.rs",
+        "draw_waits",
+        "one chart drawn top to bottom: axes, series, legend",
+    ),
+    ("load/quality.rs", "next_episode", "not yet split (#47)"),
+    ("load/report.rs", "summarize", "not yet split (#47)"),
+    ("load/report.rs", "table", "not yet split (#47)"),
+    ("load/report.rs", "text_details", "not yet split (#47)"),
+    ("load/report.rs", "write_csv", "not yet split (#47)"),
+    ("load/runner.rs", "run", "not yet split (#47)"),
+    ("load/runner/generate.rs", "generate", "not yet split (#47)"),
+    ("load/runner/recorder.rs", "start", "not yet split (#47)"),
+    (
+        "main.rs",
+        "main",
+        "the command table: one arm per subcommand",
+    ),
+    ("throttling/explain.rs", "explain", "not yet split (#47)"),
+    ("transport/postgres/mod.rs", "new", "not yet split (#47)"),
+    (
+        "transport/postgres/statements.rs",
+        "new",
+        "SQL texts, one per statement, read side by side with the NServiceBus transport's",
+    ),
+    (
+        "transport/sqlserver/statements.rs",
+        "new",
+        "SQL texts, one per statement, read side by side with the NServiceBus transport's",
+    ),
+    (
+        "transport/sqlserver/statements/ordered.rs",
+        "ordered_receive",
+        "SQL texts, one per statement, read side by side with the NServiceBus transport's",
+    ),
+];
+
+/// No non-test file is longer than this: a file that grows past it holds several jobs.
+const MAX_FILE_LINES: usize = 800;
 
 /// Every function of a file's code (not its unit tests) with its first line and length: from
 /// the line that starts it to the line that closes its body (braces counted; strings with
@@ -315,16 +405,67 @@ fn the_scan_measures_a_function_from_its_line_to_its_closing_brace() {
 }
 
 #[test]
-fn no_function_outside_tests_is_longer_than_100_lines() {
+fn no_function_outside_tests_is_longer_than_60_lines_unless_listed_with_a_reason() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut long = Vec::new();
+    let mut listed_and_long = BTreeSet::new();
     for file in rust_files(&src) {
+        let relative = file.strip_prefix(&src).unwrap().display().to_string();
         let text = std::fs::read_to_string(&file).unwrap();
         for (name, line, length) in functions(&text) {
-            if length > MAX_FUNCTION_LINES {
-                long.push(format!("{}:{line} {name} ({length} lines)", file.display()));
+            if length <= MAX_FUNCTION_LINES {
+                continue;
+            }
+            match LONGER_ALLOWED
+                .iter()
+                .find(|(f, n, _)| *f == relative && *n == name)
+            {
+                Some(entry) => {
+                    listed_and_long.insert((entry.0, entry.1));
+                }
+                None => long.push(format!("{relative}:{line} {name} ({length} lines)")),
             }
         }
     }
     assert!(long.is_empty(), "split these into named steps: {long:#?}");
+    let stale: Vec<_> = LONGER_ALLOWED
+        .iter()
+        .filter(|(f, n, _)| !listed_and_long.contains(&(*f, *n)))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "these are no longer long (or gone): take them off LONGER_ALLOWED: {stale:#?}"
+    );
+    assert!(LONGER_ALLOWED.iter().all(|(_, _, why)| !why.is_empty()));
+}
+
+/// A file's lines before its unit tests (`#[cfg(test)] mod tests`).
+fn lines_before_tests(text: &str) -> usize {
+    text.split("#[cfg(test)]\nmod tests")
+        .next()
+        .unwrap_or(text)
+        .lines()
+        .count()
+}
+
+#[test]
+fn no_file_outside_tests_is_longer_than_800_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let long: Vec<String> = rust_files(&src)
+        .into_iter()
+        .filter(|f| !f.ends_with("controller/tests.rs"))
+        .filter_map(|f| {
+            let n = lines_before_tests(&std::fs::read_to_string(&f).unwrap());
+            (n > MAX_FILE_LINES).then(|| format!("{} ({n} lines)", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "split these by job: {long:#?}");
+}
+
+#[test]
+fn a_file_is_counted_up_to_its_unit_tests() {
+    assert_eq!(
+        lines_before_tests("fn a() {}\n\n#[cfg(test)]\nmod tests {\n}\n"),
+        2
+    );
 }

@@ -99,6 +99,7 @@ pub use fleet::{FleetMember, FleetOrder, FleetOrderError, FleetView};
 pub use handlers::{Context, Handler, HandlerError};
 pub use host::{Host, HostBuilder, HostError, HostHandle, HostStatus};
 pub use message::{Headers, Message, OutgoingMessage};
+pub use publish::{EventTypes, Published};
 
 /// The metrics a host exports on `/metrics`: each name, kind, help text and labels, defined
 /// once (alert rules and dashboards name only these).

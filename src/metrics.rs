@@ -189,6 +189,19 @@ impl Metrics {
         self.counter("messages_published_total", &[("queue", queue)])
     }
 
+    /// Counts one published event of `topic` (a label the publisher keeps bounded) and the
+    /// copies stored for its subscribers; an event without subscribers is counted as such.
+    pub fn event_published(&self, topic: &str, copies: u64) {
+        let label = [("topic", topic)];
+        self.counter("events_published_total", &label).increment(1);
+        match copies {
+            0 => self
+                .counter("events_without_subscribers_total", &label)
+                .increment(1),
+            n => self.counter("event_copies_total", &label).increment(n),
+        }
+    }
+
     /// Counts `n` failed messages of error queue `queue` that an operator retried or
     /// deleted (`action`: `retried`, `deleted`). The label set is bounded by the configured
     /// error queues the routes act on and the two actions.

@@ -23,6 +23,33 @@ pub fn validate_postgres_table_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest topic the subscription table holds (`Topic NVARCHAR(200)` / `VARCHAR(200)`).
+pub const MAX_TOPIC_CHARS: usize = 200;
+
+/// Checks an event topic: a type's full name as NServiceBus writes it into the subscription
+/// table (`Sales.Messages.OrderAccepted`), without the assembly part an
+/// `EnclosedMessageTypes` entry carries after a comma.
+pub fn validate_topic(topic: &str) -> Result<(), String> {
+    if topic.trim().is_empty() {
+        return Err("a topic must not be empty".into());
+    }
+    if topic.chars().count() > MAX_TOPIC_CHARS {
+        return Err(format!(
+            "`{topic}` is longer than the {MAX_TOPIC_CHARS} characters the subscription table holds"
+        ));
+    }
+    if topic.trim() != topic
+        || topic
+            .chars()
+            .any(|c| c.is_control() || c == ';' || c == ',')
+    {
+        return Err(format!(
+            "`{topic}` is not a type's full name: no spaces around it, no `;` or `,` (the assembly part of an EnclosedMessageTypes entry is not part of the topic)"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a queue (table) name: letters, digits, `_`, `-` and `.`, not starting with `.` or
 /// `-`, at most 128 characters.
 pub fn validate_queue_name(name: &str) -> Result<(), String> {

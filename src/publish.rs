@@ -7,13 +7,22 @@
 //! pacing and cancel itself; outgoing is what the database has taken. [`Publisher::send`]
 //! does both steps; handler sends admit when the handler asks and insert when it has
 //! succeeded.
+//!
+//! Publishing an event ([`Publisher::publish`]) is a send to every subscriber of its topics:
+//! each copy is admitted as a send is (so events are publishing load like any send), and all
+//! copies are stored in one transaction. Who subscribes is read from the subscription table
+//! and kept for `transport.subscription_cache` (see [`events`]).
+
+mod events;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+pub use self::events::EventTypes;
+use self::events::{SubscriberCache, TopicLabels};
 use crate::depth::DepthCell;
-use crate::message::OutgoingMessage;
+use crate::message::{MessageIntent, OutgoingMessage};
 use crate::metrics::Metrics;
 use crate::throttling::Throttle;
 use crate::transport::{QueueName, Received, Transport, TransportError};
@@ -28,6 +37,18 @@ pub struct Publisher {
     targets: RwLock<HashMap<QueueName, Target>>,
     /// Where the delayed tables' movers hear of messages stored here.
     schedule: Arc<crate::delayed::Schedule>,
+    /// The subscribers of the topics published to, kept for a while.
+    subscribers: SubscriberCache,
+    /// The event metrics' topic labels.
+    topics: TopicLabels,
+}
+
+/// What publishing an event did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Published {
+    /// The queues a copy was stored in (none: nobody subscribes to its topics).
+    pub subscribers: Vec<QueueName>,
 }
 
 #[derive(Clone)]
@@ -47,7 +68,93 @@ impl Publisher {
             metrics,
             targets: RwLock::new(HashMap::new()),
             schedule: Arc::default(),
+            subscribers: SubscriberCache::new(DEFAULT_SUBSCRIPTION_CACHE),
+            topics: TopicLabels::default(),
         }
+    }
+
+    /// Keeps the subscribers found for a topic for `ttl` (`transport.subscription_cache`;
+    /// zero: read on every publish).
+    pub fn with_subscription_cache(mut self, ttl: Duration) -> Self {
+        self.subscribers = SubscriberCache::new(ttl);
+        self
+    }
+
+    /// Publishes an event of `types`: a copy in the queue of every subscriber of its topics,
+    /// each admitted as a send (one publishing wait per copy), all stored in one transaction
+    /// with intent `Publish` and `EnclosedMessageTypes` the types. A topic without
+    /// subscribers stores nothing and is counted (`events_without_subscribers_total`); a
+    /// transport without a subscription table, or a table that cannot be read, is an error
+    /// and nothing is stored.
+    pub async fn publish(
+        &self,
+        types: &EventTypes,
+        message: OutgoingMessage,
+    ) -> Result<Published, TransportError> {
+        let queues = self.subscriber_queues(types).await?;
+        let message = as_event(message, types);
+        let copies: Vec<(QueueName, OutgoingMessage)> = queues
+            .iter()
+            .map(|q| (q.clone(), message.clone()))
+            .collect();
+        for _ in &copies {
+            self.admit().await;
+        }
+        self.store_copies(&copies).await?;
+        self.event_published(types, copies.len());
+        Ok(Published {
+            subscribers: queues,
+        })
+    }
+
+    /// Stores an admitted event's copies in one transaction and counts each as a send.
+    pub(crate) async fn store_copies(
+        &self,
+        copies: &[(QueueName, OutgoingMessage)],
+    ) -> Result<(), TransportError> {
+        if let (Some(store), false) = (self.transport.subscriptions(), copies.is_empty()) {
+            store.deliver(copies).await?;
+        }
+        for (queue, copy) in copies {
+            self.published(queue, copy);
+        }
+        Ok(())
+    }
+
+    /// The queues subscribed to any of `types`' topics, as this transport names them.
+    /// Addresses it cannot read as its own (another transport's, a catalog it cannot reach)
+    /// are passed over with a warning.
+    pub(crate) async fn subscriber_queues(
+        &self,
+        types: &EventTypes,
+    ) -> Result<Vec<QueueName>, TransportError> {
+        let store = self
+            .transport
+            .subscriptions()
+            .ok_or_else(|| TransportError::Setting {
+                setting: "transport.kind",
+                message: "this transport keeps no subscription table, so it cannot publish".into(),
+            })?;
+        let addresses = self.subscribers.subscribers(store, &types.topics()).await?;
+        let mut queues = Vec::with_capacity(addresses.len());
+        for address in addresses.iter() {
+            match self.transport.resolve_address(address) {
+                Some(queue) if !queues.contains(&queue) => queues.push(queue),
+                Some(_) => {}
+                None => tracing::warn!(
+                    topic = types.topic(),
+                    address = %address,
+                    "a subscriber's queue address is not one this transport can reach; the event is not stored for it"
+                ),
+            }
+        }
+        Ok(queues)
+    }
+
+    /// Counts a published event with its copies.
+    pub(crate) fn event_published(&self, types: &EventTypes, copies: usize) {
+        let label = self.topics.label(types.topic());
+        self.metrics.event_published(&label, copies as u64);
     }
 
     /// Tells the mover of `queue`'s delayed table that this process stored a message due
@@ -218,6 +325,16 @@ impl Publisher {
     pub fn current_wait(&self) -> Duration {
         self.throttle.publishing.delay() + self.throttle.publishing.pace().unwrap_or_default()
     }
+}
+
+/// NServiceBus's default time to keep a topic's subscribers (`CacheInvalidationPeriod`).
+const DEFAULT_SUBSCRIPTION_CACHE: Duration = Duration::from_secs(5);
+
+/// `message` as a published event of `types`: intent `Publish` and the enclosed types.
+pub(crate) fn as_event(message: OutgoingMessage, types: &EventTypes) -> OutgoingMessage {
+    message
+        .with_intent(MessageIntent::Publish)
+        .with_enclosed_message_types(types.header())
 }
 
 #[cfg(test)]

@@ -19,7 +19,8 @@ use async_trait::async_trait;
 use throttlehost::config::TransactionMode;
 use throttlehost::message::{Headers, OutgoingMessage};
 use throttlehost::transport::{
-    BatchReceive, KeyOrdering, Payload, QueueName, Received, Transport, TransportError,
+    BatchReceive, KeyOrdering, Payload, QueueName, Received, Subscriptions, Transport,
+    TransportError,
 };
 use uuid::Uuid;
 
@@ -1403,6 +1404,145 @@ pub async fn a_delayed_send_is_refused_without_a_table_or_with_an_expiry(h: &dyn
     assert!(matches!(e, TransportError::InvalidMessage(_)), "{e}");
 }
 
+/// The transport's subscription table: every transport under test keeps one.
+fn subs(t: &Arc<dyn Transport>) -> &dyn Subscriptions {
+    t.subscriptions()
+        .expect("every transport under test keeps subscriptions")
+}
+
+pub async fn subscribe_is_an_upsert_per_endpoint_and_topic(h: &dyn Harness) {
+    let t = setup(h, &[]).await;
+    let s = subs(&t);
+    s.create_subscription_table().await.unwrap();
+    s.create_subscription_table().await.unwrap(); // created once, then left alone
+    s.subscribe("Billing", "Sales.OrderAccepted", "billing-old")
+        .await
+        .unwrap();
+    s.subscribe("Billing", "Sales.OrderAccepted", "billing")
+        .await
+        .unwrap();
+    s.subscribe("Shipping", "Sales.OrderAccepted", "shipping")
+        .await
+        .unwrap();
+    s.subscribe("Shipping", "Sales.IOrderEvent", "shipping")
+        .await
+        .unwrap();
+    let rows = s.subscriptions().await.unwrap();
+    let seen: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.topic.as_str(),
+                r.endpoint.as_str(),
+                r.queue_address.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("Sales.IOrderEvent", "Shipping", "shipping"),
+            ("Sales.OrderAccepted", "Billing", "billing"),
+            ("Sales.OrderAccepted", "Shipping", "shipping"),
+        ]
+    );
+}
+
+pub async fn subscribers_of_an_event_and_its_base_types_are_distinct(h: &dyn Harness) {
+    let t = setup(h, &[]).await;
+    let s = subs(&t);
+    s.create_subscription_table().await.unwrap();
+    s.subscribe("Billing", "Sales.OrderAccepted", "billing")
+        .await
+        .unwrap();
+    s.subscribe("Shipping", "Sales.IOrderEvent", "shipping")
+        .await
+        .unwrap();
+    s.subscribe("Audit", "Sales.IOrderEvent", "billing")
+        .await
+        .unwrap();
+    let topics = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let mut found = s
+        .subscribers(&topics(&["Sales.OrderAccepted", "Sales.IOrderEvent"]))
+        .await
+        .unwrap();
+    found.sort();
+    assert_eq!(found, ["billing", "shipping"]);
+    assert!(
+        s.subscribers(&topics(&["Sales.Other"]))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(s.subscribers(&[]).await.unwrap().is_empty());
+}
+
+pub async fn unsubscribe_removes_only_its_key(h: &dyn Harness) {
+    let t = setup(h, &[]).await;
+    let s = subs(&t);
+    s.create_subscription_table().await.unwrap();
+    s.subscribe("Billing", "Sales.OrderAccepted", "billing")
+        .await
+        .unwrap();
+    s.subscribe("Shipping", "Sales.OrderAccepted", "shipping")
+        .await
+        .unwrap();
+    assert!(
+        s.unsubscribe("Billing", "Sales.OrderAccepted")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.unsubscribe("Billing", "Sales.OrderAccepted")
+            .await
+            .unwrap()
+    );
+    let found = s
+        .subscribers(&["Sales.OrderAccepted".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(found, ["shipping"]);
+}
+
+pub async fn an_event_is_stored_for_every_subscriber_or_for_none(h: &dyn Harness) {
+    let t = setup(h, &["billing", "shipping", "audit"]).await;
+    let event = OutgoingMessage::new(b"accepted".to_vec()).with_header("Topic", "x");
+    let copies: Vec<(QueueName, OutgoingMessage)> = ["billing", "shipping", "audit"]
+        .iter()
+        .map(|n| (q(n), event.clone()))
+        .collect();
+    subs(&t).deliver(&copies).await.unwrap();
+    for name in ["billing", "shipping", "audit"] {
+        assert_eq!(t.peek_depth(&q(name)).await.unwrap(), 1, "{name}");
+        let r = t.receive(&q(name)).await.unwrap().expect("a copy");
+        assert_eq!(body_of(r.as_ref()), b"accepted");
+        r.commit().await.unwrap();
+    }
+    // A copy for a queue that does not exist: nothing is stored anywhere.
+    let mut broken = copies.clone();
+    broken.insert(1, (q("gone"), event.clone()));
+    let e = subs(&t).deliver(&broken).await.unwrap_err();
+    assert!(matches!(e, TransportError::QueueNotFound(_)), "{e}");
+    for name in ["billing", "shipping", "audit"] {
+        assert_eq!(t.peek_depth(&q(name)).await.unwrap(), 0, "{name}");
+    }
+}
+
+pub async fn a_missing_subscription_table_is_named(h: &dyn Harness) {
+    let t = setup(h, &[]).await;
+    let s = subs(&t);
+    let e = s
+        .subscribe("Billing", "Sales.OrderAccepted", "billing")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("subscription table"), "{e}");
+    let e = s
+        .subscribers(&["Sales.OrderAccepted".into()])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("subscription table"), "{e}");
+}
+
 macro_rules! conformance {
     ($module:ident, $harness:expr, { $(#[$attr:meta])* }, database) => {
         mod $module {
@@ -1458,7 +1598,12 @@ macro_rules! conformance {
                 a_delayed_send_inside_a_receive_commits_with_it,
                 a_forward_destination_set_by_the_sender_is_kept,
                 a_delayed_send_is_refused_without_a_table_or_with_an_expiry,
-                the_delayed_table_is_named_as_nservicebus_names_it
+                the_delayed_table_is_named_as_nservicebus_names_it,
+                subscribe_is_an_upsert_per_endpoint_and_topic,
+                subscribers_of_an_event_and_its_base_types_are_distinct,
+                unsubscribe_removes_only_its_key,
+                an_event_is_stored_for_every_subscriber_or_for_none,
+                a_missing_subscription_table_is_named
             );
     };
     (@tests $harness:expr, $attrs:tt; $($name:ident),*) => {

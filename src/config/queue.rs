@@ -38,6 +38,10 @@ pub struct QueueConfig {
     /// The handler for this queue's messages (binary); the library can register one instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handler: Option<HandlerConfig>,
+    /// The events this queue subscribes to, by topic: an event type's full name as NServiceBus
+    /// names it (`Sales.Messages.OrderAccepted`). The host keeps a row for each in the
+    /// subscription table (`transport.subscription_table`) under the queue's name.
+    pub subscribe: Vec<String>,
 }
 
 impl QueueConfig {
@@ -78,6 +82,7 @@ impl Default for QueueConfig {
             outage: OutageConfig::default(),
             latency_limit: LatencyLimitConfig::default(),
             handler: None,
+            subscribe: Vec::new(),
         }
     }
 }

@@ -82,6 +82,17 @@ pub struct TransportConfig {
     /// The suffix of each queue's delayed table, `<queue>.<suffix>`: NServiceBus's
     /// `DelayedDeliveryOptions.TableSuffix`, default `Delayed`, on both engines.
     pub delayed_table_suffix: String,
+    /// The table of native publish/subscribe, shared by every endpoint that publishes to or
+    /// subscribes in this database: NServiceBus's `SubscriptionTableName`, default
+    /// `SubscriptionRouting`.
+    pub subscription_table: String,
+    /// The schema of the subscription table. Empty = the queues' schema (`schema`).
+    pub subscription_schema: String,
+    /// How long a publisher keeps a topic's subscribers before it reads them again:
+    /// NServiceBus's `CacheInvalidationPeriod`, default 5 s. A new subscriber may miss the
+    /// events published this long after it subscribed. `"0s"` = read them on every publish.
+    #[serde(with = "units::duration")]
+    pub subscription_cache: Duration,
 }
 
 impl Default for TransportConfig {
@@ -99,14 +110,28 @@ impl Default for TransportConfig {
             notify_on_insert: true,
             simulated_latency: Duration::ZERO,
             delayed_table_suffix: DEFAULT_DELAYED_TABLE_SUFFIX.into(),
+            subscription_table: DEFAULT_SUBSCRIPTION_TABLE.into(),
+            subscription_schema: String::new(),
+            subscription_cache: Duration::from_secs(5),
         }
     }
 }
+
+/// NServiceBus's default subscription table (`SubscriptionOptions.SubscriptionTableName`).
+pub const DEFAULT_SUBSCRIPTION_TABLE: &str = "SubscriptionRouting";
 
 /// NServiceBus's default delayed table suffix (`DelayedDeliveryOptions.TableSuffix`).
 pub const DEFAULT_DELAYED_TABLE_SUFFIX: &str = "Delayed";
 
 impl TransportConfig {
+    /// The subscription table's schema with its default (the queues' schema) applied.
+    pub fn effective_subscription_schema(&self) -> &str {
+        match self.subscription_schema.is_empty() {
+            true => self.effective_schema(),
+            false => &self.subscription_schema,
+        }
+    }
+
     /// The schema with the per-transport default applied.
     pub fn effective_schema(&self) -> &str {
         if !self.schema.is_empty() {

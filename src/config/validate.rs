@@ -326,6 +326,14 @@ fn validate_transport(config: &Config, instance: &str, add: &mut impl FnMut(Stri
     if let Err(e) = validate_delayed_table_suffix(&t.delayed_table_suffix) {
         add("transport.delayed_table_suffix".into(), e);
     }
+    if let Err(e) = validate_queue_name(&t.subscription_table) {
+        add("transport.subscription_table".into(), e);
+    }
+    if !t.subscription_schema.is_empty()
+        && let Err(e) = validate_schema_name(&t.subscription_schema)
+    {
+        add("transport.subscription_schema".into(), e);
+    }
     let forwards = config
         .queues
         .iter()
@@ -442,6 +450,11 @@ fn validate_queue(
             key("error_queue"),
             "must differ from the queue itself, or failed messages would loop".into(),
         );
+    }
+    for (t, topic) in q.subscribe.iter().enumerate() {
+        if let Err(e) = crate::names::validate_topic(topic) {
+            add(key(&format!("subscribe[{t}]")), e);
+        }
     }
     if q.handler_timeout == Some(Duration::ZERO) {
         add(

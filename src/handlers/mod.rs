@@ -17,7 +17,7 @@ pub use simulate::{POISON_HEADER, SimulateHandler};
 
 use crate::config::HandlerConfig;
 use crate::message::{Headers, Message, Origin, OutgoingMessage};
-use crate::publish::Publisher;
+use crate::publish::{EventTypes, Publisher, as_event};
 use crate::transport::{QueueName, TransportError};
 
 /// What a handler returns on failure. Any error type will do; its `Display` and source chain
@@ -124,6 +124,39 @@ impl<'a> Context<'a> {
             self.outbox.push((queue, message));
             Ok(())
         }
+    }
+}
+
+impl Context<'_> {
+    /// Publishes an event of `types` to every subscriber of its topics (see
+    /// [`EventTypes`]): a copy per subscriber's queue, each waiting the publishing throttle as
+    /// a send does, with intent `Publish`, `EnclosedMessageTypes` the types and the
+    /// conversation headers of [`Context::send`]. As handler sends, the copies are written
+    /// only after the handler succeeds (with the receive in `sends_atomic_with_receive`), and
+    /// at once, in one transaction, in transaction mode `none`. Returns how many subscribers
+    /// it found (kept for `transport.subscription_cache`); none is not an error.
+    pub async fn publish(
+        &mut self,
+        types: &EventTypes,
+        message: OutgoingMessage,
+    ) -> Result<usize, TransportError> {
+        let publisher = self.sender.publisher;
+        let queues = publisher.subscriber_queues(types).await?;
+        let reply_to = publisher.transport().address(self.queue);
+        let message =
+            as_event(message, types).caused_by(self.message, self.sender.origin, &reply_to);
+        let copies: Vec<(QueueName, OutgoingMessage)> =
+            queues.into_iter().map(|q| (q, message.clone())).collect();
+        for _ in &copies {
+            publisher.admit().await;
+        }
+        let found = copies.len();
+        match self.sender.send_immediately {
+            true => publisher.store_copies(&copies).await?,
+            false => self.outbox.extend(copies),
+        }
+        publisher.event_published(types, found);
+        Ok(found)
     }
 }
 

@@ -11,6 +11,7 @@ use super::HostInner;
 use crate::config::{Config, OverrideMode};
 use crate::fleet::{FleetOrder, FleetOrderError, FleetView};
 use crate::message::OutgoingMessage;
+use crate::publish::{EventTypes, Published, as_event};
 use crate::status::{HostStatus, OverrideScope, QueueStatus};
 use crate::throttling::{Direction, Snapshot};
 use crate::transport::{QueueName, Transport, TransportError};
@@ -24,6 +25,17 @@ pub(super) async fn send_from(
     let queue = QueueName::new(queue)?;
     let message = message.sent_by(host.origin());
     host.publisher().send(&queue, &message).await
+}
+
+/// Publishes an event of `types` as `host` publishes: origin headers, intent `Publish`, a
+/// copy for every subscriber through the throttled publish path.
+pub(super) async fn publish_from(
+    host: &HostInner,
+    types: &EventTypes,
+    message: OutgoingMessage,
+) -> Result<Published, TransportError> {
+    let message = as_event(message, types).sent_by(host.origin());
+    host.publisher().publish(types, message).await
 }
 
 /// A handle to a running host (see [`crate::Host::handle`]). Cloning it is cheap; it stays
@@ -41,6 +53,17 @@ impl HostHandle {
     /// Sends a message through the throttled publish path, with this host's origin headers.
     pub async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), TransportError> {
         send_from(&self.inner, queue, message).await
+    }
+
+    /// Publishes an event to every subscriber of its topics, each copy through the throttled
+    /// publish path, all stored in one transaction (see [`crate::Context::publish`] for a
+    /// handler's). A topic nobody subscribes to stores nothing and is not an error.
+    pub async fn publish(
+        &self,
+        types: &EventTypes,
+        message: OutgoingMessage,
+    ) -> Result<Published, TransportError> {
+        publish_from(&self.inner, types, message).await
     }
 
     /// The status document (as `/status` serves it).

@@ -215,6 +215,8 @@ pub(super) fn check_abilities(config: &Config, transport: &dyn Transport) -> Res
                 "concurrency.receive_batch",
                 "cannot take more than one message in a unit of work",
             ))
+        } else if !q.subscribe.is_empty() && transport.subscriptions().is_none() {
+            Some(("subscribe", "keeps no subscription table"))
         } else if q.concurrency.fleet_max.is_some() && !shares {
             Some((
                 "concurrency.fleet_max",

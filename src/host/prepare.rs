@@ -97,6 +97,7 @@ pub(super) async fn prepare_transport(
         }
     }
     prepare_ordering(config, transport).await?;
+    prepare_subscriptions(config, transport).await?;
     let warnings = transport.startup_checks(&receive_names).await?;
     for warning in warnings {
         tracing::warn!("{warning}");
@@ -117,6 +118,42 @@ pub(super) async fn prepare_transport(
     }
     if config.transport.purge_expired_on_startup {
         purge_expired(transport, &receive_names).await;
+    }
+    Ok(())
+}
+
+/// The subscription table (created with the queues, as NServiceBus's installers create it)
+/// and a row for every topic a queue subscribes to: added when missing, pointed at the queue
+/// when it points elsewhere; rows of other endpoints are left alone.
+async fn prepare_subscriptions(
+    config: &Config,
+    transport: &dyn Transport,
+) -> Result<(), HostError> {
+    let Some(store) = transport.subscriptions() else {
+        return Ok(()); // check_abilities refused subscribing queues on such a transport
+    };
+    let table = QueueName::new(&config.transport.subscription_table)?;
+    if config.host.create_queues {
+        store.create_subscription_table().await.map_err(preparing(
+            &table,
+            "create the subscription table",
+            "create it with a privileged account (`throttlehost queues create`), then set host.create_queues = false",
+        ))?;
+    }
+    for q in config.queues.iter().filter(|q| !q.subscribe.is_empty()) {
+        let queue = QueueName::new(&q.name)?;
+        let address = transport.address(&queue);
+        for topic in &q.subscribe {
+            store
+                .subscribe(queue.table(), topic, &address)
+                .await
+                .map_err(preparing(
+                    &queue,
+                    "subscribe to its events (queues.subscribe)",
+                    "the account needs INSERT and UPDATE on the subscription table",
+                ))?;
+        }
+        tracing::info!(queue = %queue, topics = ?q.subscribe, "subscribed");
     }
     Ok(())
 }

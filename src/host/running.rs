@@ -9,6 +9,7 @@ use crate::handlers::SimulateHandler;
 use crate::message::OutgoingMessage;
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
+use crate::publish::{EventTypes, Published};
 use crate::receive::QueueRuntime;
 use crate::throttling::service::ThrottleControl;
 use crate::throttling::{Direction, Throttle};
@@ -136,6 +137,15 @@ impl Host {
     /// Sends a message through the throttled publish path.
     pub async fn send(&self, queue: &str, message: OutgoingMessage) -> Result<(), TransportError> {
         handle::send_from(&self.inner, queue, message).await
+    }
+
+    /// Publishes an event to every subscriber of its topics ([`HostHandle::publish`]).
+    pub async fn publish(
+        &self,
+        types: &EventTypes,
+        message: OutgoingMessage,
+    ) -> Result<Published, TransportError> {
+        handle::publish_from(&self.inner, types, message).await
     }
 
     /// Resolves if the throttling controller stops while the host runs (it panicked): the

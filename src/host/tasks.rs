@@ -37,11 +37,10 @@ pub(super) fn message_path(
         host_metrics.delivery.wait.clone(),
         host_metrics.publishing.wait.clone(),
     ));
-    let publisher = Arc::new(Publisher::new(
-        transport.clone(),
-        throttle.clone(),
-        metrics.clone(),
-    ));
+    let publisher = Arc::new(
+        Publisher::new(transport.clone(), throttle.clone(), metrics.clone())
+            .with_subscription_cache(config.transport.subscription_cache),
+    );
     let dispatcher = Arc::new(Dispatcher::new(
         publisher.clone(),
         throttle.clone(),

@@ -362,6 +362,27 @@ pub const METRICS: &[MetricDef] = &[
         "Receive statements by result: message, empty, error",
     ),
     def(
+        "events_published_total",
+        C,
+        None,
+        &["topic"],
+        "Events published, by topic (the first 100 topics this process publishes have a label each, later ones count as other)",
+    ),
+    def(
+        "event_copies_total",
+        C,
+        None,
+        &["topic"],
+        "Copies of published events stored in subscribers' queues, by topic",
+    ),
+    def(
+        "events_without_subscribers_total",
+        C,
+        None,
+        &["topic"],
+        "Events published to a topic nobody subscribed to (stored nowhere, not an error), by topic",
+    ),
+    def(
         "failed_messages_handled_total",
         C,
         None,

@@ -26,6 +26,7 @@ pub mod postgres;
 mod row;
 pub mod silence;
 pub mod sqlserver;
+pub mod subscriptions;
 mod unit_of_work;
 
 use std::sync::Arc;
@@ -44,6 +45,7 @@ pub use fleet::{
     ShareClaim, ShareRow,
 };
 pub use ordering::{HeldKey, HeldStatements, KeyOrdering};
+pub use subscriptions::{Subscription, Subscriptions};
 
 /// What went wrong talking to the queues.
 #[derive(Debug, thiserror::Error)]
@@ -520,6 +522,12 @@ pub trait Transport: QueueAdmin {
     /// Browsing and editing error queues row by row ([`failed::FailedStore`]), when this
     /// transport can; None when it cannot, and the failed-messages tools say so.
     fn failed_store(&self) -> Option<&dyn failed::FailedStore> {
+        None
+    }
+
+    /// Native publish/subscribe through the subscription table ([`Subscriptions`]), when
+    /// this transport keeps it; None when it cannot, and publishing or subscribing is refused.
+    fn subscriptions(&self) -> Option<&dyn Subscriptions> {
         None
     }
 

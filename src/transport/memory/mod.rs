@@ -22,6 +22,7 @@ mod failed;
 mod fleet;
 mod queue;
 mod received;
+mod subscriptions;
 
 use self::delayed::{DelayedTable, no_delayed_table};
 use self::queue::{QueueState, StoredMessage};
@@ -56,6 +57,8 @@ struct Shared {
     instances: Mutex<BTreeMap<Uuid, (Heartbeat, tokio::time::Instant, tokio::time::Instant)>>,
     /// The shares of fleet-wide limits: (queue, process) to (wanted, granted).
     shares: Mutex<BTreeMap<(QueueName, Uuid), (u32, u32)>>,
+    /// The subscription table once created: (endpoint, topic) to queue address.
+    subscriptions: Mutex<Option<BTreeMap<(String, String), String>>>,
 }
 
 impl Shared {
@@ -297,6 +300,10 @@ impl Transport for MemoryTransport {
     }
 
     fn failed_store(&self) -> Option<&dyn super::failed::FailedStore> {
+        Some(self)
+    }
+
+    fn subscriptions(&self) -> Option<&dyn super::Subscriptions> {
         Some(self)
     }
 

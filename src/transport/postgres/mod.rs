@@ -24,6 +24,7 @@ mod pipeline;
 mod receive;
 mod statements;
 mod store;
+mod subscriptions;
 mod tls;
 
 use std::collections::HashMap;
@@ -67,6 +68,10 @@ struct Inner {
     schema: String,
     /// Delayed tables are `<queue>.<delayed_suffix>` (`transport.delayed_table_suffix`).
     delayed_suffix: String,
+    /// The subscription table's schema, quoted (`transport.subscription_schema`).
+    subscription_schema: String,
+    /// The subscription table, quoted: `"schema"."SubscriptionRouting"` by default.
+    subscription_table: String,
     mode: TransactionMode,
     pool_size: u32,
     wait_timeout: Duration,
@@ -177,6 +182,12 @@ impl PostgresTransport {
                 pool,
                 schema,
                 delayed_suffix: config.delayed_table_suffix.clone(),
+                subscription_schema: quote_ident(config.effective_subscription_schema()),
+                subscription_table: format!(
+                    "{}.{}",
+                    quote_ident(config.effective_subscription_schema()),
+                    quote_ident(&config.subscription_table)
+                ),
                 mode: config.transaction_mode,
                 pool_size: config.pool_size,
                 wait_timeout: config.connect_timeout,
@@ -490,6 +501,10 @@ impl Transport for PostgresTransport {
     }
 
     fn failed_store(&self) -> Option<&dyn crate::transport::failed::FailedStore> {
+        Some(self)
+    }
+
+    fn subscriptions(&self) -> Option<&dyn crate::transport::Subscriptions> {
         Some(self)
     }
 

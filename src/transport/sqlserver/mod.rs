@@ -28,6 +28,7 @@ pub mod pool;
 mod receive;
 pub mod statements;
 mod store;
+mod subscriptions;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -74,6 +75,8 @@ struct Inner {
     catalog: std::sync::OnceLock<String>,
     /// Delayed tables are `<queue>.<delayed_suffix>` (`transport.delayed_table_suffix`).
     delayed_suffix: String,
+    /// The subscription table's schema and name, unquoted (`transport.subscription_*`).
+    subscription_table: (String, String),
     dialect: Dialect,
     mode: TransactionMode,
     pool_size: u32,
@@ -155,6 +158,10 @@ impl SqlServerTransport {
                 schema,
                 catalog,
                 delayed_suffix: config.delayed_table_suffix.clone(),
+                subscription_table: (
+                    config.effective_subscription_schema().to_string(),
+                    config.subscription_table.clone(),
+                ),
                 dialect: config.dialect,
                 mode: config.transaction_mode,
                 pool_size: config.pool_size,
@@ -397,6 +404,10 @@ impl Transport for SqlServerTransport {
     }
 
     fn instance_registry(&self) -> Option<&dyn crate::transport::InstanceRegistry> {
+        Some(self)
+    }
+
+    fn subscriptions(&self) -> Option<&dyn crate::transport::Subscriptions> {
         Some(self)
     }
 

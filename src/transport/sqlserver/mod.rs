@@ -130,10 +130,8 @@ impl SqlServerTransport {
             },
         )?;
         let raw = config.connection_string.expose();
-        let catalog = std::sync::OnceLock::new();
-        if let Some(named) = catalog_in_connection_string(raw) {
-            let _ = catalog.set(named);
-        }
+        let catalog = catalog_in_connection_string(raw)
+            .map_or_else(std::sync::OnceLock::new, std::sync::OnceLock::from);
         let mut tiberius_config = parse_connection_string(raw)?;
         warn_once_if_trusting(raw);
         if !raw.to_ascii_lowercase().contains("application name") {

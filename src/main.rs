@@ -233,6 +233,17 @@ enum QueuesAction {
         /// Queue names.
         names: Vec<String>,
     },
+    /// List the subscription table (who receives which events): topic, subscribing endpoint,
+    /// the queue address its copies go to.
+    Subscriptions,
+    /// Remove a subscription: ENDPOINT no longer receives TOPIC's events (a host queue that
+    /// subscribes in its configuration subscribes again at its next start).
+    Unsubscribe {
+        /// The subscribing endpoint (a host queue subscribes under its table name).
+        endpoint: String,
+        /// The topic (an event type's full name).
+        topic: String,
+    },
     /// Lift holds: the held message is the next of its key again and is tried afresh.
     Release {
         /// The queue.
@@ -286,8 +297,15 @@ fn parse_delay(s: &str) -> Result<Duration, String> {
 #[derive(Debug, clap::Args)]
 struct SendOptions {
     /// Destination queue.
-    #[arg(long, short)]
-    queue: String,
+    #[arg(long, short, required_unless_present = "publish")]
+    queue: Option<String>,
+    /// Publish an event instead: a copy in the queue of every subscriber of its topics (the
+    /// subscription table). The event's type's full name, its base types after it separated
+    /// by ';', as NServiceBus.EnclosedMessageTypes writes them, e.g.
+    /// "Sales.OrderAccepted, Sales;Sales.IOrderEvent, Sales". Not with --queue, --delay or
+    /// --type.
+    #[arg(long, value_name = "TYPES", conflicts_with_all = ["queue", "delay", "message_type"])]
+    publish: Option<String>,
     /// Message body text.
     #[arg(long, conflicts_with = "body_file")]
     body: Option<String>,
@@ -322,6 +340,7 @@ impl From<SendOptions> for cli::send::SendArgs {
     fn from(o: SendOptions) -> Self {
         cli::send::SendArgs {
             queue: o.queue,
+            publish: o.publish,
             body: o.body,
             body_file: o.body_file,
             headers: o.headers,
@@ -410,6 +429,10 @@ fn main() -> ExitCode {
                         all,
                     },
                     QueuesAction::Held { names } => cli::queues::Action::Held(names),
+                    QueuesAction::Subscriptions => cli::queues::Action::Subscriptions,
+                    QueuesAction::Unsubscribe { endpoint, topic } => {
+                        cli::queues::Action::Unsubscribe { endpoint, topic }
+                    }
                     QueuesAction::Release { name, key, all } => {
                         cli::queues::Action::Release { name, key, all }
                     }

@@ -354,6 +354,79 @@ async fn the_error_queue_and_sends_may_be_in_another_schema() {
     assert_eq!(tables, 2, "errors and invoices, in the other schema");
 }
 
+/// Publish/subscribe with NServiceBus endpoints on PostgreSQL: a row an endpoint wrote with
+/// NServiceBus's subscribe statement routes the host's events to it, and the host's own
+/// subscription is found by NServiceBus's subscribers query, at the address NServiceBus
+/// sends to, in the table NServiceBus creates (`"schema"."SubscriptionRouting"`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_cross_between_an_endpoint_and_the_host_through_the_subscription_table() {
+    let backlog = PgBacklog::new("Billing", 0, 16).await;
+    let probe = Probe::new(Duration::ZERO);
+    let mut config = backlog.config(ConcurrencyModel::Monitor, 2);
+    config.queues[0].subscribe = vec!["Sales.OrderAccepted".into()];
+    let host = backlog.host(config, &probe).await;
+    let s = &backlog.schema.name;
+    let table = format!("\"{s}\".\"SubscriptionRouting\"");
+    let client = backlog.schema.client().await;
+    // As NServiceBus's GetSubscribersText, for the event and its interface.
+    let found: Vec<String> = client
+        .query(
+            &format!("SELECT DISTINCT QueueAddress FROM {table} WHERE Topic IN ($1, $2)"),
+            &[&"Sales.OrderAccepted", &"Sales.IOrderEvent"],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(found, [format!("\"{s}\".\"Billing\"")]);
+    // As NServiceBus's SubscribeText: an endpoint subscribes to the event's interface.
+    backlog
+        .transport
+        .create_queue(&q("Shipping"))
+        .await
+        .unwrap();
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {table} (QueueAddress, Topic, Endpoint) VALUES ($1, $2, $3) \
+                 ON CONFLICT (Endpoint, Topic) DO UPDATE SET QueueAddress = $1"
+            ),
+            &[
+                &format!("\"{s}\".\"Shipping\""),
+                &"Sales.IOrderEvent",
+                &"Shipping",
+            ],
+        )
+        .await
+        .unwrap();
+    let types = throttlehost::EventTypes::parse(
+        "Sales.OrderAccepted, Sales.Messages;Sales.IOrderEvent, Sales.Messages",
+    )
+    .unwrap();
+    let published = host
+        .publish(&types, OutgoingMessage::new("accepted"))
+        .await
+        .unwrap();
+    assert_eq!(
+        published.subscribers.len(),
+        2,
+        "{:?}",
+        published.subscribers
+    );
+    wait_until(Duration::from_secs(15), "the host's copy handled", || {
+        probe.handled() == 1
+    })
+    .await;
+    let m = receive_one(backlog.transport.as_ref(), "Shipping").await;
+    assert_eq!(m.header(MESSAGE_INTENT_HEADER), Some("Publish"));
+    assert_eq!(
+        m.header("NServiceBus.EnclosedMessageTypes"),
+        Some("Sales.OrderAccepted, Sales.Messages;Sales.IOrderEvent, Sales.Messages")
+    );
+    host.shutdown().await;
+}
+
 // ---- SQL Server ---------------------------------------------------------------------------
 
 /// The catalog the tests' connection string names (`Database=`), as NServiceBus reads it.
@@ -475,4 +548,81 @@ async fn sqlserver_failed_q_is_the_transport_address() {
         m.header("NServiceBus.FailedQ"),
         Some(format!("orders@[{}]@[{}]", schema.name, catalog()).as_str())
     );
+}
+
+/// SQL Server: the host's subscription is a row NServiceBus's subscribers query finds at the
+/// queue's full address, and a row written with NServiceBus's MERGE routes the host's events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_subscriptions_are_nservicebus_s() {
+    let schema = common::mssql::Schema::new();
+    let t = schema.transport(TransactionMode::ReceiveOnly, 4).await;
+    for name in ["Billing", "Shipping"] {
+        t.create_queue(&q(name)).await.unwrap();
+    }
+    let subscriptions = t.subscriptions().unwrap();
+    subscriptions.create_subscription_table().await.unwrap();
+    let billing = t.address(&q("Billing"));
+    subscriptions
+        .subscribe("Billing", "Sales.OrderAccepted", &billing)
+        .await
+        .unwrap();
+    let table = schema.table("SubscriptionRouting");
+    let mut c = common::mssql::client().await;
+    // As NServiceBus's GetSubscribersText.
+    let found: Vec<String> = c
+        .query(
+            format!("SELECT DISTINCT QueueAddress FROM {table} WHERE Topic IN (@P1, @P2)"),
+            &[&"Sales.OrderAccepted", &"Sales.IOrderEvent"],
+        )
+        .await
+        .unwrap()
+        .into_first_result()
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.get::<&str, _>(0).map(str::to_string))
+        .collect();
+    assert_eq!(
+        found,
+        [format!("Billing@[{}]@[{}]", schema.name, catalog())]
+    );
+    // An endpoint subscribes as NServiceBus does (its upsert; Babelfish takes no MERGE, so
+    // there the row goes in as the MERGE would insert it).
+    let shipping = format!("Shipping@[{}]@[{}]", schema.name, catalog());
+    let subscribe = match common::mssql::dialect() {
+        throttlehost::config::Dialect::Sqlserver => format!(
+            "MERGE {table} WITH (HOLDLOCK, TABLOCK) AS target \
+             USING (SELECT @P3 AS Endpoint, @P1 AS QueueAddress, @P2 AS Topic) AS source \
+             ON target.Endpoint = source.Endpoint AND target.Topic = source.Topic \
+             WHEN MATCHED AND target.QueueAddress <> source.QueueAddress THEN UPDATE SET QueueAddress = @P1 \
+             WHEN NOT MATCHED THEN INSERT (QueueAddress, Topic, Endpoint) VALUES (@P1, @P2, @P3);"
+        ),
+        _ => format!("INSERT INTO {table} (QueueAddress, Topic, Endpoint) VALUES (@P1, @P2, @P3)"),
+    };
+    c.execute(
+        subscribe,
+        &[&shipping.as_str(), &"Sales.IOrderEvent", &"Shipping"],
+    )
+    .await
+    .unwrap();
+    let mut addresses = subscriptions
+        .subscribers(&["Sales.OrderAccepted".into(), "Sales.IOrderEvent".into()])
+        .await
+        .unwrap();
+    addresses.sort();
+    assert_eq!(addresses, [billing.clone(), shipping.clone()]);
+    let copies: Vec<_> = addresses
+        .iter()
+        .map(|a| {
+            (
+                t.resolve_address(a).unwrap(),
+                OutgoingMessage::new("accepted"),
+            )
+        })
+        .collect();
+    subscriptions.deliver(&copies).await.unwrap();
+    for name in ["Billing", "Shipping"] {
+        assert_eq!(receive_one(t.as_ref(), name).await.body, b"accepted");
+    }
 }

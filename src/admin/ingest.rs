@@ -3,7 +3,8 @@
 //! go through the throttled publish path (one admission per message, paced exactly as sends
 //! are), both answer 503 with Retry-After while publishing waits longer than
 //! `admin.ingest_reject_after`, and a bad request is refused whole, naming what is wrong,
-//! before anything is stored.
+//! before anything is stored. `POST /events?types=...` publishes the request body as an
+//! event to every subscriber of its topics, through the same path.
 
 use super::header_case::{DECLARED_NAMES, HeaderCase};
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use serde_json::json;
 use super::{AdminState, Shared, authorize, error};
 use crate::isolate::on_host;
 use crate::message::OutgoingMessage;
+use crate::publish::{EventTypes, Published, as_event};
 use crate::transport::QueueName;
 
 #[derive(Debug, Deserialize)]
@@ -27,6 +29,16 @@ pub(super) struct IngestQuery {
     ttbr: Option<String>,
     /// Delivery delay, e.g. `30s`: stored in the queue's delayed table until due.
     delay: Option<String>,
+}
+
+/// `POST /events`'s query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PublishQuery {
+    /// The event's type and the types it derives from, `;`-separated (see [`EventTypes`]).
+    types: Option<String>,
+    /// Time to be received, e.g. `30s`.
+    ttbr: Option<String>,
 }
 
 const HEADER_PREFIX: &str = "x-header-";
@@ -49,6 +61,13 @@ fn admit_request(
             ),
         )));
     }
+    publishing_not_waiting(host)?;
+    Ok(queue)
+}
+
+/// Refuses a request while publishing waits longer than `admin.ingest_reject_after`: 503
+/// with Retry-After.
+fn publishing_not_waiting(host: &dyn AdminState) -> Result<(), Box<Response>> {
     let settings = host.settings();
     let wait = host.publisher().current_wait();
     if wait > settings.ingest_reject_after {
@@ -66,7 +85,7 @@ fn admit_request(
             .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
         return Err(Box::new(response));
     }
-    Ok(queue)
+    Ok(())
 }
 
 /// The request body, at most `admin.max_body_size`.
@@ -148,6 +167,69 @@ pub(super) async fn ingest(
         Ok(json!({ "id": id, "queue": queue.as_str() }))
     };
     answer(accepted.await)
+}
+
+/// `POST /events?types=...`: the body is the event, published to every subscriber of its
+/// topics. Answers 202 with its id, topic and the queues a copy went to (none is no error).
+pub(super) async fn publish(
+    State(host): State<Shared>,
+    query: Result<Query<PublishQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let accepted = async {
+        authorize(host.as_ref(), &headers)?;
+        let bad = |message: String| Box::new(error(StatusCode::BAD_REQUEST, message));
+        let Ok(Query(query)) = query else {
+            return Err(bad("the query parameters are `types` (the event's type, then the types it derives from, `;`-separated) and `ttbr`".into()));
+        };
+        let types = query
+            .types
+            .as_deref()
+            .ok_or_else(|| bad("name the event: ?types=Namespace.EventName".into()))?;
+        let types = EventTypes::parse(types).map_err(|e| bad(format!("types: {e}")))?;
+        publishing_not_waiting(host.as_ref())?;
+        let body = read_body(host.as_ref(), body).await?;
+        let case = HeaderCase::new(
+            headers
+                .get_all(DECLARED_NAMES)
+                .iter()
+                .filter_map(|v| v.to_str().ok()),
+            &host.header_names(),
+        );
+        let message = ingested_message(body.to_vec(), query.ttbr.as_deref(), &headers, &case)?;
+        let id = message.logical_id();
+        let published = publish_on_host(host.as_ref(), &types, message).await?;
+        let subscribers: Vec<&str> = published.subscribers.iter().map(|q| q.as_str()).collect();
+        Ok(json!({ "id": id, "topic": types.topic(), "subscribers": subscribers }))
+    };
+    answer(accepted.await)
+}
+
+/// Publishes an event through the publisher on the host's runtime.
+async fn publish_on_host(
+    host: &dyn AdminState,
+    types: &EventTypes,
+    message: OutgoingMessage,
+) -> Result<Published, Box<Response>> {
+    let (publisher, runtime) = (host.publisher(), host.runtime());
+    let types = types.clone();
+    let message = as_event(message, &types).sent_by(&host.origin());
+    let published = on_host(
+        &runtime,
+        async move { publisher.publish(&types, message).await },
+    );
+    match published.await {
+        None => Err(Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the host is stopping; retry later",
+        ))),
+        Some(Ok(published)) => Ok(published),
+        Some(Err(e)) => Err(Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("could not publish the event: {e}"),
+        ))),
+    }
 }
 
 /// 202 with `accepted`, or the refusal.

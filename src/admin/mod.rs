@@ -51,7 +51,7 @@ use crate::status::HostStatus;
 use crate::throttling::Direction;
 use crate::transport::{QueueName, Transport};
 use console_routes::{console_data, console_icon, console_page, console_script, console_style};
-use ingest::{ingest, ingest_batch};
+use ingest::{ingest, ingest_batch, publish};
 
 /// How long `/readyz` waits for the transport.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -227,6 +227,7 @@ pub fn router(host: Shared, history: Arc<History>) -> Router {
         .route("/readyz", get(readyz))
         .route("/queues/{name}/messages", post(ingest))
         .route("/queues/{name}/batch", post(ingest_batch))
+        .route("/events", post(publish))
         .route("/throttling/{direction}/override", put(set_override))
         .route("/errors/groups", get(failed_routes::groups))
         .route("/errors/messages", get(failed_routes::messages))

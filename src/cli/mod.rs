@@ -9,6 +9,7 @@ pub mod run;
 pub mod send;
 pub mod service;
 pub mod status;
+pub mod subscriptions;
 pub mod waiting;
 
 use std::path::Path;

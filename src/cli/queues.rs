@@ -1,4 +1,4 @@
-//! `throttlehost queues create|list|depth|purge|held|release`.
+//! `throttlehost queues create|list|depth|purge|held|release|subscriptions|unsubscribe`.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -25,6 +25,15 @@ pub enum Action {
     },
     /// Held keys of these queues, or of all configured ones.
     Held(Vec<String>),
+    /// List the subscription table's rows: topic, endpoint, queue address.
+    Subscriptions,
+    /// Remove an endpoint's subscription to a topic.
+    Unsubscribe {
+        /// The subscribing endpoint (a host queue subscribes under its table name).
+        endpoint: String,
+        /// The topic.
+        topic: String,
+    },
     /// Lift the holds of one queue: of one key, or all.
     Release {
         /// The queue.
@@ -118,6 +127,10 @@ pub async fn queues(path: &Path, action: Action) -> ExitCode {
             purge(&*transport, names, expired).await
         }
         Action::Held(names) => held(&*transport, or_configured(names)).await,
+        Action::Subscriptions => super::subscriptions::list(&*transport).await,
+        Action::Unsubscribe { endpoint, topic } => {
+            super::subscriptions::unsubscribe(&*transport, &endpoint, &topic).await
+        }
         Action::Release { name, key, all } => {
             if key.is_none() && !all {
                 eprintln!(
@@ -211,6 +224,13 @@ async fn create(
             d.create_delayed(q).await.map_err(|e| e.to_string())?;
             println!("created {} (or it existed)", d.delayed_table(q));
         }
+    }
+    // The subscription table, as NServiceBus's installers create it with the queues.
+    if let Some(s) = transport.subscriptions() {
+        s.create_subscription_table()
+            .await
+            .map_err(|e| e.to_string())?;
+        println!("created {} (or it existed)", s.subscription_table());
     }
     Ok(())
 }

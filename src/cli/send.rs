@@ -5,16 +5,19 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use throttlehost::EventTypes;
 use throttlehost::config::TransportKind;
 use throttlehost::message::{
-    ENCLOSED_MESSAGE_TYPES_HEADER, Origin, OutgoingMessage, REPLY_TO_ADDRESS_HEADER,
+    ENCLOSED_MESSAGE_TYPES_HEADER, MessageIntent, Origin, OutgoingMessage, REPLY_TO_ADDRESS_HEADER,
 };
 use throttlehost::transport::{self, QueueName, Transport};
 
 /// Arguments of `send`.
 pub struct SendArgs {
-    /// Destination.
-    pub queue: String,
+    /// Destination (None: `publish` names the event).
+    pub queue: Option<String>,
+    /// The event's types, when publishing.
+    pub publish: Option<String>,
     /// Body text.
     pub body: Option<String>,
     /// Body file.
@@ -74,7 +77,7 @@ async fn store(
     queue: QueueName,
     template: Arc<Template>,
     count: u64,
-) -> Result<(), String> {
+) -> Result<String, String> {
     let mut writers = Vec::new();
     for w in 0..WRITERS.min(count.div_ceil(BATCH)) {
         let (transport, queue, template) = (transport.clone(), queue.clone(), template.clone());
@@ -101,7 +104,7 @@ async fn store(
             Err(e) => return Err(format!("a sender failed: {e}")),
         }
     }
-    Ok(())
+    Ok(format!("sent {count} message(s) to {queue}"))
 }
 
 /// Sends `count` messages.
@@ -120,9 +123,16 @@ pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
             path.display()
         ));
     }
-    let queue = match QueueName::new(&args.queue) {
-        Ok(q) => q,
-        Err(e) => return invalid(e.to_string()),
+    let destination = match (&args.queue, &args.publish) {
+        (_, Some(types)) => match EventTypes::parse(types) {
+            Ok(types) => Destination::Subscribers(types),
+            Err(e) => return invalid(format!("--publish: {e}")),
+        },
+        (Some(queue), None) => match QueueName::new(queue) {
+            Ok(q) => Destination::Queue(q),
+            Err(e) => return invalid(e.to_string()),
+        },
+        (None, None) => return invalid("name a --queue, or an event to --publish".into()),
     };
     if args.count == 0 {
         return invalid("--count must be at least 1".into());
@@ -169,15 +179,82 @@ pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
         origin: Origin::new(&config.host.name, &config.host.effective_instance_id()),
     });
     let started = Instant::now();
-    if let Err(e) = store(transport, queue.clone(), template, args.count).await {
-        eprintln!("error: {e}");
-        return ExitCode::from(1);
-    }
+    let done = match &destination {
+        Destination::Queue(queue) => store(transport, queue.clone(), template, args.count).await,
+        Destination::Subscribers(types) => publish(&*transport, types, &template, args.count).await,
+    };
+    let what = match done {
+        Ok(what) => what,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "sent {} message(s) to {queue} in {secs:.2}s ({:.0}/s)",
-        args.count,
+        "{what} in {secs:.2}s ({:.0}/s)",
         args.count as f64 / secs.max(1e-9)
     );
     ExitCode::SUCCESS
+}
+
+/// Where `send` writes.
+enum Destination {
+    /// One queue.
+    Queue(QueueName),
+    /// Every subscriber of an event's topics.
+    Subscribers(EventTypes),
+}
+
+/// Publishes `count` events of `types`: each a copy per subscriber, stored in one
+/// transaction, read from the subscription table once. Prints the id of a single event.
+async fn publish(
+    transport: &dyn Transport,
+    types: &EventTypes,
+    template: &Template,
+    count: u64,
+) -> Result<String, String> {
+    let store = transport
+        .subscriptions()
+        .ok_or("this transport keeps no subscription table")?;
+    let addresses = store
+        .subscribers(&types.topics())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut queues: Vec<QueueName> = Vec::new();
+    for address in &addresses {
+        match transport.resolve_address(address) {
+            Some(q) if !queues.contains(&q) => queues.push(q),
+            Some(_) => {}
+            None => eprintln!(
+                "warning: subscriber address `{address}` is not one this transport reaches; skipped"
+            ),
+        }
+    }
+    for _ in 0..count {
+        let event = template
+            .message()
+            .with_intent(MessageIntent::Publish)
+            .with_enclosed_message_types(types.header());
+        let copies: Vec<(QueueName, OutgoingMessage)> =
+            queues.iter().map(|q| (q.clone(), event.clone())).collect();
+        store.deliver(&copies).await.map_err(|e| e.to_string())?;
+        if count == 1 {
+            println!("{}", event.logical_id());
+        }
+    }
+    let names: Vec<String> = queues.iter().map(|q| q.to_string()).collect();
+    Ok(match names.is_empty() {
+        true => format!(
+            "published {count} {} event(s): nobody subscribes to {}, nothing stored",
+            types.topic(),
+            types.topics().join(", ")
+        ),
+        false => format!(
+            "published {count} {} event(s) to {} subscriber(s) ({})",
+            types.topic(),
+            names.len(),
+            names.join(", ")
+        ),
+    })
 }

@@ -1,4 +1,4 @@
-//! `throttlehost queues create|list|depth|purge|held|release` and `throttlehost send` against PostgreSQL,
+//! `throttlehost queues create|list|depth|purge|held|release|subscriptions|unsubscribe` and `throttlehost send` (with `--publish`) against PostgreSQL,
 //! and secrets kept out of every output.
 // Plain (non-async) tests driving a process: blocking sleeps are what they want.
 #![allow(clippy::disallowed_methods)]
@@ -279,4 +279,98 @@ fn send_writes_the_headers_an_nservicebus_endpoint_reads() {
         );
     });
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[test]
+fn events_are_published_and_subscriptions_listed_and_removed_from_the_command_line() {
+    let schema = PgSchema::new();
+    let path = config_file(&schema, &schema.connection_string());
+    let p = path.to_str().unwrap();
+    let (code, out, err) = throttlehost(&["queues", "create", "-c", p, "shipping", "billing"]);
+    assert_eq!(code, 0, "{err}");
+    let table = format!("\"{}\".\"SubscriptionRouting\"", schema.name);
+    assert!(out.contains(&format!("created {table}")), "{out}");
+
+    // Nobody subscribes yet: published, stored nowhere, said so.
+    let types = "Sales.OrderAccepted, Sales;Sales.IOrderEvent, Sales";
+    let (code, _, err) = throttlehost(&["send", "-c", p, "--publish", types, "--body", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("nobody subscribes"), "{err}");
+
+    // Two endpoints subscribe as NServiceBus's subscribe statement writes the rows.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = schema.client().await;
+        for (endpoint, topic) in [
+            ("shipping", "Sales.OrderAccepted"),
+            ("billing", "Sales.IOrderEvent"),
+        ] {
+            c.execute(
+                &format!(
+                    "INSERT INTO {table} (QueueAddress, Topic, Endpoint) VALUES ($1, $2, $3) \
+                     ON CONFLICT (Endpoint, Topic) DO UPDATE SET QueueAddress = $1"
+                ),
+                &[
+                    &format!("\"{}\".\"{endpoint}\"", schema.name),
+                    &topic,
+                    &endpoint,
+                ],
+            )
+            .await
+            .unwrap();
+        }
+    });
+    let (code, out, err) = throttlehost(&["queues", "subscriptions", "-c", p]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Sales.IOrderEvent\tbilling\t"), "{out}");
+    assert!(out.contains("Sales.OrderAccepted\tshipping\t"), "{out}");
+
+    let (code, _, err) = throttlehost(&[
+        "send",
+        "-c",
+        p,
+        "--publish",
+        types,
+        "--body",
+        "2",
+        "--count",
+        "3",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("to 2 subscriber(s)"), "{err}");
+    let (_, out, _) = throttlehost(&["queues", "depth", "-c", p, "shipping", "billing"]);
+    assert!(
+        out.contains("shipping\t3") && out.contains("billing\t3"),
+        "{out}"
+    );
+
+    let (code, out, err) = throttlehost(&[
+        "queues",
+        "unsubscribe",
+        "-c",
+        p,
+        "billing",
+        "Sales.IOrderEvent",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("billing no longer subscribes to Sales.IOrderEvent"),
+        "{out}"
+    );
+    let (_, out, _) = throttlehost(&[
+        "queues",
+        "unsubscribe",
+        "-c",
+        p,
+        "billing",
+        "Sales.IOrderEvent",
+    ]);
+    assert!(out.contains("did not subscribe"), "{out}");
+
+    // A bad type is named; --publish with --queue is refused by the parser.
+    let (code, _, err) = throttlehost(&["send", "-c", p, "--publish", "Sales.\u{7}X"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--publish: event type"), "{err}");
+    let (code, _, _) = throttlehost(&["send", "-c", p, "--publish", types, "--queue", "orders"]);
+    assert_ne!(code, 0);
 }

@@ -75,10 +75,11 @@ pub(super) fn map_error(e: tiberius::error::Error, queue: Option<&QueueName>) ->
                     .unwrap_or_else(|| token.message().to_string()),
             ),
             1205 => TransportError::Deadlock(token.message().to_string()),
-            // Babelfish reports a missing table as PostgreSQL's error under its catch-all
-            // code, not as SQL Server's 208.
+            // Babelfish reports a missing table (or the missing schema it would be in, which
+            // SQL Server reports as 208 too) as PostgreSQL's error under its catch-all code.
             BABELFISH_UNMAPPED
-                if token.message().starts_with("relation \"")
+                if (token.message().starts_with("relation \"")
+                    || token.message().starts_with("schema \""))
                     && token.message().ends_with("does not exist") =>
             {
                 TransportError::QueueNotFound(

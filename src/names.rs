@@ -50,6 +50,30 @@ pub fn validate_topic(topic: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The entries of an event's types as `NServiceBus.EnclosedMessageTypes` holds them
+/// (`;`-separated, the event's own type first), each checked: its full name (before an
+/// assembly part after `,`) must be a topic. Errors name the entry at fault.
+pub fn event_type_entries(text: &str) -> Result<Vec<String>, String> {
+    let entries: Vec<String> = text
+        .split(';')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_string)
+        .collect();
+    if entries.is_empty() {
+        return Err("an event needs its type: `Namespace.EventName` (and, after `;`, the types it derives from)".into());
+    }
+    for entry in &entries {
+        validate_topic(topic_of(entry)).map_err(|e| format!("event type `{entry}`: {e}"))?;
+    }
+    Ok(entries)
+}
+
+/// An event type entry's full name, its topic: what comes before the assembly part.
+pub fn topic_of(entry: &str) -> &str {
+    entry.split(',').next().unwrap_or(entry).trim()
+}
+
 /// Checks a queue (table) name: letters, digits, `_`, `-` and `.`, not starting with `.` or
 /// `-`, at most 128 characters.
 pub fn validate_queue_name(name: &str) -> Result<(), String> {

@@ -1427,7 +1427,7 @@ pub async fn subscribe_is_an_upsert_per_endpoint_and_topic(h: &dyn Harness) {
     s.subscribe("Shipping", "Sales.IOrderEvent", "shipping")
         .await
         .unwrap();
-    let rows = s.subscriptions().await.unwrap();
+    let rows = s.all_subscriptions().await.unwrap();
     let seen: Vec<(&str, &str, &str)> = rows
         .iter()
         .map(|r| {

@@ -28,6 +28,7 @@ const CORRECTNESS_ONLY: &[&str] = &[
     "drain-postgres-batch",
     "drain-postgres-ordered",
     "drain-postgres-forward",
+    "publish-fanout",
     "ordered-three-hosts",
     "staged-three-hosts",
     "poison",
@@ -691,6 +692,28 @@ fn forwarding_batch_drain_on_postgres() {
             .get(0)
     });
     assert_eq!(forwarded as u64, processed, "one copy per message");
+}
+
+/// Publish/subscribe under throttling on PostgreSQL: each order's event reaches its three
+/// subscribers once (processed = 4 x sent: the order and three copies), and the subscribers'
+/// growth throttles publishing (state 6), handlers' events included.
+#[test]
+fn a_handlers_events_reach_three_subscribers_under_throttling() {
+    let schema = common::PgSchema::new();
+    let (s, out) = run("publish-fanout", 1.0, Some(&schema.name));
+    let _ = std::fs::remove_dir_all(out);
+    let sent = s["messages_sent"].as_u64().unwrap();
+    assert!(sent > 500, "{s:#}");
+    assert_eq!(s["messages_processed"].as_u64().unwrap(), 4 * sent, "{s:#}");
+    for field in [
+        "messages_lost",
+        "messages_duplicated",
+        "messages_in_error_queue",
+    ] {
+        assert_eq!(s[field], 0, "{field}: {s:#}");
+    }
+    assert!(seconds_in(&s, "publishing", 6) > 0.0, "{s:#}");
+    assert_eq!(s["cleared"], true, "{s:#}");
 }
 
 /// A memory condition on a batch queue: every receive turns single while delivery is

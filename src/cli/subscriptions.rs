@@ -16,7 +16,7 @@ fn table(transport: &dyn Transport) -> Result<&dyn Subscriptions, String> {
 /// Prints every row: topic, endpoint, queue address, tab-separated.
 pub async fn list(transport: &dyn Transport) -> Result<(), String> {
     let rows = table(transport)?
-        .subscriptions()
+        .all_subscriptions()
         .await
         .map_err(|e| e.to_string())?;
     for row in &rows {

@@ -23,7 +23,7 @@ pub use self::queue::{
     CommandConfig, ConcurrencyConfig, ConcurrencyModel, DEFAULT_DELAYED_RETRIES,
     DelayedDeliveryConfig, FailedKey, ForwardConfig, HandlerConfig, HttpConfig,
     InstanceQueueConfig, LatencyDistribution, LatencyLimitConfig, OrderingConfig, OutageConfig,
-    QueueConfig, RecoverabilityConfig, SimulateConfig,
+    PublishConfig, QueueConfig, RecoverabilityConfig, SimulateConfig,
 };
 pub use self::throttling::{DirectionConfig, OverrideMode, SeverityConfig, ThrottlingConfig};
 pub use self::transport::{

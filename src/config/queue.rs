@@ -360,6 +360,8 @@ pub enum HandlerConfig {
     Command(CommandConfig),
     /// POSTs every message to a URL; a 2xx answer is success.
     Http(HttpConfig),
+    /// Publishes every message as an event to the subscribers of its types.
+    Publish(PublishConfig),
 }
 
 /// How the simulated handler's latency is drawn.
@@ -419,6 +421,15 @@ impl Default for SimulateConfig {
 pub struct ForwardConfig {
     /// Destination queue.
     pub to: String,
+}
+
+/// `kind = "publish"`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishConfig {
+    /// The event's type and the types it derives from, `;`-separated, as
+    /// `NServiceBus.EnclosedMessageTypes` writes them: `Sales.OrderAccepted, Sales`.
+    pub types: String,
 }
 
 /// `kind = "command"`

@@ -540,6 +540,11 @@ fn validate_handler(
                 );
             }
         }
+        Some(HandlerConfig::Publish(p)) => {
+            if let Err(e) = crate::names::event_type_entries(&p.types) {
+                add(key("handler.types"), e);
+            }
+        }
         Some(HandlerConfig::Noop) | None => {}
     }
 }

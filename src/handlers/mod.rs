@@ -4,6 +4,7 @@
 mod command;
 mod forward;
 mod http;
+mod publish;
 mod simulate;
 
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use async_trait::async_trait;
 pub use command::CommandHandler;
 pub use forward::ForwardHandler;
 pub use http::HttpHandler;
+pub use publish::PublishHandler;
 pub use simulate::{POISON_HEADER, SimulateHandler};
 
 use crate::config::HandlerConfig;
@@ -206,6 +208,12 @@ pub fn build(config: &HandlerConfig) -> Result<BuiltHandler, TransportError> {
         },
         HandlerConfig::Http(h) => BuiltHandler {
             handler: Arc::new(HttpHandler::new(h.clone())),
+            simulate: None,
+        },
+        HandlerConfig::Publish(p) => BuiltHandler {
+            handler: Arc::new(PublishHandler::new(
+                EventTypes::parse(&p.types).map_err(TransportError::InvalidMessage)?,
+            )),
             simulate: None,
         },
     })

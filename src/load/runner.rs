@@ -49,7 +49,14 @@ async fn prepare(scenario: &Scenario, options: &LoadOptions) -> Result<Prepared,
         .queues
         .iter()
         .any(|q| q.concurrency.fleet_max.is_some());
-    let ledger = Arc::new(Ledger::new(options.track_ids, fleet_limited));
+    let mut ledger = Ledger::new(options.track_ids, fleet_limited);
+    ledger.subscribers = scenario
+        .queues
+        .iter()
+        .filter(|q| !q.subscribe.is_empty())
+        .filter_map(|q| QueueName::new(&q.name).ok())
+        .collect();
+    let ledger = Arc::new(ledger);
     *ledger
         .done_by_process
         .lock()

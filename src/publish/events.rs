@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::names::validate_topic;
+use crate::names::{event_type_entries, topic_of};
 use crate::transport::{Subscriptions, TransportError};
 
 /// The topics a process gives a metric label of their own; later ones count as `other`.
@@ -27,19 +27,7 @@ pub struct EventTypes {
 impl EventTypes {
     /// Reads `;`-separated entries (the header's form). Errors name the entry at fault.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let entries: Vec<String> = text
-            .split(';')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .map(str::to_string)
-            .collect();
-        if entries.is_empty() {
-            return Err("an event needs its type: `Namespace.EventName` (and, after `;`, the types it derives from)".into());
-        }
-        for entry in &entries {
-            validate_topic(topic_of(entry)).map_err(|e| format!("event type `{entry}`: {e}"))?;
-        }
-        Ok(EventTypes { entries })
+        event_type_entries(text).map(|entries| EventTypes { entries })
     }
 
     /// The event's own topic: its type's full name.
@@ -62,11 +50,6 @@ impl EventTypes {
     pub fn header(&self) -> String {
         self.entries.join(";")
     }
-}
-
-/// An entry's full name: what comes before the assembly part.
-fn topic_of(entry: &str) -> &str {
-    entry.split(',').next().unwrap_or(entry).trim()
 }
 
 /// The queue addresses found for a set of topics, and when they were read.
@@ -179,6 +162,41 @@ mod tests {
                 .unwrap_err()
                 .contains("not a type's full name")
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn subscribers_are_kept_for_the_time_to_live_and_read_again_after_it() {
+        use crate::config::TransactionMode;
+        use crate::transport::Transport;
+        use crate::transport::memory::MemoryTransport;
+        let transport = MemoryTransport::new(TransactionMode::ReceiveOnly);
+        let table = transport.subscriptions().unwrap();
+        table.create_subscription_table().await.unwrap();
+        let cache = SubscriberCache::new(Duration::from_secs(5));
+        let topics = vec!["Sales.OrderAccepted".to_string()];
+        assert!(cache.subscribers(table, &topics).await.unwrap().is_empty());
+        table
+            .subscribe("Billing", &topics[0], "billing")
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(4_999)).await;
+        assert!(
+            cache.subscribers(table, &topics).await.unwrap().is_empty(),
+            "kept: a subscriber added within the time to live is not seen yet"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            *cache.subscribers(table, &topics).await.unwrap(),
+            ["billing"]
+        );
+        // Without a time to live every publish reads the table.
+        let fresh = SubscriberCache::new(Duration::ZERO);
+        assert_eq!(
+            *fresh.subscribers(table, &topics).await.unwrap(),
+            ["billing"]
+        );
+        table.unsubscribe("Billing", &topics[0]).await.unwrap();
+        assert!(fresh.subscribers(table, &topics).await.unwrap().is_empty());
     }
 
     #[test]

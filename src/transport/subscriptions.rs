@@ -50,7 +50,7 @@ pub trait Subscriptions: Send + Sync {
     async fn subscribers(&self, topics: &[String]) -> Result<Vec<String>, TransportError>;
 
     /// Every row of the table, ordered by topic and endpoint.
-    async fn subscriptions(&self) -> Result<Vec<Subscription>, TransportError>;
+    async fn all_subscriptions(&self) -> Result<Vec<Subscription>, TransportError>;
 
     /// Stores one event's copies, each in its subscriber's queue, all or none: in one
     /// transaction on the database transports.

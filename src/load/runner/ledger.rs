@@ -1,7 +1,7 @@
 //! The ledger: every message sent and every end seen, by logical id, to count what was lost or
 //! duplicated and to judge key and stage order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -31,6 +31,9 @@ pub(super) struct Ledger {
     /// Every handling's start and end across the processes, when a queue has a fleet-wide
     /// limit to check.
     pub(super) in_flight: Option<Mutex<InFlightSpans>>,
+    /// Queues that subscribe to events: each receives its own copy of an event, with the
+    /// id every copy shares, so the ledger counts a copy per queue (`id@queue`).
+    pub(super) subscribers: HashSet<QueueName>,
 }
 
 /// What the ledger knows per message, keyed compactly so that tracking a 20 000-message
@@ -357,21 +360,47 @@ impl Ledger {
     }
 }
 
+impl Ledger {
+    /// The ids a handling in `queue` is counted under: an event's copy in a subscriber's
+    /// queue as a message of its own (`logical@queue`, the row id made distinct per queue).
+    fn in_queue(
+        &self,
+        queue: &QueueName,
+        id: Uuid,
+        logical_id: Option<&str>,
+    ) -> (Uuid, Option<String>) {
+        if !self.subscribers.contains(queue) {
+            return (id, logical_id.map(str::to_string));
+        }
+        let copy = Uuid::new_v5(&id, queue.as_str().as_bytes());
+        (
+            copy,
+            Some(format!(
+                "{}@{queue}",
+                logical_id.map_or_else(|| id.to_string(), str::to_string)
+            )),
+        )
+    }
+}
+
 impl DispatchObserver for Ledger {
-    fn completed(&self, _queue: &QueueName, id: Uuid, logical_id: Option<&str>, outcome: Outcome) {
-        self.finished(0, id, logical_id, outcome);
+    fn completed(&self, queue: &QueueName, id: Uuid, logical_id: Option<&str>, outcome: Outcome) {
+        let (id, logical_id) = self.in_queue(queue, id, logical_id);
+        self.finished(0, id, logical_id.as_deref(), outcome);
     }
 
-    fn handled(&self, _queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
+    fn handled(&self, queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
+        let (id, logical_id) = self.in_queue(queue, id, logical_id);
         let at = now_ns();
         self.span(|spans| spans.ended(0, id, at));
-        self.ended(id, logical_id, at);
+        self.ended(id, logical_id.as_deref(), at);
     }
 
-    fn started(&self, _queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
+    fn started(&self, queue: &QueueName, id: Uuid, logical_id: Option<&str>) {
+        let (id, logical_id) = self.in_queue(queue, id, logical_id);
         let at = now_ns();
         self.span(|spans| spans.began(0, id, at));
-        self.began(id, logical_id, at);
+        self.began(id, logical_id.as_deref(), at);
     }
 }
 
@@ -383,6 +412,37 @@ mod tests {
 
     fn queue() -> QueueName {
         QueueName::new("orders").unwrap()
+    }
+
+    #[test]
+    fn an_events_copies_count_once_in_each_subscribers_queue() {
+        let mut ledger = Ledger::new(true, false);
+        ledger.subscribers = ["billing", "shipping"]
+            .iter()
+            .map(|n| QueueName::new(n).unwrap())
+            .collect();
+        let id = Uuid::new_v4();
+        for queue in ["billing", "shipping"] {
+            ledger.completed(
+                &QueueName::new(queue).unwrap(),
+                id,
+                Some("event-1"),
+                Outcome::Success,
+            );
+        }
+        let a = ledger.accounting(0);
+        assert_eq!((a.processed, a.duplicated, a.lost), (2, 0, 0));
+        ledger.completed(
+            &QueueName::new("billing").unwrap(),
+            id,
+            Some("event-1"),
+            Outcome::Success,
+        );
+        assert_eq!(
+            ledger.accounting(0).duplicated,
+            1,
+            "a copy handled twice in one queue"
+        );
     }
 
     #[test]

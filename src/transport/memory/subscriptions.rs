@@ -74,7 +74,7 @@ impl Subscriptions for MemoryTransport {
         })
     }
 
-    async fn subscriptions(&self) -> Result<Vec<Subscription>, TransportError> {
+    async fn all_subscriptions(&self) -> Result<Vec<Subscription>, TransportError> {
         let _session = self.statement().await?;
         self.with_table(|rows| {
             let mut all: Vec<Subscription> = rows

@@ -87,7 +87,7 @@ CREATE TABLE IF NOT EXISTS {table} (
         Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
     }
 
-    async fn subscriptions(&self) -> Result<Vec<Subscription>, TransportError> {
+    async fn all_subscriptions(&self) -> Result<Vec<Subscription>, TransportError> {
         let table = &self.inner.subscription_table;
         let sql =
             format!("SELECT Endpoint, Topic, QueueAddress FROM {table} ORDER BY Topic, Endpoint");

@@ -157,7 +157,7 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
             .collect())
     }
 
-    async fn subscriptions(&self) -> Result<Vec<Subscription>, TransportError> {
+    async fn all_subscriptions(&self) -> Result<Vec<Subscription>, TransportError> {
         let table = self.subscription_table_name();
         let sql =
             format!("SELECT Endpoint, Topic, QueueAddress FROM {table} ORDER BY Topic, Endpoint");

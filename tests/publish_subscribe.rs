@@ -15,7 +15,7 @@ use throttlehost::config::{Config, QueueConfig, TransactionMode, TransportConfig
 use throttlehost::message::{
     ENCLOSED_MESSAGE_TYPES_HEADER, MESSAGE_INTENT_HEADER, OutgoingMessage, RELATED_TO_HEADER,
 };
-use throttlehost::transport::Transport;
+use throttlehost::transport::{QueueAdmin, Transport};
 use throttlehost::{Context, EventTypes, Handler, HandlerError, HostBuilder};
 
 use common::{PgSchema, q, wait_until};
@@ -382,6 +382,37 @@ async fn an_event_posted_over_http_reaches_its_subscribers_and_a_bad_type_is_nam
         estate.counts(),
         [1, 1, 1],
         "a refused request stores nothing"
+    );
+    estate.host.shutdown().await;
+}
+
+/// A subscription table that cannot be read fails the publish as a failed send does: the API
+/// returns the error naming the table, and nothing is stored anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_table_that_cannot_be_read_fails_the_publish() {
+    let memory =
+        throttlehost::transport::memory::MemoryTransport::new(TransactionMode::ReceiveOnly);
+    for name in ["sales", "error"] {
+        memory.create_queue(&q(name)).await.unwrap();
+    }
+    let delayed = throttlehost::transport::Transport::delayed_delivery(&memory).unwrap();
+    delayed.create_delayed(&q("sales")).await.unwrap();
+    let bed = Bed::Memory(Arc::new(memory));
+    let mut config = config(bed.transport_config(), Duration::from_secs(5));
+    config.host.create_queues = false; // nobody made the subscription table
+    config.queues.retain(|q| q.name == "sales");
+    let estate = start(&bed, config).await;
+    let types = EventTypes::parse(ORDER_ACCEPTED).unwrap();
+    let e = estate
+        .host
+        .publish(&types, OutgoingMessage::new(b"order".to_vec()))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("subscription table"), "{e}");
+    let metrics = estate.host.handle().metrics_text();
+    assert!(
+        !metrics.contains("throttlehost_events_published_total{"),
+        "{metrics}"
     );
     estate.host.shutdown().await;
 }

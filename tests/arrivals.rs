@@ -431,3 +431,46 @@ async fn an_idle_queue_costs_at_most_one_statement_per_second_with_listening() {
     );
     host.shutdown().await;
 }
+
+/// Queues whose every arrival is told of peek only as a safety net: twenty idle queues with a
+/// one-second peek interval peek about once each after settling (the listener's wake at
+/// start), not once a second each, and a message is still picked up at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notified_queues_stop_peeking_while_idle_and_still_pick_up_at_once() {
+    let schema = PgSchema::new();
+    let mut config = pg_config(&schema, "quiet00", ConcurrencyModel::Monitor, 1);
+    config.throttling.database_size_refresh = Duration::from_secs(3600);
+    let first = config.queues[0].clone();
+    for i in 1..20 {
+        let mut qc = first.clone();
+        qc.name = format!("quiet{i:02}");
+        qc.handler = Some(throttlehost::config::HandlerConfig::Noop);
+        config.queues.push(qc);
+    }
+    for qc in &mut config.queues {
+        qc.concurrency.peek_interval = Duration::from_secs(1);
+        // A delayed table's mover inserts into the queue on every poll, nothing or not, and
+        // the statement trigger notifies for that too: measured here is the receivers alone.
+        qc.delayed_delivery.enabled = false;
+    }
+    let inner: std::sync::Arc<dyn Transport> =
+        std::sync::Arc::new(schema.transport(TransactionMode::ReceiveOnly, 24).await);
+    let counting = common::Counting::with_abilities(inner);
+    let (host, probe) = probed_host(config, Some(counting.clone())).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = counting.peeks();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let idle_peeks = counting.peeks() - before;
+    assert!(
+        idle_peeks < 20,
+        "{idle_peeks} peeks in 5 s of twenty idle queues (unnotified: about 100)"
+    );
+    let sender = schema.transport(TransactionMode::ReceiveOnly, 2).await;
+    picked_up(
+        &probe,
+        1,
+        sender.send(&q("quiet00"), &OutgoingMessage::new(vec![1])),
+    )
+    .await;
+    host.shutdown().await;
+}

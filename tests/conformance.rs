@@ -1404,6 +1404,34 @@ pub async fn a_delayed_send_is_refused_without_a_table_or_with_an_expiry(h: &dyn
     assert!(matches!(e, TransportError::InvalidMessage(_)), "{e}");
 }
 
+pub async fn depths_of_many_queues_are_read_together_in_order(h: &dyn Harness) {
+    let names: Vec<String> = (0..250).map(|i| format!("many{i:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let t = setup(h, &refs).await;
+    for (i, name) in names.iter().enumerate().filter(|(i, _)| i % 50 == 7) {
+        let batch: Vec<OutgoingMessage> = (0..=i % 5).map(|_| OutgoingMessage::new("x")).collect();
+        t.send_batch(&q(name), &batch).await.unwrap();
+    }
+    // More than one statement's worth, with a queue that does not exist in the middle.
+    let mut queues: Vec<QueueName> = names.iter().map(|n| q(n)).collect();
+    queues.insert(120, q("nowhere"));
+    let depths = t.peek_depths(&queues).await;
+    assert_eq!(depths.len(), queues.len());
+    for (queue, depth) in queues.iter().zip(&depths) {
+        match queue.as_str() {
+            "nowhere" => assert!(
+                matches!(depth, Err(TransportError::QueueNotFound(_))),
+                "{depth:?}"
+            ),
+            name => {
+                let i: usize = name[4..].parse().unwrap();
+                let expected = if i % 50 == 7 { (i % 5 + 1) as u64 } else { 0 };
+                assert_eq!(*depth.as_ref().unwrap(), expected, "{name}");
+            }
+        }
+    }
+}
+
 /// The transport's subscription table: every transport under test keeps one.
 fn subs(t: &Arc<dyn Transport>) -> &dyn Subscriptions {
     t.subscriptions()
@@ -1599,6 +1627,7 @@ macro_rules! conformance {
                 a_forward_destination_set_by_the_sender_is_kept,
                 a_delayed_send_is_refused_without_a_table_or_with_an_expiry,
                 the_delayed_table_is_named_as_nservicebus_names_it,
+                depths_of_many_queues_are_read_together_in_order,
                 subscribe_is_an_upsert_per_endpoint_and_topic,
                 subscribers_of_an_event_and_its_base_types_are_distinct,
                 unsubscribe_removes_only_its_key,

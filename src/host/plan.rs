@@ -184,6 +184,12 @@ impl ArrivalSink for ArrivalWakes {
             q.arrived();
         }
     }
+
+    fn listening(&self, queue: &QueueName, notified: bool) {
+        if let Some(q) = self.0.get(queue).and_then(std::sync::Weak::upgrade) {
+            q.set_arrivals_notified(notified);
+        }
+    }
 }
 
 /// Every queue this host receives from, sends errors to or forwards to (what ingest accepts).

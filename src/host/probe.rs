@@ -99,40 +99,28 @@ impl HostAdapter {
         let transport = self.transport.clone();
         let refreshing = self.refreshing.clone();
         self.runtime.spawn(async move {
-            for StaleDepth {
-                name,
-                cell,
-                rare,
-                waiting,
-                held,
-            } in stale
+            // Every stale depth in as few statements as the transport can.
+            let starts: Vec<_> = stale.iter().map(|s| s.cell.read_started()).collect();
+            let names: Vec<QueueName> = stale.iter().map(|s| s.name.clone()).collect();
+            let depths = transport.peek_depths(&names).await;
+            for (
+                (
+                    StaleDepth {
+                        name,
+                        cell,
+                        rare,
+                        waiting,
+                        held,
+                    },
+                    start,
+                ),
+                depth,
+            ) in stale.into_iter().zip(starts).zip(depths)
             {
-                let start = cell.read_started();
-                match transport.peek_depth(&name).await {
+                match depth {
                     Ok(depth) => {
                         cell.set_read(depth, start);
-                        let ordering = transport.key_ordering();
-                        if let (Some(gauge), Some(ordering)) = (waiting, ordering) {
-                            // An empty queue has nothing waiting: no statement for it.
-                            match depth {
-                                0 => gauge.set(0.0),
-                                _ => match ordering.waiting_in_order(&name).await {
-                                    Ok(Some(n)) => gauge.set(n as f64),
-                                    Ok(None) => {}
-                                    Err(e) => tracing::debug!(queue = %name, error = %e, "counting the messages waiting for their order failed"),
-                                },
-                            }
-                        }
-                        if let (Some(gauge), Some(ordering)) = (held, ordering) {
-                            // A held message stays in its queue: none held in an empty one.
-                            match depth {
-                                0 => gauge.set(0.0),
-                                _ => match ordering.held_keys(&name).await {
-                                    Ok(keys) => gauge.set(keys.len() as f64),
-                                    Err(e) => tracing::debug!(queue = %name, error = %e, "reading the held keys failed"),
-                                },
-                            }
-                        }
+                        read_order_gauges(transport.as_ref(), &name, depth, waiting, held).await;
                     }
                     Err(e) => {
                         if rare {
@@ -144,6 +132,43 @@ impl HostAdapter {
             }
             refreshing.store(false, Ordering::Release);
         });
+    }
+}
+
+/// An ordered queue's gauges of messages waiting for their key or stage and of held keys,
+/// read after its depth (an empty queue has none of either: no statement for it).
+async fn read_order_gauges(
+    transport: &dyn Transport,
+    name: &QueueName,
+    depth: u64,
+    waiting: Option<metrics::Gauge>,
+    held: Option<metrics::Gauge>,
+) {
+    let ordering = transport.key_ordering();
+    if let (Some(gauge), Some(ordering)) = (waiting, ordering) {
+        // An empty queue has nothing waiting: no statement for it.
+        match depth {
+            0 => gauge.set(0.0),
+            _ => match ordering.waiting_in_order(name).await {
+                Ok(Some(n)) => gauge.set(n as f64),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(queue = %name, error = %e, "counting the messages waiting for their order failed")
+                }
+            },
+        }
+    }
+    if let (Some(gauge), Some(ordering)) = (held, ordering) {
+        // A held message stays in its queue: none held in an empty one.
+        match depth {
+            0 => gauge.set(0.0),
+            _ => match ordering.held_keys(name).await {
+                Ok(keys) => gauge.set(keys.len() as f64),
+                Err(e) => {
+                    tracing::debug!(queue = %name, error = %e, "reading the held keys failed")
+                }
+            },
+        }
     }
 }
 

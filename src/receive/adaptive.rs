@@ -83,7 +83,7 @@ async fn receive_loop(a: Arc<Adaptive>) {
                     // The last loop: poll cheaply until messages show up.
                     a.idle.wait_for_work(q, ctx).await
                 } else {
-                    idle_pause(ctx, q, backoff.next(q.settings().peek_interval)).await
+                    idle_pause(ctx, q, backoff.next_idle(q)).await
                 }
             }
             Turn::Failed(wait) => pause(ctx, wait).await,

@@ -8,7 +8,9 @@
 //! An idle queue costs at most one statement per `peek_interval`: the monitor peeks once per
 //! interval; fixed and adaptive receivers park every loop but one, and that one polls with a
 //! peek (one statement) rather than a receive (a transaction) once the queue has been found
-//! empty.
+//! empty. A queue whose every arrival the transport tells of (a PostgreSQL table with the
+//! insert trigger while the host listens) peeks once per
+//! [`crate::queue::NOTIFIED_PEEK_INTERVAL`] instead, as a safety net.
 
 pub mod adaptive;
 mod batch;
@@ -293,6 +295,8 @@ pub(crate) struct Backoff {
 }
 
 const FIRST_BACKOFF_MS: u64 = 50;
+/// The back-off past which a notified queue's receiver waits its whole idle interval.
+const FOLLOW_UP_MS: u64 = 1_000;
 
 impl Backoff {
     pub(crate) fn new() -> Self {
@@ -306,6 +310,20 @@ impl Backoff {
         Backoff {
             current_ms: AtomicU64::new(u64::MAX / 4),
         }
+    }
+
+    /// The next wait of an idle receiver of `q`: as [`Backoff::next`] up to its idle peek
+    /// interval, except that a queue whose arrivals are told of goes straight to that
+    /// interval once the quick follow-up after activity (50 ms doubling, about 1.5 s) is over:
+    /// it need not creep up to it in doublings, a peek each.
+    pub(crate) fn next_idle(&self, q: &QueueRuntime) -> Duration {
+        let max = q.idle_peek_interval();
+        if q.arrivals_notified() && self.current_ms.load(Ordering::Relaxed) >= FOLLOW_UP_MS {
+            let max_ms = max.as_millis().max(1) as u64;
+            self.current_ms.store(max_ms, Ordering::Relaxed);
+            return max;
+        }
+        self.next(max)
     }
 
     /// The next wait, capped by `max`.
@@ -397,7 +415,7 @@ impl IdlePolling {
     /// shutdown began).
     async fn poll(&self, q: &QueueRuntime, ctx: &ReceiveContext) -> Option<u64> {
         loop {
-            let wait = self.backoff.next(q.settings().peek_interval);
+            let wait = self.backoff.next_idle(q);
             if !idle_pause(ctx, q, wait).await {
                 return None;
             }

@@ -108,7 +108,7 @@ pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
         };
         if got_any {
             backoff.reset();
-        } else if !idle_pause(&ctx, &q, backoff.next(q.settings().peek_interval)).await {
+        } else if !idle_pause(&ctx, &q, backoff.next_idle(&q)).await {
             // An empty queue, or a peek that counted messages no receive could take: rows of
             // an ordered queue waiting for their key's message in a handler, or rows another
             // host took first. Peeking again at once spun a peek and a receive back to back

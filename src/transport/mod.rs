@@ -47,6 +47,9 @@ pub use fleet::{
 pub use ordering::{HeldKey, HeldStatements, KeyOrdering};
 pub use subscriptions::{Subscription, Subscriptions};
 
+/// The most queue depths one statement reads ([`Transport::peek_depths`]).
+pub const DEPTHS_PER_STATEMENT: usize = 200;
+
 /// What went wrong talking to the queues.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -375,6 +378,12 @@ pub trait ConflictSink: Send + Sync {
 pub trait ArrivalSink: Send + Sync {
     /// Messages may have arrived on `queue`.
     fn arrived(&self, queue: &QueueName);
+
+    /// From now on every arrival on `queue` is told of (`notified`), or some may be missed
+    /// (the listening connection failed). Idle receivers of a notified queue peek rarely.
+    fn listening(&self, queue: &QueueName, notified: bool) {
+        let _ = (queue, notified);
+    }
 }
 
 /// What [`Received::commit_and_receive`] did.
@@ -473,6 +482,18 @@ pub trait Transport: QueueAdmin {
 
     /// Estimates the number of messages waiting, skipping rows locked by in-flight receives.
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError>;
+
+    /// The depths of `queues`, in their order, as [`Transport::peek_depth`] reads each: in as
+    /// few statements as the transport can (PostgreSQL reads up to [`DEPTHS_PER_STATEMENT`]
+    /// at once), so a host with many queues keeps its database size current cheaply. A
+    /// failed read fails the queues it covered.
+    async fn peek_depths(&self, queues: &[QueueName]) -> Vec<Result<u64, TransportError>> {
+        let mut depths = Vec::with_capacity(queues.len());
+        for queue in queues {
+            depths.push(self.peek_depth(queue).await);
+        }
+        depths
+    }
 
     /// Database connections in use right now (the database sessions sensor).
     fn connections_in_use(&self) -> u64;

@@ -75,6 +75,48 @@ impl Inner {
             .map_err(|e| TransportError::database(e.to_string()))?;
         Ok(n.max(0) as u64)
     }
+
+    /// The depths of up to [`crate::transport::DEPTHS_PER_STATEMENT`] queues in one statement, in their order:
+    /// each queue's peek as one element of an array. When the statement fails (a table is
+    /// missing), each queue is read on its own, so the others still get their depth.
+    pub(super) async fn peek_chunk(
+        &self,
+        queues: &[QueueName],
+    ) -> Vec<Result<u64, TransportError>> {
+        let values: Result<Vec<String>, TransportError> = queues
+            .iter()
+            .map(|q| self.statements(q).map(|st| st.peek_value.clone()))
+            .collect();
+        let read = async {
+            let sql = format!("SELECT ARRAY[{}]::bigint[]", values?.join(", "));
+            let client = self.client().await?;
+            let (_, row) = self
+                .answered("a peek of many queues", client, async |c| {
+                    c.query_one(sql.as_str(), &[]).await
+                })
+                .await?;
+            let depths: Vec<i64> = row
+                .and_then(|r| r.try_get(0))
+                .map_err(|e| map_error(e, None))?;
+            Ok::<_, TransportError>(depths)
+        };
+        match read.await {
+            Ok(depths) if depths.len() == queues.len() => {
+                depths.into_iter().map(|d| Ok(d.max(0) as u64)).collect()
+            }
+            _ => {
+                let mut depths = Vec::with_capacity(queues.len());
+                for queue in queues {
+                    let peek = self.statements(queue).map(|st| st.peek.clone());
+                    depths.push(match peek {
+                        Ok(sql) => self.count(queue, "a peek", &sql).await,
+                        Err(e) => Err(e),
+                    });
+                }
+                depths
+            }
+        }
+    }
 }
 
 /// The column types a queue table must have (`information_schema` names), by column.

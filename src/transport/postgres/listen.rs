@@ -3,7 +3,9 @@
 //!
 //! A hint, never the only way in: a notification lost (the connection dropped, a table made by
 //! an older host without the trigger) costs at most a peek interval, as before. After every
-//! (re)connection the queues are woken once, for what arrived while nobody listened.
+//! (re)connection the queues are woken once, for what arrived while nobody listened. The
+//! queues whose tables have the trigger are told they are notified while the connection
+//! lasts ([`ArrivalSink::listening`]): their idle receivers then peek only as a safety net.
 //!
 //! A quiet listening connection sends no statements: a server that goes away is found by TCP
 //! keepalive probes (after [`KEEPALIVE_IDLE`], then every [`KEEPALIVE_INTERVAL`], given up after
@@ -39,6 +41,8 @@ pub(super) struct Listener {
     pub channels: HashMap<String, QueueName>,
     pub sink: Arc<dyn ArrivalSink>,
     pub stop: CancellationToken,
+    /// The schema of queue names that name none.
+    pub schema: String,
 }
 
 impl Listener {
@@ -61,6 +65,10 @@ impl Listener {
                     Err(e) => Err(e.to_string()),
                 },
             };
+            // Whatever ended the connection, notifications may be missed until it is back.
+            for queue in self.channels.values() {
+                self.sink.listening(queue, false);
+            }
             match ended {
                 Ok(()) => return,
                 Err(e) => {
@@ -100,6 +108,9 @@ impl Listener {
             }
             Ok::<(), tokio_postgres::Error>(())
         });
+        // Which tables notify, read before listening (LISTEN stays the connection's last
+        // statement, which is how an operator finds it in pg_stat_activity).
+        let triggered = self.triggered(&client).await?;
         let listen: String = self
             .channels
             .keys()
@@ -109,6 +120,14 @@ impl Listener {
             .batch_execute(&listen)
             .await
             .map_err(|e| e.to_string())?;
+        tracing::debug!(
+            notified = triggered.len(),
+            queues = self.channels.len(),
+            "listening: queues whose every insert notifies peek only as a safety net"
+        );
+        for queue in triggered {
+            self.sink.listening(&queue, true);
+        }
         // What arrived while nobody listened.
         for queue in self.channels.values() {
             self.sink.arrived(queue);
@@ -124,5 +143,32 @@ impl Listener {
                 Err(e) => format!("the listening task ended: {e}"),
             }),
         }
+    }
+
+    /// The queues whose tables have the insert trigger: their every insert notifies. One
+    /// statement for all of them.
+    async fn triggered(&self, client: &Client) -> Result<Vec<QueueName>, String> {
+        let rows = client
+            .query(
+                "SELECT n.nspname::text, c.relname::text FROM pg_trigger t \
+                 JOIN pg_class c ON c.oid = t.tgrelid \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE t.tgname = 'throttlehost_notify'",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let with_trigger: std::collections::HashSet<(String, String)> =
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok(self
+            .channels
+            .values()
+            .filter(|queue| {
+                let parts = queue.parts();
+                let schema = parts.schema.unwrap_or(&self.schema).to_string();
+                with_trigger.contains(&(schema, parts.table.to_string()))
+            })
+            .cloned()
+            .collect())
     }
 }

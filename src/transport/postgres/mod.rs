@@ -456,6 +456,14 @@ impl Transport for PostgresTransport {
         self.inner.count(queue, "a peek", &st.peek).await
     }
 
+    async fn peek_depths(&self, queues: &[QueueName]) -> Vec<Result<u64, TransportError>> {
+        let mut depths = Vec::with_capacity(queues.len());
+        for chunk in queues.chunks(super::DEPTHS_PER_STATEMENT) {
+            depths.extend(self.inner.peek_chunk(chunk).await);
+        }
+        depths
+    }
+
     fn silent_for(&self) -> Option<Duration> {
         self.inner.silence.silent_for(self.inner.silent_after())
     }
@@ -483,6 +491,7 @@ impl Transport for PostgresTransport {
             channels,
             sink,
             stop: self.inner.stop_listening.clone(),
+            schema: self.inner.schema.clone(),
         };
         tokio::spawn(listener.run());
     }

@@ -59,6 +59,8 @@ pub struct QueueStatements {
     pub receive_batch: String,
     /// max(Seq) - min(Seq) + 1 over rows not locked by in-flight receives; 0 when empty.
     pub peek: String,
+    /// The peek's value as an expression, for reading many queues in one statement.
+    pub peek_value: String,
     /// Deletes up to `$1` expired rows not locked by others.
     pub purge_expired_batch: String,
     /// Deletes every row.
@@ -225,6 +227,11 @@ impl QueueStatements {
         let schema = parts.schema.unwrap_or(schema);
         let table = format!("{}.{}", quote_ident(schema), quote_ident(parts.table));
         let notify_channel = format!("throttlehost_{}", crate::names::stable_tag(&table));
+        let peek_value = format!(
+            "COALESCE(\
+             (SELECT Seq FROM {table} ORDER BY Seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED)::bigint - \
+             (SELECT Seq FROM {table} ORDER BY Seq ASC LIMIT 1 FOR UPDATE SKIP LOCKED)::bigint + 1, 0)"
+        );
         QueueStatements {
             receive_name: next_receive_name(),
             notify_on_insert: notify_on_insert(&quote_ident(schema), &table, &notify_channel),
@@ -266,11 +273,8 @@ impl QueueStatements {
                  rs.Headers, rs.Body, {EXPIRES_TEXT} AS expires) \
                  SELECT Id, expired, Headers, Body, expires FROM taken ORDER BY Seq"
             ),
-            peek: format!(
-                "SELECT COALESCE(\
-                 (SELECT Seq FROM {table} ORDER BY Seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED)::bigint - \
-                 (SELECT Seq FROM {table} ORDER BY Seq ASC LIMIT 1 FOR UPDATE SKIP LOCKED)::bigint + 1, 0)"
-            ),
+            peek: format!("SELECT {peek_value}"),
+            peek_value,
             purge_expired_batch: format!(
                 "DELETE FROM {table} WHERE Seq IN (SELECT Seq FROM {table} \
                  WHERE Expires < (now() AT TIME ZONE 'UTC') LIMIT $1 FOR UPDATE SKIP LOCKED)"

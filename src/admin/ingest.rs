@@ -120,15 +120,24 @@ async fn store(
             many => publisher.send_batch(&queue, many).await,
         }
     });
-    match sent.await {
+    answered_on_host(sent.await, "store the message")
+}
+
+/// What work sent to the host's runtime came back with: 503 when the host is stopping or the
+/// work failed (saying what could not be done), else its value.
+fn answered_on_host<T>(
+    done: Option<Result<T, crate::transport::TransportError>>,
+    what: &str,
+) -> Result<T, Box<Response>> {
+    match done {
         None => Err(Box::new(error(
             StatusCode::SERVICE_UNAVAILABLE,
             "the host is stopping; retry later",
         ))),
-        Some(Ok(())) => Ok(()),
+        Some(Ok(value)) => Ok(value),
         Some(Err(e)) => Err(Box::new(error(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("could not store the message: {e}"),
+            format!("could not {what}: {e}"),
         ))),
     }
 }
@@ -219,17 +228,7 @@ async fn publish_on_host(
         &runtime,
         async move { publisher.publish(&types, message).await },
     );
-    match published.await {
-        None => Err(Box::new(error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the host is stopping; retry later",
-        ))),
-        Some(Ok(published)) => Ok(published),
-        Some(Err(e)) => Err(Box::new(error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("could not publish the event: {e}"),
-        ))),
-    }
+    answered_on_host(published.await, "publish the event")
 }
 
 /// 202 with `accepted`, or the refusal.

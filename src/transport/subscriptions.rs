@@ -56,3 +56,10 @@ pub trait Subscriptions: Send + Sync {
     /// transaction on the database transports.
     async fn deliver(&self, copies: &[(QueueName, OutgoingMessage)]) -> Result<(), TransportError>;
 }
+
+/// The error of a statement on a subscription table that does not exist, naming it.
+pub(crate) fn missing_table(table: &str) -> TransportError {
+    TransportError::QueueNotFound(format!(
+        "{table} (the subscription table; create it with `throttlehost queues create`)"
+    ))
+}

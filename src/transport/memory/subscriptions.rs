@@ -13,9 +13,7 @@ use crate::transport::{QueueName, Subscription, Subscriptions, TransportError};
 const TABLE: &str = "SubscriptionRouting";
 
 fn no_table() -> TransportError {
-    TransportError::QueueNotFound(format!(
-        "{TABLE} (the subscription table; create it with `throttlehost queues create`)"
-    ))
+    crate::transport::subscriptions::missing_table(TABLE)
 }
 
 impl MemoryTransport {

@@ -14,9 +14,7 @@ use crate::transport::{QueueName, Subscription, Subscriptions, TransportError};
 /// An error of a statement on the subscription table: a missing table is named as such.
 fn on_table(e: tokio_postgres::Error, table: &str) -> TransportError {
     match map_error(e, None) {
-        TransportError::QueueNotFound(_) => TransportError::QueueNotFound(format!(
-            "{table} (the subscription table; create it with `throttlehost queues create`)"
-        )),
+        TransportError::QueueNotFound(_) => crate::transport::subscriptions::missing_table(table),
         other => other,
     }
 }

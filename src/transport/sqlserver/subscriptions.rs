@@ -37,9 +37,9 @@ impl SqlServerTransport {
         rows.map_err(|e| {
             conn.broken |= !is_server_error(&e);
             match map_error(e, None) {
-                TransportError::QueueNotFound(_) => TransportError::QueueNotFound(format!(
-                    "{table} (the subscription table; create it with `throttlehost queues create`)"
-                )),
+                TransportError::QueueNotFound(_) => {
+                    crate::transport::subscriptions::missing_table(&table)
+                }
                 other => other,
             }
         })

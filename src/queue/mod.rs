@@ -217,6 +217,10 @@ pub struct QueueRuntime {
     /// with the insert trigger, while the listening connection is up): idle receivers then
     /// peek only as a rare safety net ([`NOTIFIED_PEEK_INTERVAL`]).
     arrivals_notified: AtomicBool,
+    /// The last peek found no message this host could take: rows that wait (for their key,
+    /// their stage, a hold) become receivable without an insert, so a queue peeks rarely
+    /// only while it was last seen empty.
+    last_peek_empty: AtomicBool,
     share_wanted: Notify,
     receiver_alive: AtomicBool,
 }
@@ -267,6 +271,7 @@ impl QueueRuntime {
             reconfigured: Notify::new(),
             arrivals: Notify::new(),
             arrivals_notified: AtomicBool::new(false),
+            last_peek_empty: AtomicBool::new(false),
             share_wanted: Notify::new(),
             receiver_alive: AtomicBool::new(false),
         }
@@ -515,17 +520,21 @@ impl QueueRuntime {
         }
     }
 
-    /// Whether every arrival on this queue is told of now.
-    pub fn arrivals_notified(&self) -> bool {
+    /// Whether an idle receiver may peek only as a safety net: every arrival on this queue
+    /// is told of now, and the last peek found it empty (rows that wait for their key or
+    /// stage, or that another host rolled back, become receivable without an insert, so a
+    /// queue that holds any keeps peeking at its interval).
+    pub fn peeks_rarely(&self) -> bool {
         self.arrivals_notified.load(Ordering::Relaxed)
+            && self.last_peek_empty.load(Ordering::Relaxed)
     }
 
     /// The longest an idle receiver waits between peeks: the queue's `peek_interval`, or
-    /// [`NOTIFIED_PEEK_INTERVAL`] while every arrival is told of, so a thousand idle queues
-    /// do not cost a thousand statements a second.
+    /// [`NOTIFIED_PEEK_INTERVAL`] while it peeks rarely ([`QueueRuntime::peeks_rarely`]), so a
+    /// thousand idle queues do not cost a thousand statements a second.
     pub fn idle_peek_interval(&self) -> Duration {
         let interval = self.settings().peek_interval;
-        match self.arrivals_notified.load(Ordering::Relaxed) {
+        match self.peeks_rarely() {
             true => interval.max(NOTIFIED_PEEK_INTERVAL),
             false => interval,
         }
@@ -570,6 +579,7 @@ impl QueueRuntime {
                 if depth == 0 {
                     self.breaker.success();
                 }
+                self.last_peek_empty.store(depth == 0, Ordering::Relaxed);
                 self.depth.set_read(depth, start);
                 Ok(depth)
             }

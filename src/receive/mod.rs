@@ -313,12 +313,12 @@ impl Backoff {
     }
 
     /// The next wait of an idle receiver of `q`: as [`Backoff::next`] up to its idle peek
-    /// interval, except that a queue whose arrivals are told of goes straight to that
-    /// interval once the quick follow-up after activity (50 ms doubling, about 1.5 s) is over:
-    /// it need not creep up to it in doublings, a peek each.
+    /// interval, except that a queue that peeks rarely ([`QueueRuntime::peeks_rarely`]) goes
+    /// straight to that interval once the quick follow-up after activity (50 ms doubling,
+    /// about 1.5 s) is over: it need not creep up to it in doublings, a peek each.
     pub(crate) fn next_idle(&self, q: &QueueRuntime) -> Duration {
         let max = q.idle_peek_interval();
-        if q.arrivals_notified() && self.current_ms.load(Ordering::Relaxed) >= FOLLOW_UP_MS {
+        if q.peeks_rarely() && self.current_ms.load(Ordering::Relaxed) >= FOLLOW_UP_MS {
             let max_ms = max.as_millis().max(1) as u64;
             self.current_ms.store(max_ms, Ordering::Relaxed);
             return max;

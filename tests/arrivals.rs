@@ -457,7 +457,22 @@ async fn notified_queues_stop_peeking_while_idle_and_still_pick_up_at_once() {
         std::sync::Arc::new(schema.transport(TransactionMode::ReceiveOnly, 24).await);
     let counting = common::Counting::with_abilities(inner);
     let (host, probe) = probed_host(config, Some(counting.clone())).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Settled: the start's peeks and the listener's wake are over once no queue has peeked
+    // for two of its intervals. Unnotified queues peek every second and never settle.
+    let mut last = (counting.peeks(), Instant::now());
+    wait_until(
+        Duration::from_secs(30),
+        "the receivers' peeking settled",
+        || {
+            let now = counting.peeks();
+            if now != last.0 {
+                last = (now, Instant::now());
+            }
+            last.1.elapsed() >= Duration::from_secs(2)
+        },
+    )
+    .await;
+    // Counted over a window: a busy machine peeks less in it, never more.
     let before = counting.peeks();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let idle_peeks = counting.peeks() - before;

@@ -11,7 +11,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{PgSchema, free_port, http, signal};
+use common::{PgSchema, free_port, http, signal, wait_until};
 
 /// Forwards every connection to `listener` to `to`, both ways, until the process ends.
 fn proxy(listener: TcpListener, to: &'static str) {
@@ -56,6 +56,8 @@ fn start_run(name: &str, db_port: u16, admin: &str, schema: &str) -> (Child, std
     let host = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
         .args(["run", "--config"])
         .arg(&config)
+        // Each later try while waiting says so at debug, which tests wait on.
+        .env("RUST_LOG", "info,throttlehost::cli::run=debug")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
         .spawn()
@@ -130,9 +132,25 @@ async fn a_host_started_before_its_database_says_so_survives_sighup_and_starts_p
 async fn sigterm_while_waiting_for_the_database_stops_cleanly() {
     let db_port = free_port();
     let (mut host, dir) = start_run(&format!("term-{db_port}"), db_port, "off", "public");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let log = dir.join("stderr.log");
+    let tries = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("database still not reachable")
+            .count()
+    };
+    wait_until(Duration::from_secs(30), "waiting for the database", || {
+        tries() >= 1
+    })
+    .await;
     signal(&host, "HUP");
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let before = tries();
+    wait_until(
+        Duration::from_secs(30),
+        "two more tries after SIGHUP",
+        || tries() >= before + 2,
+    )
+    .await;
     assert!(host.try_wait().unwrap().is_none(), "SIGHUP killed the host");
     signal(&host, "TERM");
     let exit = host.wait().unwrap();

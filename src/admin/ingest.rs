@@ -19,7 +19,7 @@ use serde_json::json;
 use super::{AdminState, Shared, authorize, error};
 use crate::isolate::on_host;
 use crate::message::OutgoingMessage;
-use crate::publish::{EventTypes, Published, as_event};
+use crate::publish::{EventTypes, Published};
 use crate::transport::QueueName;
 
 #[derive(Debug, Deserialize)]
@@ -223,7 +223,8 @@ async fn publish_on_host(
 ) -> Result<Published, Box<Response>> {
     let (publisher, runtime) = (host.publisher(), host.runtime());
     let types = types.clone();
-    let message = as_event(message, &types).sent_by(&host.origin());
+    // The publisher marks it an event (intent Publish over the Send `sent_by` sets).
+    let message = message.sent_by(&host.origin());
     let published = on_host(
         &runtime,
         async move { publisher.publish(&types, message).await },

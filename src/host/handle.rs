@@ -11,7 +11,7 @@ use super::HostInner;
 use crate::config::{Config, OverrideMode};
 use crate::fleet::{FleetOrder, FleetOrderError, FleetView};
 use crate::message::OutgoingMessage;
-use crate::publish::{EventTypes, Published, as_event};
+use crate::publish::{EventTypes, Published};
 use crate::status::{HostStatus, OverrideScope, QueueStatus};
 use crate::throttling::{Direction, Snapshot};
 use crate::transport::{QueueName, Transport, TransportError};
@@ -34,7 +34,8 @@ pub(super) async fn publish_from(
     types: &EventTypes,
     message: OutgoingMessage,
 ) -> Result<Published, TransportError> {
-    let message = as_event(message, types).sent_by(host.origin());
+    // The publisher marks it an event (intent Publish over the Send `sent_by` sets).
+    let message = message.sent_by(host.origin());
     host.publisher().publish(types, message).await
 }
 

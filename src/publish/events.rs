@@ -2,7 +2,7 @@
 //! (kept for a while, as NServiceBus's `CachedSubscriptionStore` keeps them), and the topic
 //! labels its metrics use.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -99,6 +99,9 @@ impl SubscriberCache {
         let addresses = Arc::new(store.subscribers(topics).await?);
         if !self.ttl.is_zero() {
             let mut found = self.found.lock().unwrap_or_else(|e| e.into_inner());
+            // What is past its time is read again anyway: kept, sets of topics published
+            // once would stay for good.
+            found.retain(|_, (at, _)| at.elapsed() < self.ttl);
             found.insert(topics.to_vec(), (Instant::now(), addresses.clone()));
         }
         Ok(addresses)
@@ -109,20 +112,19 @@ impl SubscriberCache {
 /// each, later ones share `other`, so the series stay bounded whatever is published.
 #[derive(Default)]
 pub(crate) struct TopicLabels {
-    seen: Mutex<Vec<String>>,
+    seen: Mutex<HashSet<String>>,
 }
 
 impl TopicLabels {
     pub(crate) fn label(&self, topic: &str) -> String {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.iter().any(|t| t == topic) {
-            return topic.to_string();
+        if !seen.contains(topic) {
+            if seen.len() >= LABELLED_TOPICS {
+                return "other".into();
+            }
+            seen.insert(topic.to_string());
         }
-        if seen.len() < LABELLED_TOPICS {
-            seen.push(topic.to_string());
-            return topic.to_string();
-        }
-        "other".into()
+        topic.to_string()
     }
 }
 

@@ -25,15 +25,23 @@ impl SqlServerTransport {
         format!("{}.{}", bracket(schema), bracket(table))
     }
 
-    /// Runs a statement on the subscription table and returns its first result's rows.
+    /// Runs a statement on the subscription table and returns its first result's rows. A
+    /// statement that hit a duplicate key (a racing subscribe) runs once more when
+    /// `again_on_duplicate`: the row is there then, and the upsert's update finds it.
     async fn on_table(
         &self,
         sql: &str,
         params: &[&dyn ToSql],
+        again_on_duplicate: bool,
     ) -> Result<Vec<tiberius::Row>, TransportError> {
         let table = self.subscription_table_name();
         let mut conn = self.inner.conn().await?;
-        let rows = async { conn.query(sql, params).await?.into_first_result().await }.await;
+        let mut rows = async { conn.query(sql, params).await?.into_first_result().await }.await;
+        if again_on_duplicate
+            && matches!(&rows, Err(tiberius::error::Error::Server(t)) if t.code() == DUPLICATE_KEY)
+        {
+            rows = async { conn.query(sql, params).await?.into_first_result().await }.await;
+        }
         rows.map_err(|e| {
             conn.broken |= !is_server_error(&e);
             match map_error(e, None) {
@@ -113,16 +121,7 @@ END"
     ) -> Result<(), TransportError> {
         let sql = self.subscribe_statement();
         let params: [&dyn ToSql; 3] = [&queue_address, &topic, &endpoint];
-        match self.on_table(&sql, &params).await {
-            // Another host inserted the same key between the update and the insert: the row
-            // is there now, and the update finds it.
-            Err(TransportError::Database { message, .. })
-                if message.contains(&format!("(error {DUPLICATE_KEY})")) =>
-            {
-                self.on_table(&sql, &params).await.map(|_| ())
-            }
-            other => other.map(|_| ()),
-        }
+        self.on_table(&sql, &params, true).await.map(|_| ())
     }
 
     async fn unsubscribe(&self, endpoint: &str, topic: &str) -> Result<bool, TransportError> {
@@ -131,7 +130,7 @@ END"
             "DELETE FROM {table} WHERE Endpoint = @P1 AND Topic = @P2;
 SELECT CAST(@@ROWCOUNT AS bigint);"
         );
-        let rows = self.on_table(&sql, &[&endpoint, &topic]).await;
+        let rows = self.on_table(&sql, &[&endpoint, &topic], false).await;
         // The count is the batch's second result; a DELETE sends none of its own.
         Ok(rows?
             .first()
@@ -150,7 +149,7 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
             list.join(", ")
         );
         let params: Vec<&dyn ToSql> = topics.iter().map(|t| t as &dyn ToSql).collect();
-        let rows = self.on_table(&sql, &params).await?;
+        let rows = self.on_table(&sql, &params, false).await?;
         Ok(rows
             .iter()
             .filter_map(|r| r.get::<&str, _>(0).map(str::to_string))
@@ -161,7 +160,7 @@ SELECT CAST(@@ROWCOUNT AS bigint);"
         let table = self.subscription_table_name();
         let sql =
             format!("SELECT Endpoint, Topic, QueueAddress FROM {table} ORDER BY Topic, Endpoint");
-        let rows = self.on_table(&sql, &[]).await?;
+        let rows = self.on_table(&sql, &[], false).await?;
         Ok(rows
             .iter()
             .filter_map(|r| {

@@ -11,7 +11,7 @@
 //! database that is down costs one statement per minute at most.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -105,6 +105,51 @@ pub fn next_wait(last: Duration, moved: &Moved, batch: u32) -> Duration {
     }
 }
 
+/// Whether a queue's delayed table is being moved, for `/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum DelayedMoves {
+    /// Moved: by this instance, or by the one that leads the queue (or the queue keeps its
+    /// delayed messages in another queue's table).
+    Moving,
+    /// This instance's moves fail (the log names the error): due messages wait.
+    Failing,
+    /// No instance alive that receives from the queue moves its delayed table (delayed
+    /// delivery is off on each): delayed messages sent to it wait until one does.
+    Nobody,
+}
+
+/// What the mover and the fleet's leads tell of a queue's delayed table.
+#[derive(Debug, Default)]
+pub struct MovesHealth {
+    failing: AtomicBool,
+    unmoved: AtomicBool,
+}
+
+impl MovesHealth {
+    /// The mover's statements fail (true) or work again.
+    pub(crate) fn set_failing(&self, failing: bool) {
+        self.failing.store(failing, Ordering::Relaxed);
+    }
+
+    /// Nobody moves the table (true) or somebody does; returns whether that changed.
+    pub(crate) fn set_unmoved(&self, unmoved: bool) -> bool {
+        self.unmoved.swap(unmoved, Ordering::Relaxed) != unmoved
+    }
+
+    /// The table's state now.
+    pub fn reading(&self) -> DelayedMoves {
+        if self.unmoved.load(Ordering::Relaxed) {
+            DelayedMoves::Nobody
+        } else if self.failing.load(Ordering::Relaxed) {
+            DelayedMoves::Failing
+        } else {
+            DelayedMoves::Moving
+        }
+    }
+}
+
 /// What a mover moves and where it reports.
 pub struct MoverOf {
     /// The queue whose delayed table it moves.
@@ -118,7 +163,9 @@ pub struct MoverOf {
     /// Whether this mover polls (this instance leads the queue, `fleet::lead`); when it does
     /// not, it moves only at the due times this process was told of, and the leader's polls
     /// move what other processes scheduled.
-    pub polls: Arc<std::sync::atomic::AtomicBool>,
+    pub polls: Arc<AtomicBool>,
+    /// Where it says whether its moves fail.
+    pub health: Arc<MovesHealth>,
 }
 
 /// How often a mover that does not poll looks whether it has come to lead its queue.
@@ -158,6 +205,7 @@ pub async fn run_mover(
                     tracing::info!(queue = %queue, "moving due delayed messages works again");
                     failing = false;
                     metrics.delayed_moves_failing.set(0.0);
+                    of.health.set_failing(false);
                 }
                 record_moved(&of, &moved);
                 wait = next_wait(wait, &moved, batch);
@@ -168,6 +216,7 @@ pub async fn run_mover(
                         "cannot move due delayed messages into the queue; retrying with back-off");
                     failing = true;
                     metrics.delayed_moves_failing.set(1.0);
+                    of.health.set_failing(true);
                 }
                 wait = (wait * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
             }

@@ -94,6 +94,7 @@ pub(crate) mod status;
 /// Handlers are async traits; re-exported so users need no extra dependency.
 pub use async_trait::async_trait;
 pub use config::Config;
+pub use delayed::DelayedMoves;
 pub use dispatch::{DispatchObserver, Outcome};
 pub use fleet::{FleetMember, FleetOrder, FleetOrderError, FleetView};
 pub use handlers::{Context, Handler, HandlerError};

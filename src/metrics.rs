@@ -152,6 +152,7 @@ impl Metrics {
             delayed_next_due: self.gauge("delayed_next_due_seconds", &q),
             delayed_moved: self.counter("delayed_moved_total", &q),
             delayed_moves_failing: self.gauge("delayed_moves_failing", &q),
+            delayed_unmoved: self.gauge("delayed_unmoved", &q),
             lock_timeouts: self.counter(
                 "lock_conflicts_total",
                 &[("queue", queue), ("kind", "lock_timeout")],

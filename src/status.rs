@@ -170,6 +170,9 @@ pub struct QueueStatus {
     /// This instance does the queue's background reading in the fleet (polls its delayed
     /// table, reads its depth for the others); true when alone.
     pub leads: bool,
+    /// Whether its delayed table is moved: `moving`, `failing` (this instance's moves fail)
+    /// or `nobody` (no instance alive that receives from it moves it; delayed messages wait).
+    pub delayed_moves: crate::delayed::DelayedMoves,
     /// Circuit breaker: closed, armed or open.
     pub circuit_breaker: &'static str,
     /// Error queue.

@@ -627,3 +627,89 @@ async fn registry_rows_with_impossible_times_are_skipped_and_forgotten() {
     assert!(a.handle().fleet().await.is_ok());
     a.shutdown().await;
 }
+
+/// A leader killed outright closes its database sessions: the others take its leads at their
+/// next heartbeat, though its registry row is still within `gone_after` (20 s here). The
+/// leader is a row written through a connection of the test's, which is then closed, as a
+/// process killed with SIGKILL closes its own. Before, its queues' delayed tables went
+/// unpolled until the row counted as gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_sessions_closed_hands_its_leads_over_at_once() {
+    let schema = PgSchema::new();
+    let mut config = config(&schema, "a");
+    config.fleet.gone_after = Duration::from_secs(20);
+    config.fleet.forget_after = Duration::from_secs(60);
+    let a = start(config).await.0;
+    let me = view_when(&a, "a seen", |v| live(v) == ["a"])
+        .await
+        .instances
+        .iter()
+        .find(|m| m.this)
+        .unwrap()
+        .process_id;
+    let leads = || a.handle().queue_status("orders").unwrap().leads;
+    // A process id that wins the queue's rendezvous hash over a's (fleet::lead).
+    let weight = |id: uuid::Uuid| uuid::Uuid::new_v5(&id, b"orders").as_u128();
+    let crashed = std::iter::repeat_with(uuid::Uuid::new_v4)
+        .find(|id| weight(*id) > weight(me))
+        .unwrap();
+    let session = schema.client().await;
+    session
+        .execute(
+            &format!(
+                "INSERT INTO \"{}\".throttlehost_instances
+                     (process_id, host_name, instance_id, version, summary, backend)
+                 VALUES ($1, 'elsewhere', 'b', '0', $2, pg_backend_pid())",
+                schema.name
+            ),
+            &[
+                &crashed,
+                &r#"{"instance":"b","queues":{"orders":0},"moves_delayed":["orders"]}"#,
+            ],
+        )
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(5), "b leading orders", || !leads()).await;
+    drop(session);
+    wait_until(
+        Duration::from_secs(10),
+        "a leading orders again, long before b's row is gone",
+        leads,
+    )
+    .await;
+    assert!(
+        live(&view(&a).await).contains(&"b".to_string()),
+        "b is not gone yet"
+    );
+    a.shutdown().await;
+}
+
+/// A queue whose delayed table no instance alive moves is told so: alone with delayed
+/// delivery off, the host says `nobody`; beside an instance that moves it, `moving`; when that
+/// one stops, `nobody` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_table_nobody_moves_is_told() {
+    use throttlehost::DelayedMoves;
+    let schema = PgSchema::new();
+    let mut config = config(&schema, "a");
+    config.queues[0].delayed_delivery.enabled = false;
+    config.queues[0].recoverability.delayed_retries = Some(0);
+    let a = start(config).await.0;
+    let moves = || a.handle().queue_status("orders").unwrap().delayed_moves;
+    assert_eq!(moves(), DelayedMoves::Nobody);
+    let b = start(self::config(&schema, "b")).await.0;
+    wait_until(Duration::from_secs(5), "b seen moving orders", || {
+        moves() == DelayedMoves::Moving
+    })
+    .await;
+    assert_eq!(
+        b.handle().queue_status("orders").unwrap().delayed_moves,
+        DelayedMoves::Moving
+    );
+    b.shutdown().await;
+    wait_until(Duration::from_secs(5), "nobody moving orders again", || {
+        moves() == DelayedMoves::Nobody
+    })
+    .await;
+    a.shutdown().await;
+}

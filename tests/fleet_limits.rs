@@ -127,7 +127,7 @@ async fn a_dead_instances_share_is_taken_once_it_counts_as_gone() {
     let schema = PgSchema::new();
     let transport = schema.transport(TransactionMode::ReceiveOnly, 2).await;
     dead_share_taken(
-        &transport,
+        std::sync::Arc::new(transport),
         config(&schema, "alive", ConcurrencyModel::Fixed),
         Duration::from_secs(2),
     )
@@ -136,8 +136,13 @@ async fn a_dead_instances_share_is_taken_once_it_counts_as_gone() {
 
 /// A dead instance's share, gone after `gone_after`: long enough that the check below, a host
 /// start and 300 ms after the dead instance's heartbeat, finds it still alive (2 s on
-/// PostgreSQL; a host starts on Babelfish in up to 2.1 s).
-async fn dead_share_taken(transport: &dyn Transport, mut config: Config, gone_after: Duration) {
+/// PostgreSQL; a host starts on Babelfish in up to 2.1 s). The dead instance writes through
+/// `transport`, which is then dropped: a killed process's sessions close with it.
+async fn dead_share_taken(
+    transport: std::sync::Arc<dyn Transport>,
+    mut config: Config,
+    gone_after: Duration,
+) {
     config.fleet.gone_after = gone_after;
     let registry = transport.instance_registry().unwrap();
     registry.create_registry().await.unwrap();
@@ -163,6 +168,7 @@ async fn dead_share_taken(transport: &dyn Transport, mut config: Config, gone_af
         .share_round(&orders, dead, Duration::from_secs(2), &mut |_| claim)
         .await
         .unwrap();
+    drop(transport);
 
     let probe = Probe::new(Duration::ZERO);
     let host = start(config, &probe).await;
@@ -212,7 +218,7 @@ async fn sqlserver_shares_the_fleet_max() {
         ),
         "alive",
     );
-    dead_share_taken(&*transport, config, Duration::from_secs(4)).await;
+    dead_share_taken(transport, config, Duration::from_secs(4)).await;
 }
 
 /// The latest write of any share row of `orders` in `schema` (None: no row).
@@ -265,10 +271,13 @@ async fn an_idle_instance_writes_no_share_rounds() {
     host.shutdown().await;
 }
 
-/// A host whose database froze while it held part of the limit: the others take its share
-/// once it counts as gone, and when it thaws, the messages that came back with its last
-/// commits are given back instead of run past the limit. Before, the thaw ran them beside the
-/// others' full share (16 at once for `fleet_max = 12` in the probe that found it).
+/// A host whose database froze while it held part of the limit (its sessions stay open, as
+/// those of a paused process do): the others leave its share alone past `gone_after` (1 s
+/// here) while the server still has its sessions, then take it, and when it thaws, the
+/// messages that came back with its last commits are given back instead of run past the
+/// limit. Before, the share went at `gone_after` and a paused host's handlers resumed beside
+/// the others' full share (15 at once for `fleet_max = 12` after SIGSTOP and SIGCONT), and
+/// the thaw ran the returned messages (16 at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_thaws_does_not_pass_the_fleet_max() {
     let schema = PgSchema::new();
@@ -293,13 +302,23 @@ async fn a_host_that_thaws_does_not_pass_the_fleet_max() {
     })
     .await;
     proxy.freeze(true);
-    // Gone after 1 s: the other host takes the whole limit meanwhile.
-    // ...and the frozen one, without a round for half of it, closes its own gate: what its
+    let frozen_at = tokio::time::Instant::now();
+    // The frozen one, without a round for half of gone_after, closes its own gate: what its
     // receives bring at the thaw must not run.
-    wait_until(Duration::from_secs(10), "the limit moved over", || {
-        share(&other) == 4 && share(&frozen) == 0
+    wait_until(Duration::from_secs(5), "the frozen gate closed", || {
+        share(&frozen) == 0
     })
     .await;
+    // Its sessions are open: its share is kept for 5 x gone_after, then the other takes it.
+    wait_until(Duration::from_secs(15), "the limit moved over", || {
+        share(&other) == 4
+    })
+    .await;
+    assert!(
+        frozen_at.elapsed() >= Duration::from_secs(4),
+        "the share of a host with open sessions went after {:?}",
+        frozen_at.elapsed()
+    );
     proxy.freeze(false);
     wait_until(Duration::from_secs(60), "all 400 handled", || {
         probe.handled() == 400

@@ -300,6 +300,18 @@ fn render(s: &Value) -> String {
             q["circuit_breaker"].as_str().unwrap_or("?"),
         ));
     }
+    for q in s["queues"].as_array().into_iter().flatten() {
+        let name = q["name"].as_str().unwrap_or("?");
+        match q["delayed_moves"].as_str() {
+            Some("failing") => out.push_str(&format!(
+                "delayed messages of {name}: this instance's moves fail (see its log); due ones wait\n"
+            )),
+            Some("nobody") => out.push_str(&format!(
+                "delayed messages of {name}: no instance receiving from it moves its delayed table; they wait\n"
+            )),
+            _ => {}
+        }
+    }
     out
 }
 
@@ -327,6 +339,31 @@ mod tests {
             "{text:?}"
         );
         assert!(text.contains("sales\\u{1b}[2J/n1\\u{7}"), "{text}");
+    }
+
+    /// A delayed table nobody moves, or whose moves fail here, gets a line of its own; a
+    /// moved one none.
+    #[test]
+    fn a_delayed_table_that_is_not_moved_is_said_under_the_queues() {
+        let status = serde_json::json!({
+            "queues": [
+                { "name": "orders", "delayed_moves": "moving" },
+                { "name": "billing", "delayed_moves": "nobody" },
+                { "name": "audit", "delayed_moves": "failing" }
+            ]
+        });
+        let text = render(&status);
+        assert!(!text.contains("delayed messages of orders"), "{text}");
+        assert!(
+            text.contains(
+                "delayed messages of billing: no instance receiving from it moves its delayed table"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("delayed messages of audit: this instance's moves fail"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -190,6 +190,13 @@ function downstream(d) {
   return d.consecutive_failures > 0 ? `ok (${d.consecutive_failures} failing)` : "ok";
 }
 
+// A queue's delayed table when it is not moved, else nothing.
+function delayedMoves(moves) {
+  if (moves === "failing") return " · delayed moves fail";
+  if (moves === "nobody") return " · delayed: nobody moves";
+  return "";
+}
+
 function renderQueues(queues) {
   const body = document.querySelector("#queues tbody");
   body.replaceChildren(
@@ -209,7 +216,7 @@ function renderQueues(queues) {
         processed === null ? "–" : fixed(processed, 1),
         failed === null ? "–" : fixed(failed, 1),
         q.circuit_breaker,
-        downstream(q.downstream),
+        downstream(q.downstream) + delayedMoves(q.delayed_moves),
       ]);
     }),
   );

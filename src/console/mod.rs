@@ -298,6 +298,7 @@ mod tests {
                 in_flight: 3,
                 peak_in_flight: 8,
                 leads: true,
+                delayed_moves: crate::delayed::DelayedMoves::Moving,
                 depth,
                 loops: 8,
                 circuit_breaker: "closed",

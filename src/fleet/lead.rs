@@ -16,6 +16,10 @@
 //! A row of another process with this instance's id is this instance before a restart: it
 //! leads nothing, so a restarted instance leads again at once.
 //!
+//! An instance whose heartbeat session the database no longer has open (a process killed
+//! outright closes its sessions; `BeatRow::connected`) leads nothing either: its leads pass
+//! at the next heartbeat of another, in seconds, instead of after `gone_after`.
+//!
 //! Only an instance that moves a queue's delayed table may lead it while one that does is
 //! alive (the summary's `moves_delayed` lists them; a summary without the list, from an
 //! earlier version, counts as moving all its queues): a leader with delayed delivery off
@@ -95,6 +99,16 @@ impl Summary {
     }
 }
 
+/// Who leads one of this instance's queues, and whether anyone moves its delayed table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLead {
+    /// Who does the queue's background reading.
+    pub lead: Lead,
+    /// No instance alive that receives from the queue moves its delayed table, this one
+    /// included: delayed messages sent to the queue wait until one does.
+    pub unmoved: bool,
+}
+
 /// One of this instance's queues, for [`leads`].
 #[derive(Debug, Clone, Copy)]
 pub struct Mine<'a> {
@@ -116,11 +130,11 @@ pub fn leads(
     mine: &[Mine<'_>],
     rows: &[BeatRow],
     gone_after: f64,
-) -> Vec<Lead> {
+) -> Vec<QueueLead> {
     let members: Vec<(Uuid, Summary)> = rows
         .iter()
         .filter(|r| r.process_id != me && !FLEET_ORDER_ROWS.contains(&r.process_id))
-        .filter(|r| r.seen_seconds_ago <= gone_after)
+        .filter(|r| r.seen_seconds_ago <= gone_after && r.connected != Some(false))
         .map(|r| (r.process_id, Summary::of(&r.summary)))
         .filter(|(_, s)| s.instance.as_deref() != Some(instance))
         .collect();
@@ -142,7 +156,7 @@ pub fn leads(
                     .filter(|(_, s)| (!mine.moves_delayed && !others_moving) || s.moves(queue))
                     .map(|(id, _)| *id),
             );
-            match leader(queue, &candidates) {
+            let lead = match leader(queue, &candidates) {
                 Some(id) if id != me => Lead::Elsewhere {
                     depth: members
                         .iter()
@@ -150,6 +164,10 @@ pub fn leads(
                         .and_then(|(_, s)| s.queues.get(queue).copied().flatten()),
                 },
                 _ => Lead::Here,
+            };
+            QueueLead {
+                lead,
+                unmoved: !mine.moves_delayed && !others_moving,
             }
         })
         .collect()
@@ -173,11 +191,17 @@ mod tests {
         }
     }
 
+    /// Who leads `mine`'s queue, as [`leads`] tells it.
+    fn lead_of(me: Uuid, instance: &str, mine: Mine<'_>, rows: &[BeatRow]) -> Lead {
+        leads(me, instance, &[mine], rows, 20.0)[0].lead
+    }
+
     fn row(id: Uuid, queues: &str, seen: f64) -> BeatRow {
         BeatRow {
             process_id: id,
             summary: format!(r#"{{"queues":{queues}}}"#),
             seen_seconds_ago: seen,
+            connected: None,
         }
     }
 
@@ -191,7 +215,7 @@ mod tests {
         for queue in ["orders", "billing"] {
             let leading = ids
                 .iter()
-                .filter(|me| leads(**me, "me", &[moving(queue)], &rows, 20.0)[0] == Lead::Here)
+                .filter(|me| lead_of(**me, "me", moving(queue), &rows) == Lead::Here)
                 .count();
             assert_eq!(leading, 1, "{queue}");
         }
@@ -199,8 +223,8 @@ mod tests {
         let leader_of_orders = leader("orders", &ids).unwrap();
         let follower = ids.iter().find(|id| **id != leader_of_orders).unwrap();
         assert_eq!(
-            leads(*follower, "me", &[moving("orders")], &rows, 20.0),
-            [Lead::Elsewhere { depth: Some(5) }]
+            lead_of(*follower, "me", moving("orders"), &rows),
+            Lead::Elsewhere { depth: Some(5) }
         );
     }
 
@@ -217,15 +241,10 @@ mod tests {
             process_id: FLEET_ORDER_ROWS[0],
             summary: "{}".into(),
             seen_seconds_ago: 0.0,
+            connected: None,
         });
-        assert_eq!(
-            leads(me, "me", &[moving("orders")], &rows, 20.0),
-            [Lead::Here]
-        );
-        assert_eq!(
-            leads(me, "me", &[moving("orders")], &[], 20.0),
-            [Lead::Here]
-        );
+        assert_eq!(lead_of(me, "me", moving("orders"), &rows), Lead::Here);
+        assert_eq!(lead_of(me, "me", moving("orders"), &[]), Lead::Here);
     }
 
     /// Of two instances on a queue, one with delayed delivery off: the other leads, seen from
@@ -239,33 +258,37 @@ mod tests {
                     process_id: mover,
                     summary: r#"{"queues":{"orders":3},"moves_delayed":["orders"]}"#.into(),
                     seen_seconds_ago: 1.0,
+                    connected: None,
                 },
                 BeatRow {
                     process_id: idle,
                     summary: r#"{"queues":{"orders":3},"moves_delayed":[]}"#.into(),
                     seen_seconds_ago: 1.0,
+                    connected: None,
                 },
             ];
             assert_eq!(
-                leads(idle, "idle", &[not_moving("orders")], &rows, 20.0),
-                [Lead::Elsewhere { depth: Some(3) }]
+                lead_of(idle, "idle", not_moving("orders"), &rows),
+                Lead::Elsewhere { depth: Some(3) }
             );
+            assert_eq!(lead_of(mover, "mover", moving("orders"), &rows), Lead::Here);
+            // Alone, or beside others that do not move it either, it leads by the hash, and
+            // the table is told as moved by nobody.
             assert_eq!(
-                leads(mover, "mover", &[moving("orders")], &rows, 20.0),
-                [Lead::Here]
+                lead_of(idle, "idle", not_moving("orders"), &rows[1..]),
+                Lead::Here
             );
-            // Alone, or beside others that do not move it either, it leads by the hash.
-            assert_eq!(
-                leads(idle, "idle", &[not_moving("orders")], &rows[1..], 20.0),
-                [Lead::Here]
-            );
+            let alone = leads(idle, "idle", &[not_moving("orders")], &rows[1..], 20.0);
+            assert!(alone[0].unmoved);
+            let beside_a_mover = leads(idle, "idle", &[not_moving("orders")], &rows, 20.0);
+            assert!(!beside_a_mover[0].unmoved);
         }
         // An earlier version's summary says nothing: it counts as moving.
         let (old, idle) = (Uuid::new_v4(), Uuid::new_v4());
         let rows = [row(old, r#"{"orders":1}"#, 1.0)];
         assert_eq!(
-            leads(idle, "idle", &[not_moving("orders")], &rows, 20.0),
-            [Lead::Elsewhere { depth: Some(1) }]
+            lead_of(idle, "idle", not_moving("orders"), &rows),
+            Lead::Elsewhere { depth: Some(1) }
         );
     }
 
@@ -282,11 +305,43 @@ mod tests {
                     r#"{"instance":"node-1","queues":{"orders":2},"moves_delayed":["orders"]}"#
                         .into(),
                 seen_seconds_ago: 3.0,
+                connected: None,
             }];
             assert_eq!(
-                leads(after, "node-1", &[moving("orders")], &rows, 20.0),
-                [Lead::Here]
+                lead_of(after, "node-1", moving("orders"), &rows),
+                Lead::Here
             );
+        }
+    }
+
+    /// A leader killed outright: its heartbeat session is closed, so the others take its
+    /// leads at their next heartbeat though its row is still within `gone_after`; a row that
+    /// cannot tell (None) counts as connected.
+    #[test]
+    fn a_leader_whose_session_closed_leads_nothing() {
+        for _ in 0..50 {
+            let (crashed, me) = (Uuid::new_v4(), Uuid::new_v4());
+            let beat = |connected| BeatRow {
+                process_id: crashed,
+                summary: r#"{"queues":{"orders":2},"moves_delayed":["orders"]}"#.into(),
+                seen_seconds_ago: 1.0,
+                connected,
+            };
+            assert_eq!(
+                lead_of(me, "me", moving("orders"), &[beat(Some(false))]),
+                Lead::Here
+            );
+            let expected = if leader("orders", &[crashed, me]) == Some(me) {
+                Lead::Here
+            } else {
+                Lead::Elsewhere { depth: Some(2) }
+            };
+            for connected in [Some(true), None] {
+                assert_eq!(
+                    lead_of(me, "me", moving("orders"), &[beat(connected)]),
+                    expected
+                );
+            }
         }
     }
 }

@@ -11,7 +11,9 @@
 //!   (a peek, only when not every place is in use), else what it has in flight (an idle
 //!   instance gives its share back);
 //! - **fair share**: `fleet_max` split max-min fairly over the wants of the instances alive
-//!   (seen by the registry within `fleet.gone_after`);
+//!   (seen by the registry within `fleet.gone_after`; on PostgreSQL also an instance whose
+//!   heartbeat session is still open, for up to `transport::HELD_WHILE_CONNECTED` times that:
+//!   a paused process keeps its share, a killed one frees it at `gone_after`);
 //! - **target**: the fair share, but never more than what the others' grants leave free;
 //! - **grant written**: `max(target, in flight now)`, read after the gate was narrowed to the
 //!   target, so a grant is always at least what the instance holds or can still take.

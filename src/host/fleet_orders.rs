@@ -93,6 +93,9 @@ impl HostInner {
         let Some((orders, rows)) = heard else {
             for q in &self.queues {
                 q.set_leads(true);
+                q.set_delayed_unmoved(
+                    super::tasks::owns_delayed_table(q) && !self.moves_delayed(q),
+                );
             }
             return;
         };
@@ -109,7 +112,8 @@ impl HostInner {
         let leads =
             crate::fleet::lead::leads(self.process_id, &self.instance, &mine, &rows, gone_after);
         for (q, lead) in self.queues.iter().zip(leads) {
-            match lead {
+            q.set_delayed_unmoved(super::tasks::owns_delayed_table(q) && lead.unmoved);
+            match lead.lead {
                 crate::fleet::lead::Lead::Here => q.set_leads(true),
                 crate::fleet::lead::Lead::Elsewhere { depth } => {
                     q.set_leads(false);

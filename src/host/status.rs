@@ -129,6 +129,7 @@ fn queue_status(q: &QueueRuntime) -> QueueStatus {
         depth: q.depth().get(),
         loops: q.loops(),
         leads: q.leads(),
+        delayed_moves: q.delayed_moves(),
         circuit_breaker: q.breaker().describe(),
         error_queue: q.error_queue().to_string(),
         error_queue_depth: q.error_depth().get(),

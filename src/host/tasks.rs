@@ -72,13 +72,17 @@ pub(super) fn start_receiving(
         // The publisher counts this host's sends into the queue's depth between reads.
         publisher.track_depth(q.name(), q.depth().clone());
         receive::start(q.clone(), receive_ctx.clone());
-        if moves_delayed(q, transport.as_ref()) {
+        let moves = moves_delayed(q, transport.as_ref());
+        // Alone until the fleet's heartbeats tell otherwise.
+        q.set_delayed_unmoved(owns_delayed_table(q) && !moves);
+        if moves {
             let of = crate::delayed::MoverOf {
                 queue: q.name().clone(),
                 batch: q.delayed_batch(),
                 metrics: q.metrics().clone(),
                 waiting: q.delayed_waiting().clone(),
                 polls: q.lead_flag().clone(),
+                health: q.delayed_health().clone(),
             };
             receive_ctx.tasks.spawn(crate::delayed::run_mover(
                 transport.clone(),
@@ -89,6 +93,12 @@ pub(super) fn start_receiving(
         }
     }
     receive_ctx
+}
+
+/// Whether `q` keeps its delayed messages in a table of its own (an instance queue keeps them
+/// in its endpoint queue's); with delayed delivery off, the table it would have.
+pub(super) fn owns_delayed_table(q: &QueueRuntime) -> bool {
+    q.delayed_home().is_none_or(|home| home == q.name())
 }
 
 /// Whether a host runs a mover for `q`'s delayed table: its own table (not an instance

@@ -285,6 +285,13 @@ pub const METRICS: &[MetricDef] = &[
         "1 while the mover's statements on the queue's delayed table fail (due delayed messages are not moved in), else 0",
     ),
     def(
+        "delayed_unmoved",
+        G,
+        None,
+        &["queue"],
+        "1 while no instance alive that receives from the queue moves its delayed table (delayed delivery is off on each: delayed messages sent to it wait), else 0",
+    ),
+    def(
         "downstream_state",
         G,
         None,

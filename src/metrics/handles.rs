@@ -28,6 +28,8 @@ pub struct QueueMetrics {
     pub delayed_moved: Counter,
     /// 1 while the mover's statements fail.
     pub delayed_moves_failing: Gauge,
+    /// 1 while no instance receiving from the queue moves its delayed table.
+    pub delayed_unmoved: Gauge,
     /// Rows passed over because another transaction held them (Babelfish claims, movers).
     pub lock_timeouts: Counter,
     /// Statements chosen as deadlock victims and retried.

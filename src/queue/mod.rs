@@ -207,6 +207,8 @@ pub struct QueueRuntime {
     /// Messages in this queue's delayed table, as its mover last read them (they count in the
     /// database size: they will join the queue).
     delayed_waiting: Arc<AtomicU64>,
+    /// Whether its delayed table is moved (the mover's failures, the fleet's leads).
+    delayed_health: Arc<crate::delayed::MovesHealth>,
     /// This instance does the queue's background reading: its delayed mover polls and its
     /// depth is read for database size (true unless another instance leads it, see
     /// `fleet::lead`).
@@ -253,6 +255,7 @@ impl QueueRuntime {
             delayed_home: None,
             delayed_batch: 100,
             delayed_waiting: Arc::default(),
+            delayed_health: Arc::default(),
             leads: Arc::new(AtomicBool::new(true)),
             breaker: CircuitBreaker::new(name.as_str(), metrics.circuit_breaker_open.clone()),
             gate: Arc::new(gate),
@@ -325,6 +328,28 @@ impl QueueRuntime {
     /// The count of messages waiting in its delayed table, which its mover keeps.
     pub(crate) fn delayed_waiting(&self) -> &Arc<AtomicU64> {
         &self.delayed_waiting
+    }
+
+    /// Whether its delayed table is moved, shared with its mover.
+    pub(crate) fn delayed_health(&self) -> &Arc<crate::delayed::MovesHealth> {
+        &self.delayed_health
+    }
+
+    /// Whether its delayed table is moved, as `/status` tells it.
+    pub fn delayed_moves(&self) -> crate::delayed::DelayedMoves {
+        self.delayed_health.reading()
+    }
+
+    /// Nobody alive that receives from the queue moves its delayed table (true), or somebody
+    /// does; said once at WARN when it becomes so.
+    pub(crate) fn set_delayed_unmoved(&self, unmoved: bool) {
+        self.metrics
+            .delayed_unmoved
+            .set(if unmoved { 1.0 } else { 0.0 });
+        if self.delayed_health.set_unmoved(unmoved) && unmoved {
+            tracing::warn!(queue = %self.name,
+                "no instance receiving from this queue moves its delayed table (delayed delivery is off on each): delayed messages sent to it wait until one does");
+        }
     }
 
     /// The concurrency gate (max, throttling, guard and fleet limits).

@@ -57,6 +57,10 @@ pub struct BeatRow {
     pub summary: String,
     /// Seconds since it was written, by the database's clock.
     pub seen_seconds_ago: f64,
+    /// Whether the database session that wrote its last heartbeat is still open (None: the
+    /// transport cannot tell). A process killed outright closes its sessions at once, so a
+    /// closed one tells a crash within a heartbeat, long before `gone_after`.
+    pub connected: Option<bool>,
 }
 
 impl BeatRow {
@@ -104,6 +108,15 @@ pub trait InstanceRegistry: Send + Sync {
     async fn leave(&self, process_id: Uuid) -> Result<(), TransportError>;
 }
 
+/// How many times `fleet.gone_after` an instance that is not seen keeps its fleet share while
+/// the database still has its heartbeat's session open (PostgreSQL): a paused process
+/// (SIGSTOP) or one whose every statement waits keeps its sessions, and its handlers resume
+/// where they stopped; were its share taken at `gone_after`, they would run beside the
+/// others' full share. A process that is killed closes its sessions, so its share is free at
+/// `gone_after`; one paused longer than this (or cut off by a network the server has not
+/// noticed) counts as gone then.
+pub const HELD_WHILE_CONNECTED: u32 = 5;
+
 /// The shares table's name in the queue schema: a row per instance and queue with a
 /// fleet-wide limit (`fleet_max`), saying how much of it the instance wants and holds.
 pub const SHARES_TABLE: &str = "throttlehost_shares";
@@ -117,8 +130,10 @@ pub struct ShareRow {
     pub wanted: u32,
     /// What it may hold: never less than it had in flight when it wrote the row.
     pub granted: u32,
-    /// Its registry row was seen within `gone_after` (by the database's clock). The grant of
-    /// an instance that is not alive is free for the others.
+    /// Its registry row was seen within `gone_after` (by the database's clock), or within
+    /// [`HELD_WHILE_CONNECTED`] times that while its heartbeat's session is still open (where
+    /// the transport can tell). The grant of an instance that is not alive is free for the
+    /// others.
     pub alive: bool,
 }
 

@@ -37,6 +37,7 @@ impl InstanceRegistry for MemoryTransport {
                 process_id: *id,
                 summary: last.summary.clone(),
                 seen_seconds_ago: seen.elapsed().as_secs_f64(),
+                connected: None,
             })
             .collect())
     }

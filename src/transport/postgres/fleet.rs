@@ -23,7 +23,8 @@ pub struct RegistryStatements {
     pub create: String,
     /// `$1` process id, `$2` host name, `$3` instance id, `$4` version, `$5` admin address
     /// (NULL: none), `$6` summary; answers every row (process id, summary, seconds since
-    /// seen) as it was before this statement.
+    /// seen, whether the session that wrote it is still open) as it was before this
+    /// statement.
     pub heartbeat: String,
     /// Every instance's row, with seconds up and seconds since seen by the server's clock.
     pub list: String,
@@ -49,6 +50,10 @@ pub fn registry_statements(schema: &str) -> RegistryStatements {
     // Rows anyone can write: a time PostgreSQL cannot subtract ('infinity') failed the whole
     // read-back, every host's heartbeat with it; a time far ahead kept a row alive for ever.
     // Such rows are not read, and the next forget deletes them.
+    // `backend` is the server process of the session that wrote the last heartbeat: a host
+    // killed outright closes its sessions, so its row is seen disconnected at the next
+    // heartbeat of any other (`fleet::lead` hands its leads over then, not after gone_after).
+    // A row of an earlier version has none (NULL: cannot tell).
     let readable = "isfinite(last_seen) AND isfinite(started_at) \
 AND last_seen <= now() + interval '1 day'";
     RegistryStatements {
@@ -62,21 +67,35 @@ CREATE TABLE IF NOT EXISTS {table} (
     admin_address text NULL,
     summary text NOT NULL,
     started_at timestamptz NOT NULL DEFAULT now(),
-    last_seen timestamptz NOT NULL DEFAULT now()
-);",
-            schema = quote_ident(schema)
+    last_seen timestamptz NOT NULL DEFAULT now(),
+    backend integer NULL
+);
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+        WHERE attrelid = to_regclass('{table_text}') AND attname = 'backend'
+            AND NOT attisdropped) THEN
+        ALTER TABLE {table} ADD COLUMN backend integer NULL;
+    END IF;
+END $$;",
+            schema = quote_ident(schema),
+            // An earlier version's table has no `backend`; adding it only when missing keeps a
+            // table owned by another role usable (ALTER needs ownership even with IF NOT EXISTS).
+            table_text = table.replace('\'', "''"),
         ),
         heartbeat: format!(
             "WITH beat AS (
-    INSERT INTO {table} (process_id, host_name, instance_id, version, admin_address, summary)
-    VALUES ($1, $2, $3, $4, $5, $6)
+    INSERT INTO {table}
+        (process_id, host_name, instance_id, version, admin_address, summary, backend)
+    VALUES ($1, $2, $3, $4, $5, $6, pg_backend_pid())
     ON CONFLICT (process_id) DO UPDATE SET
         host_name = EXCLUDED.host_name, instance_id = EXCLUDED.instance_id,
         version = EXCLUDED.version, admin_address = EXCLUDED.admin_address,
-        summary = EXCLUDED.summary, last_seen = now()
+        summary = EXCLUDED.summary, backend = EXCLUDED.backend, last_seen = now()
 )
-SELECT process_id, summary, EXTRACT(EPOCH FROM now() - last_seen)::float8 FROM {table}
-WHERE {readable}"
+SELECT process_id, summary, EXTRACT(EPOCH FROM now() - last_seen)::float8,
+    CASE WHEN backend IS NULL THEN NULL
+        ELSE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = backend) END
+FROM {table} WHERE {readable}"
         ),
         list: format!(
             "SELECT process_id, host_name, instance_id, version, admin_address, summary,
@@ -105,7 +124,10 @@ pub struct ShareStatements {
     /// `$1`: the lock's key (the table and the queue); held to the end of the transaction.
     pub lock: String,
     /// `$1` queue, `$2` gone after (seconds): every instance's row of the queue with whether
-    /// it is alive and whether the registry still lists it.
+    /// it is alive (seen within gone after, or within [`HELD_WHILE_CONNECTED`] times that
+    /// while its heartbeat's session is open) and whether the registry still lists it.
+    ///
+    /// [`HELD_WHILE_CONNECTED`]: crate::transport::fleet::HELD_WHILE_CONNECTED
     pub read: String,
     /// `$1` queue, `$2` process id, `$3` wanted, `$4` granted; also stamps the process's
     /// registry row as seen (a host that takes its share is alive).
@@ -137,10 +159,13 @@ CREATE TABLE IF NOT EXISTS {table} (
         lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))".to_string(),
         read: format!(
             "SELECT s.process_id, s.wanted, s.granted,
-    COALESCE(i.last_seen >= now() - make_interval(secs => $2), false),
+    COALESCE(i.last_seen >= now() - make_interval(secs => $2)
+        OR (i.last_seen >= now() - make_interval(secs => $2 * {held})
+            AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = i.backend)), false),
     i.process_id IS NOT NULL
 FROM {table} s LEFT JOIN {instances} i ON i.process_id = s.process_id
-WHERE s.queue = $1"
+WHERE s.queue = $1",
+            held = crate::transport::fleet::HELD_WHILE_CONNECTED
         ),
         write: format!(
             "WITH seen AS (UPDATE {instances} SET last_seen = now() WHERE process_id = $2)
@@ -286,6 +311,7 @@ impl InstanceRegistry for PostgresTransport {
                 process_id: row.get(0),
                 summary: row.get(1),
                 seen_seconds_ago: row.get::<_, f64>(2).max(0.0),
+                connected: row.get(3),
             })
             .collect())
     }

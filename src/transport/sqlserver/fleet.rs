@@ -312,6 +312,8 @@ impl InstanceRegistry for SqlServerTransport {
                     process_id: row.get::<Uuid, _>(0)?,
                     summary: row.get::<&str, _>(1).unwrap_or_default().to_owned(),
                     seen_seconds_ago: row.get::<f64, _>(2).unwrap_or(0.0).max(0.0),
+                    // Other sessions are visible only with VIEW SERVER STATE: not told.
+                    connected: None,
                 })
             })
             .collect())

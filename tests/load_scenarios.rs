@@ -888,6 +888,22 @@ fn the_latency_aware_limit_settles_near_the_best_concurrency_of_a_sweep() {
     );
 }
 
+/// A fleet-wide limit across processes while one is paused: three host processes share
+/// `fleet_max = 12` over 10 000 messages of 50 ms; peer 1 is paused (SIGSTOP) for 30 s after
+/// 10 s and resumed. Its handlers stop mid-run and its sessions stay open; the others count it
+/// as gone after 10 s but keep off its share while its sessions are open, so when it resumes
+/// the ledger never sees more than 12 running at once; nothing is lost. Before, its share was
+/// taken at gone_after and its resumed handlers ran beside the others' full 12.
+#[test]
+#[ignore = "wall-clock, about 60 s (run: cargo test --test load_scenarios -- --ignored)"]
+fn a_paused_host_process_never_makes_the_fleet_pass_its_limit() {
+    let fleet = pg_scenario("fleet-paused-host", 1.0);
+    assert_eq!(fleet["messages_lost"], 0);
+    assert_eq!(fleet["messages_processed"], 10000);
+    let peak = fleet["fleet_in_flight"]["peak"].as_u64().unwrap();
+    assert!(peak <= 12, "{peak} in flight across the processes");
+}
+
 /// A fleet-wide limit across processes: three host processes share `fleet_max = 12` over a
 /// 5 000-message backlog of 50 ms handlers. The ledger, fed by all three, never sees more than
 /// 12 running at once; the first phase (all three alive) drains at >= 90 % of one host with

@@ -241,6 +241,28 @@ impl Peers {
         Ok(())
     }
 
+    /// Pauses peer `number` (SIGSTOP: `paused`) or resumes it (SIGCONT), through kill(1).
+    pub fn pause(&mut self, number: usize, paused: bool) -> Result<(), String> {
+        let (child, _) = number
+            .checked_sub(1)
+            .and_then(|i| self.children.get(i))
+            .ok_or_else(|| format!("there is no peer {number}"))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| format!("peer {number} has already exited"))?;
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .map_err(|e| format!("kill {signal} of peer {number}: {e}"))?;
+        match status.success() {
+            true => Ok(()),
+            false => Err(format!(
+                "kill {signal} of peer {number} exited with {status}"
+            )),
+        }
+    }
+
     /// Stops every peer: closes its standard input, waits for it to finish its messages in
     /// flight and exit (killing it after `STOP_TIMEOUT`), and reads the last of its events.
     /// Returns the peers that did not exit cleanly, in words.

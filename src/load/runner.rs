@@ -125,7 +125,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         shown_at: f64::NEG_INFINITY,
         spans: Vec::new(),
         peers,
-        kill_failures: Vec::new(),
+        peer_signal_failures: Vec::new(),
     };
     session.play().await;
     session.stop_load().await;
@@ -135,7 +135,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         Some(peers) => peers.stop().await,
         None => Vec::new(),
     };
-    peer_failures.append(&mut session.kill_failures);
+    peer_failures.append(&mut session.peer_signal_failures);
     let cleared = session.settle().await;
     if options.display == Display::Progress {
         eprintln!();

@@ -276,6 +276,11 @@ pub struct Phase {
     /// its messages in flight roll back in the database, and nothing may be lost.
     #[serde(default)]
     pub kill_peer: Option<u32>,
+    /// Pauses peer process N (1 and up, below `processes`) with SIGSTOP for the phase and
+    /// resumes it with SIGCONT at its end: its database sessions stay open and its handlers
+    /// stop where they are, as those of a frozen machine do.
+    #[serde(default)]
+    pub pause_peer: Option<u32>,
     /// The throttling conditions this phase's load causes (`process_memory`, `in_process`,
     /// `rate_imbalance`, ...): an episode's recovery is measured from the end of the phase that
     /// caused it, not from what the controller made of it. Unnamed, from the last sample its
@@ -425,16 +430,21 @@ impl Scenario {
                     format!("{end} is not a rate >= 0"),
                 ));
             }
-            if let Some(n) = phase.kill_peer
-                && !(1..self.processes).contains(&n)
-            {
-                problems.push((
-                    format!("phases[{i}].kill_peer"),
-                    format!(
-                        "{n} is not a peer: peers are numbered 1 to processes - 1 ({})",
-                        self.processes.saturating_sub(1)
-                    ),
-                ));
+            for (field, peer) in [
+                ("kill_peer", phase.kill_peer),
+                ("pause_peer", phase.pause_peer),
+            ] {
+                if let Some(n) = peer
+                    && !(1..self.processes).contains(&n)
+                {
+                    problems.push((
+                        format!("phases[{i}].{field}"),
+                        format!(
+                            "{n} is not a peer: peers are numbered 1 to processes - 1 ({})",
+                            self.processes.saturating_sub(1)
+                        ),
+                    ));
+                }
             }
             if phase.max_concurrency == Some(0) {
                 problems.push((
@@ -619,6 +629,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("fleet.share_interval"), "{err}");
+        let paused = "[[phases]]\nname = 'p'\nduration = '1s'\npause_peer = 1\n";
+        let err = Scenario::parse(&format!("{BASE}{paused}"), "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("phases[0].pause_peer") && err.contains("not a peer"),
+            "{err}"
+        );
     }
 
     #[test]

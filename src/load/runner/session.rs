@@ -44,8 +44,8 @@ pub(super) struct Session<'a> {
     pub(super) spans: Vec<PhaseSpan>,
     /// The peer processes (`processes` above 1), until they are stopped.
     pub(super) peers: Option<Peers>,
-    /// Peers that could not be killed when a phase asked, in words.
-    pub(super) kill_failures: Vec<String>,
+    /// Peers that could not be killed, paused or resumed when a phase asked, in words.
+    pub(super) peer_signal_failures: Vec<String>,
 }
 
 impl Session<'_> {
@@ -101,6 +101,9 @@ impl Session<'_> {
         if let Some(number) = phase.kill_peer {
             self.kill_peer(number as usize);
         }
+        if let Some(number) = phase.pause_peer {
+            self.pause_peer(number as usize, true);
+        }
         let phase_stop = self.options.stop.child_token();
         let length = phase.duration.mul_f64(self.options.duration_scale.max(0.0));
         let length = match self.options.repeat_for {
@@ -135,6 +138,9 @@ impl Session<'_> {
                 break;
             }
         }
+        if let Some(number) = phase.pause_peer {
+            self.pause_peer(number as usize, false);
+        }
         phase_stop.cancel();
         let _ = generator.await;
         self.spans.push(PhaseSpan {
@@ -154,7 +160,19 @@ impl Session<'_> {
         };
         match outcome {
             Ok(()) => self.ledger.span(|spans| spans.killed(number, now_ns())),
-            Err(e) => self.kill_failures.push(e),
+            Err(e) => self.peer_signal_failures.push(e),
+        }
+    }
+
+    /// Pauses (SIGSTOP) or resumes (SIGCONT) peer `number`; a failure fails the run, as a
+    /// kill's does.
+    pub(super) fn pause_peer(&mut self, number: usize, paused: bool) {
+        let outcome = match self.peers.as_mut() {
+            Some(peers) => peers.pause(number, paused),
+            None => Err(format!("there is no peer {number} to pause")),
+        };
+        if let Err(e) = outcome {
+            self.peer_signal_failures.push(e);
         }
     }
 

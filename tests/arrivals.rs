@@ -389,8 +389,8 @@ async fn the_listener_reconnects_after_its_connection_is_killed() {
 /// Listening costs an idle queue nothing: everything a host sends its database while its one
 /// queue is idle (peeks, the controller's readings, the listening connection) is counted on
 /// the wire by a proxy, and stays within one statement per second (peek interval 1 s). The
-/// queue has no delayed table here: a mover adds one statement per minute once idle, after a
-/// back-off from 0.5 s that takes half a minute (`delayed::next_wait`'s tests).
+/// queue has no delayed table here: the host's delayed sweep is counted in
+/// tests/many_queues.rs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_queue_costs_at_most_one_statement_per_second_with_listening() {
     use common::CommitCutter;
@@ -485,6 +485,50 @@ async fn notified_queues_stop_peeking_while_idle_and_still_pick_up_at_once() {
         &probe,
         1,
         sender.send(&q("quiet00"), &OutgoingMessage::new(vec![1])),
+    )
+    .await;
+    host.shutdown().await;
+}
+
+/// A row that comes without an insert notification (a crashed host's messages roll back into
+/// the table; here a row written with triggers off) is found by the depth reads the host
+/// makes for all its queues, not by the rare safety-net peek (every 5 minutes): a queue read
+/// holding messages wakes its sleeping receivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_that_comes_unannounced_is_found_by_the_next_depth_read() {
+    let schema = PgSchema::new();
+    let mut config = pg_config(&schema, "quiet", ConcurrencyModel::Monitor, 1);
+    config.throttling.sample_interval = Duration::from_millis(100);
+    config.throttling.database_size_refresh = Duration::from_millis(300);
+    config.queues[0].concurrency.peek_interval = Duration::from_secs(1);
+    config.queues[0].delayed_delivery.enabled = false;
+    let inner: std::sync::Arc<dyn Transport> =
+        std::sync::Arc::new(schema.transport(TransactionMode::ReceiveOnly, 8).await);
+    let counting = common::Counting::with_abilities(inner);
+    let (host, probe) = probed_host(config, Some(counting.clone())).await;
+    wait_until(Duration::from_secs(10), "the queue peeking rarely", || {
+        host.handle()
+            .queue_status("quiet")
+            .is_some_and(|q| q.loops > 0)
+    })
+    .await;
+    // Settled once a few seconds pass without a receiver's peek.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let client = schema.client().await;
+    client
+        .batch_execute(&format!(
+            "SET session_replication_role = replica;
+             INSERT INTO {} (Id, Expires, Headers, Body)
+                 VALUES (gen_random_uuid(), NULL, '{{}}', '\\x01'::bytea);
+             SET session_replication_role = origin;",
+            format_args!("\"{}\".\"quiet\"", schema.name)
+        ))
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(5),
+        "the unannounced row handled",
+        || probe.handled() == 1,
     )
     .await;
     host.shutdown().await;

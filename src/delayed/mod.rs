@@ -22,6 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::QueueMetrics;
 use crate::transport::{Moved, QueueName, Transport};
 
+pub(crate) mod sweep;
+
 /// The first wait when nothing is due.
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// The longest wait (also the longest a message stored by another process may wait past its
@@ -39,6 +41,9 @@ pub struct Schedule {
 pub struct Wake {
     notify: Notify,
     earliest: Mutex<Option<Instant>>,
+    /// The count of messages in the table, which this process's stores raise between reads
+    /// (the mover and the sweeper set it from the table).
+    waiting: Mutex<Option<Arc<AtomicU64>>>,
 }
 
 impl Wake {
@@ -63,7 +68,8 @@ impl Schedule {
     }
 
     /// A message was stored in `queue`'s delayed table, due after `delay`: its mover, if
-    /// this process runs one, looks no later than then.
+    /// this process runs one, looks no later than then, and the table's count (which the
+    /// database size includes) holds it until the next read.
     pub fn due_in(&self, queue: &QueueName, delay: Duration) {
         let Some(wake) = self
             .wakes
@@ -74,24 +80,50 @@ impl Schedule {
         else {
             return;
         };
+        if let Some(waiting) = &*wake.waiting.lock().unwrap_or_else(|e| e.into_inner()) {
+            waiting.fetch_add(1, Ordering::Relaxed);
+        }
+        wake.due_in(delay);
+    }
+}
+
+impl Wake {
+    /// Where this process's stores count the table's messages between reads.
+    pub(crate) fn count_into(&self, waiting: Arc<AtomicU64>) {
+        *self.waiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(waiting);
+    }
+
+    /// Something in the mover's table is due after `delay`: it looks no later than then.
+    pub(crate) fn due_in(&self, delay: Duration) {
         let due = Instant::now() + delay;
         {
-            let mut earliest = wake.earliest.lock().unwrap_or_else(|e| e.into_inner());
+            let mut earliest = self.earliest.lock().unwrap_or_else(|e| e.into_inner());
             if earliest.is_some_and(|e| e <= due) {
                 return;
             }
             *earliest = Some(due);
         }
-        wake.notify.notify_one();
+        self.notify.notify_one();
     }
 }
 
+/// How long a swept mover waits when nothing it knows of is due: the sweeper tells it of
+/// what comes (and a move now and then costs nothing that matters).
+pub const SWEPT_IDLE: Duration = Duration::from_secs(3600);
+
 /// The wait after a move: none after a full batch; otherwise the back-off (doubled from the
 /// last one while nothing moves, back to the first after a move), no later than the next
-/// due time the table reported.
-pub fn next_wait(last: Duration, moved: &Moved, batch: u32) -> Duration {
+/// due time the table reported. A swept mover (`swept`: the host's sweeper reads its table)
+/// does not back off: it waits for the next due time it knows of, or to be told.
+pub fn next_wait(last: Duration, moved: &Moved, batch: u32, swept: bool) -> Duration {
     if !moved.busy && moved.moved >= u64::from(batch.max(1)) {
         return Duration::ZERO;
+    }
+    if swept {
+        return match moved.next_due_in {
+            Some(due) if !moved.busy => due.max(Duration::from_millis(5)),
+            _ => SWEPT_IDLE,
+        };
     }
     let backoff = if moved.moved > 0 {
         FIRST_BACKOFF
@@ -133,6 +165,11 @@ impl MovesHealth {
         self.failing.store(failing, Ordering::Relaxed);
     }
 
+    /// Whether this instance's moves fail now.
+    pub(crate) fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+
     /// Nobody moves the table (true) or somebody does; returns whether that changed.
     pub(crate) fn set_unmoved(&self, unmoved: bool) -> bool {
         self.unmoved.swap(unmoved, Ordering::Relaxed) != unmoved
@@ -166,6 +203,9 @@ pub struct MoverOf {
     pub polls: Arc<AtomicBool>,
     /// Where it says whether its moves fail.
     pub health: Arc<MovesHealth>,
+    /// The host's sweeper reads its table ([`sweep`]) and tells it when something is due:
+    /// it does not poll on its own.
+    pub swept: bool,
 }
 
 /// How often a mover that does not poll looks whether it has come to lead its queue.
@@ -183,7 +223,11 @@ pub async fn run_mover(
         return;
     };
     let mut wait = Duration::ZERO;
-    let mut next_move = Instant::now();
+    // A swept mover moves when the sweeper (or this process) tells it something is due.
+    let mut next_move = match of.swept {
+        true => Instant::now() + SWEPT_IDLE,
+        false => Instant::now(),
+    };
     let mut failing = false;
     let mut following_until: Option<Instant> = None;
     loop {
@@ -208,7 +252,7 @@ pub async fn run_mover(
                     of.health.set_failing(false);
                 }
                 record_moved(&of, &moved);
-                wait = next_wait(wait, &moved, batch);
+                wait = next_wait(wait, &moved, batch, of.swept);
             }
             Err(e) => {
                 if !failing {
@@ -287,7 +331,7 @@ mod tests {
         let mut wait = Duration::ZERO;
         let mut waits = Vec::new();
         for _ in 0..10 {
-            wait = next_wait(wait, &moved(0, None), 100);
+            wait = next_wait(wait, &moved(0, None), 100, false);
             waits.push(wait.as_millis());
         }
         assert_eq!(
@@ -297,13 +341,13 @@ mod tests {
             ]
         );
         assert_eq!(
-            next_wait(wait, &moved(100, None), 100),
+            next_wait(wait, &moved(100, None), 100, false),
             Duration::ZERO,
             "full batch"
         );
-        assert_eq!(next_wait(wait, &moved(3, None), 100), FIRST_BACKOFF);
+        assert_eq!(next_wait(wait, &moved(3, None), 100, false), FIRST_BACKOFF);
         assert_eq!(
-            next_wait(wait, &moved(0, Some(1200)), 100),
+            next_wait(wait, &moved(0, Some(1200)), 100, false),
             Duration::from_millis(1200),
             "the next due time comes first"
         );
@@ -312,8 +356,31 @@ mod tests {
             ..moved(0, Some(10))
         };
         assert_eq!(
-            next_wait(Duration::from_secs(8), &busy, 100),
+            next_wait(Duration::from_secs(8), &busy, 100, false),
             Duration::from_secs(16)
         );
+    }
+
+    /// A swept mover never backs off into polling: it waits for the next due time it knows
+    /// of, or to be told, and still follows a full batch at once.
+    #[test]
+    fn a_swept_mover_waits_for_what_it_knows_is_due() {
+        let wait = Duration::from_secs(4);
+        assert_eq!(next_wait(wait, &moved(0, None), 100, true), SWEPT_IDLE);
+        assert_eq!(next_wait(wait, &moved(3, None), 100, true), SWEPT_IDLE);
+        assert_eq!(
+            next_wait(wait, &moved(0, Some(90_000)), 100, true),
+            Duration::from_secs(90),
+            "a due time past the back-off's cap is waited for, not polled towards"
+        );
+        assert_eq!(
+            next_wait(wait, &moved(100, None), 100, true),
+            Duration::ZERO
+        );
+        let busy = Moved {
+            busy: true,
+            ..moved(0, Some(10))
+        };
+        assert_eq!(next_wait(wait, &busy, 100, true), SWEPT_IDLE);
     }
 }

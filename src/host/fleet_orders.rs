@@ -119,6 +119,7 @@ impl HostInner {
                     q.set_leads(false);
                     if let Some(depth) = depth {
                         q.depth().set(depth);
+                        q.depth_read(depth);
                     }
                 }
             }

@@ -111,6 +111,7 @@ impl HostAdapter {
                         rare,
                         waiting,
                         held,
+                        receiver,
                     },
                     start,
                 ),
@@ -120,6 +121,9 @@ impl HostAdapter {
                 match depth {
                     Ok(depth) => {
                         cell.set_read(depth, start);
+                        if let Some(q) = &receiver {
+                            q.depth_read(depth);
+                        }
                         read_order_gauges(transport.as_ref(), &name, depth, waiting, held).await;
                     }
                     Err(e) => {
@@ -182,6 +186,8 @@ struct StaleDepth {
     waiting: Option<metrics::Gauge>,
     /// An ordered queue's gauge of keys held by a failed message (`failed_key = "hold"`).
     held: Option<metrics::Gauge>,
+    /// The receiving queue read, told what was found (None: an error or publishing target).
+    receiver: Option<Arc<QueueRuntime>>,
 }
 
 impl StaleDepth {
@@ -192,6 +198,7 @@ impl StaleDepth {
             rare,
             waiting: None,
             held: None,
+            receiver: None,
         }
     }
 }
@@ -222,6 +229,7 @@ impl HostProbe for HostAdapter {
             if (is_stale(q.depth()) && read_here) | self.held_due(q) {
                 let mut read = StaleDepth::new(q.name().clone(), q.depth().clone(), false);
                 (read.waiting, read.held) = q.ordered_gauges();
+                read.receiver = Some(q.clone());
                 stale.push(read);
             }
         }

@@ -68,6 +68,7 @@ pub(super) fn start_receiving(
         abort: CancellationToken::new(),
         tasks: TaskTracker::new(),
     });
+    let mut swept = Vec::new();
     for q in queues {
         // The publisher counts this host's sends into the queue's depth between reads.
         publisher.track_depth(q.name(), q.depth().clone());
@@ -76,6 +77,16 @@ pub(super) fn start_receiving(
         // Alone until the fleet's heartbeats tell otherwise.
         q.set_delayed_unmoved(owns_delayed_table(q) && !moves);
         if moves {
+            let wake = publisher.schedule().wake(q.name());
+            wake.count_into(q.delayed_waiting().clone());
+            swept.push(crate::delayed::sweep::SweptTable {
+                queue: q.name().clone(),
+                wake,
+                leads: q.lead_flag().clone(),
+                waiting: q.delayed_waiting().clone(),
+                metrics: q.metrics().clone(),
+                health: q.delayed_health().clone(),
+            });
             let of = crate::delayed::MoverOf {
                 queue: q.name().clone(),
                 batch: q.delayed_batch(),
@@ -83,6 +94,7 @@ pub(super) fn start_receiving(
                 waiting: q.delayed_waiting().clone(),
                 polls: q.lead_flag().clone(),
                 health: q.delayed_health().clone(),
+                swept: true,
             };
             receive_ctx.tasks.spawn(crate::delayed::run_mover(
                 transport.clone(),
@@ -91,6 +103,13 @@ pub(super) fn start_receiving(
                 receive_ctx.stop.clone(),
             ));
         }
+    }
+    if !swept.is_empty() {
+        receive_ctx.tasks.spawn(crate::delayed::sweep::run_sweeper(
+            transport.clone(),
+            swept,
+            receive_ctx.stop.clone(),
+        ));
     }
     receive_ctx
 }

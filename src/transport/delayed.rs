@@ -33,6 +33,19 @@ pub struct Moved {
     pub busy: bool,
 }
 
+/// A delayed table as a sweep reads it ([`DelayedDelivery::sweep`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DelayedReading {
+    /// Messages in the table (due or not).
+    pub waiting: u64,
+    /// How long until its earliest message is due (zero: one is due now; None: none waits).
+    pub next_due_in: Option<Duration>,
+}
+
+/// Delayed tables read per sweep statement: a UNION of this many short reads stays one
+/// statement a server plans and runs in milliseconds.
+pub const TABLES_PER_SWEEP: usize = 200;
+
 /// A transport that can store messages until they are due (see the module documentation).
 #[async_trait]
 pub trait DelayedDelivery: Send + Sync {
@@ -44,6 +57,12 @@ pub trait DelayedDelivery: Send + Sync {
     /// a time across hosts (a lock the database keeps); a mover that finds it taken moves
     /// nothing and says [`Moved::busy`].
     async fn move_due(&self, queue: &QueueName, batch: u32) -> Result<Moved, TransportError>;
+
+    /// The delayed tables of `queues` as they are now, in order, [`TABLES_PER_SWEEP`] tables
+    /// per statement: the host's sweeper reads every table it leads this way once per
+    /// interval, so an idle table costs no statement of its own. A missing table fails the
+    /// statement it is in.
+    async fn sweep(&self, queues: &[QueueName]) -> Result<Vec<DelayedReading>, TransportError>;
 
     /// Messages in `queue`'s delayed table now (due or not); a missing table is
     /// [`TransportError::DelayedTableNotFound`].

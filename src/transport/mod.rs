@@ -39,7 +39,7 @@ use crate::message::{Message, OutgoingMessage};
 pub use crate::names::{InvalidName, QueueName};
 pub use batch::BatchReceive;
 pub use connect::connect;
-pub use delayed::{DelayedDelivery, Moved};
+pub use delayed::{DelayedDelivery, DelayedReading, Moved, TABLES_PER_SWEEP};
 pub use fleet::{
     BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry,
     ShareClaim, ShareRow,

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 
 use crate::config::DEFAULT_DELAYED_TABLE_SUFFIX;
-use crate::transport::delayed::{DelayedDelivery, Moved};
+use crate::transport::delayed::{DelayedDelivery, DelayedReading, Moved};
 use crate::transport::{QueueName, TransportError};
 
 use super::queue::StoredMessage;
@@ -74,6 +74,26 @@ impl DelayedDelivery for MemoryTransport {
             waiting: table.map_or(0, |t| t.rows.len() as u64),
             busy: false,
         })
+    }
+
+    async fn sweep(&self, queues: &[QueueName]) -> Result<Vec<DelayedReading>, TransportError> {
+        let _session = self.statement().await?;
+        let now = SystemTime::now();
+        let tables = lock(&self.shared.delayed);
+        queues
+            .iter()
+            .map(|queue| {
+                let table = tables.get(queue).ok_or_else(|| no_delayed_table(queue))?;
+                Ok(DelayedReading {
+                    waiting: table.rows.len() as u64,
+                    next_due_in: table
+                        .rows
+                        .keys()
+                        .next()
+                        .map(|(due, _)| due.duration_since(now).unwrap_or_default()),
+                })
+            })
+            .collect()
     }
 
     async fn delayed_count(&self, queue: &QueueName) -> Result<u64, TransportError> {

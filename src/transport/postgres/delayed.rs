@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::transport::delayed::{DelayedDelivery, Moved};
+use crate::transport::delayed::{DelayedDelivery, DelayedReading, Moved, TABLES_PER_SWEEP};
 use crate::transport::{QueueName, TransportError};
 
 use super::admin::is_concurrent_creation;
@@ -107,6 +107,45 @@ impl DelayedDelivery for PostgresTransport {
                 .filter(|ms| ms.is_finite())
                 .map(|ms| Duration::from_secs_f64((ms / 1000.0).clamp(0.0, 1e12))),
         })
+    }
+
+    async fn sweep(&self, queues: &[QueueName]) -> Result<Vec<DelayedReading>, TransportError> {
+        let mut readings = Vec::with_capacity(queues.len());
+        for chunk in queues.chunks(TABLES_PER_SWEEP) {
+            let mut reads = Vec::with_capacity(chunk.len());
+            for (i, queue) in chunk.iter().enumerate() {
+                let table = &self.inner.statements(queue)?.delayed.table;
+                reads.push(format!(
+                    "SELECT {i}::int, (SELECT count(*) FROM {table})::bigint, \
+                     (SELECT (EXTRACT(EPOCH FROM (min(Due) - (now() AT TIME ZONE 'UTC')::timestamptz)) * 1000)::float8 \
+                     FROM {table} WHERE isfinite(Due))"
+                ));
+            }
+            let sql = reads.join(" UNION ALL ");
+            let client = self.inner.client().await?;
+            let (_, rows) = self
+                .inner
+                .answered("a sweep of delayed tables", client, async |c| {
+                    c.query(sql.as_str(), &[]).await
+                })
+                .await?;
+            let rows = rows.map_err(|e| map_error(e, None))?;
+            let mut chunk_readings = vec![DelayedReading::default(); chunk.len()];
+            for row in rows {
+                let i = row.try_get::<_, i32>(0).unwrap_or(0).max(0) as usize;
+                if let Some(reading) = chunk_readings.get_mut(i) {
+                    let next_ms: Option<f64> = row.try_get(2).ok().flatten();
+                    *reading = DelayedReading {
+                        waiting: row.try_get::<_, i64>(1).unwrap_or(0).max(0) as u64,
+                        next_due_in: next_ms
+                            .filter(|ms| ms.is_finite())
+                            .map(|ms| Duration::from_secs_f64((ms / 1000.0).clamp(0.0, 1e12))),
+                    };
+                }
+            }
+            readings.extend(chunk_readings);
+        }
+        Ok(readings)
     }
 
     async fn delayed_count(&self, queue: &QueueName) -> Result<u64, TransportError> {

@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
 
-use crate::transport::delayed::{DelayedDelivery, Moved};
+use crate::transport::delayed::{DelayedDelivery, DelayedReading, Moved, TABLES_PER_SWEEP};
 use crate::transport::unit_of_work::SqlStore;
 use crate::transport::{QueueName, TransportError};
 
@@ -91,6 +91,49 @@ impl DelayedDelivery for SqlServerTransport {
                 .zip(next)
                 .map(|(now, next)| (next - now).to_std().unwrap_or_default()),
         })
+    }
+
+    async fn sweep(&self, queues: &[QueueName]) -> Result<Vec<DelayedReading>, TransportError> {
+        let mut readings = Vec::with_capacity(queues.len());
+        for chunk in queues.chunks(TABLES_PER_SWEEP) {
+            let sql = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, queue)| {
+                    let table = &self.inner.statements(queue).delayed.table;
+                    format!(
+                        "SELECT CAST({i} AS bigint), (SELECT COUNT_BIG(*) FROM {table} WITH (READPAST)), \
+                         GETUTCDATE(), (SELECT MIN(Due) FROM {table} WITH (READPAST))"
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" UNION ALL ");
+            let mut conn = self.inner.conn().await?;
+            let rows = async {
+                conn.query(sql.as_str(), &[])
+                    .await?
+                    .into_first_result()
+                    .await
+            }
+            .await
+            .map_err(|e| map_error(e, None))?;
+            let mut chunk_readings = vec![DelayedReading::default(); chunk.len()];
+            for row in rows {
+                let i = int_at(&row, 0).unwrap_or(0).max(0) as usize;
+                let now: Option<NaiveDateTime> = row.try_get(2).ok().flatten();
+                let next: Option<NaiveDateTime> = row.try_get(3).ok().flatten();
+                if let Some(reading) = chunk_readings.get_mut(i) {
+                    *reading = DelayedReading {
+                        waiting: int_at(&row, 1).unwrap_or(0).max(0) as u64,
+                        next_due_in: now
+                            .zip(next)
+                            .map(|(now, next)| (next - now).to_std().unwrap_or_default()),
+                    };
+                }
+            }
+            readings.extend(chunk_readings);
+        }
+        Ok(readings)
     }
 
     async fn delayed_count(&self, queue: &QueueName) -> Result<u64, TransportError> {

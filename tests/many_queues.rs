@@ -1,0 +1,73 @@
+//! Many queues on PostgreSQL: what idle queues cost the database. The delayed tables are read
+//! by one sweep per host (a few statements for all of them every 5 s), not polled each by
+//! its mover, and a message another process stores in one is still moved when due.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{CommitCutter, PgSchema, Probe, ProbeHandler, wait_until};
+use throttlehost::HostBuilder;
+use throttlehost::config::{ConcurrencyModel, HandlerConfig, TransactionMode};
+use throttlehost::message::OutgoingMessage;
+use throttlehost::transport::{QueueName, Transport};
+
+/// Twenty idle queues with delayed tables, counted on the wire: once started, the host sends
+/// a handful of statements in 5 s (a sweep of every delayed table, the depth reads, the
+/// heartbeat), not one per table. Before, each mover polled its own table on a back-off from
+/// 0.5 s (about 20-40 statements in this window, and each empty move fired the queue's insert
+/// trigger). A message another process stores in a delayed table is moved when due, found by
+/// the next sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_delayed_tables_cost_one_sweep_not_a_poll_each() {
+    const WINDOW: Duration = Duration::from_secs(5);
+    let schema = PgSchema::new();
+    let (proxy, transport) =
+        CommitCutter::for_postgres(&schema, TransactionMode::ReceiveOnly, 8).await;
+    let mut config = common::host_config(transport, "idle00", ConcurrencyModel::Monitor, 1);
+    let first = config.queues[0].clone();
+    for i in 1..20 {
+        let mut queue = first.clone();
+        queue.name = format!("idle{i:02}");
+        queue.handler = Some(HandlerConfig::Noop);
+        config.queues.push(queue);
+    }
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .handler("idle00", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    // Start-up (tables, triggers, LISTEN, the first sweep) is over well within 3 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = proxy.statements.load(Ordering::SeqCst);
+    tokio::time::sleep(WINDOW).await;
+    let idle = proxy.statements.load(Ordering::SeqCst) - before;
+    eprintln!("{idle} statements in {WINDOW:?}");
+    assert!(
+        idle <= 12,
+        "{idle} statements in {WINDOW:?} from twenty idle queues with delayed tables"
+    );
+    let sender = schema.transport(TransactionMode::ReceiveOnly, 1).await;
+    let stored = Instant::now();
+    sender
+        .send(
+            &QueueName::new("idle00").unwrap(),
+            &OutgoingMessage::new(vec![1]).with_delay(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+    // Found by the next sweep (every 5 s), moved when due.
+    wait_until(
+        Duration::from_secs(15),
+        "the delayed message handled",
+        || probe.handled() == 1,
+    )
+    .await;
+    eprintln!(
+        "a delayed message stored elsewhere handled after {:?}",
+        stored.elapsed()
+    );
+    host.shutdown().await;
+}

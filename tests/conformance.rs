@@ -19,8 +19,8 @@ use async_trait::async_trait;
 use throttlehost::config::TransactionMode;
 use throttlehost::message::{Headers, OutgoingMessage};
 use throttlehost::transport::{
-    BatchReceive, KeyOrdering, Payload, QueueName, Received, Subscriptions, Transport,
-    TransportError,
+    BatchReceive, DelayedReading, KeyOrdering, Payload, QueueName, Received, Subscriptions,
+    TABLES_PER_SWEEP, Transport, TransportError,
 };
 use uuid::Uuid;
 
@@ -1182,6 +1182,54 @@ pub async fn a_far_delayed_message_is_due_when_it_says(h: &dyn Harness) {
     );
 }
 
+/// A sweep reads many delayed tables together, in order: each one's messages and how long
+/// until its earliest is due (zero once due, none when empty); more tables than one statement
+/// holds are read in several; a missing table fails the sweep.
+pub async fn a_sweep_reads_every_delayed_table_in_order(h: &dyn Harness) {
+    let t = with_delayed(h, &["sw0", "sw1", "sw2"]).await;
+    let d = t.delayed_delivery().unwrap();
+    for (queue, body, delay) in [
+        ("sw1", "soon", Duration::from_secs(60)),
+        ("sw1", "later", Duration::from_secs(3600)),
+        ("sw2", "now", Duration::from_millis(1)),
+    ] {
+        t.send(&q(queue), &OutgoingMessage::new(body).with_delay(delay))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // More reads than one statement holds: the empty table 200 times, then the other two.
+    let mut queues = vec![q("sw0"); TABLES_PER_SWEEP];
+    queues.extend([q("sw1"), q("sw2")]);
+    let readings = d.sweep(&queues).await.unwrap();
+    assert_eq!(readings.len(), TABLES_PER_SWEEP + 2);
+    assert!(
+        readings[..TABLES_PER_SWEEP]
+            .iter()
+            .all(|r| *r == DelayedReading::default()),
+        "an empty table: {:?}",
+        readings[0]
+    );
+    let sw1 = readings[TABLES_PER_SWEEP];
+    assert_eq!(sw1.waiting, 2);
+    let soon = sw1.next_due_in.expect("the earliest due time");
+    assert!(
+        soon > Duration::from_secs(55) && soon <= Duration::from_secs(61),
+        "due in 60 s, told {soon:?}"
+    );
+    let sw2 = readings[TABLES_PER_SWEEP + 1];
+    assert_eq!(sw2.waiting, 1, "read by the second statement");
+    assert!(
+        sw2.next_due_in
+            .is_some_and(|due| due < Duration::from_secs(1)),
+        "{sw2:?}"
+    );
+    assert!(
+        d.sweep(&[q("sw0"), q("nowhere")]).await.is_err(),
+        "a missing table fails the sweep"
+    );
+}
+
 pub async fn a_delayed_message_waits_in_its_table_until_due(h: &dyn Harness) {
     let t = with_delayed(h, &["in"]).await;
     let d = t.delayed_delivery().unwrap();
@@ -1621,6 +1669,7 @@ macro_rules! conformance {
                 a_held_key_waits_until_released,
                 a_delayed_message_waits_in_its_table_until_due,
                 a_far_delayed_message_is_due_when_it_says,
+                a_sweep_reads_every_delayed_table_in_order,
                 movers_at_once_move_each_message_once,
                 due_messages_move_in_batches_oldest_due_first,
                 a_delayed_send_inside_a_receive_commits_with_it,

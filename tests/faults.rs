@@ -120,6 +120,37 @@ async fn a_table_of_another_layout_is_refused_naming_the_column() {
     assert!(text.contains("body") && text.contains("bytea"), "{text}");
 }
 
+/// The start-up checks read every queue's layout and indexes in two statements: a table of
+/// the queue layout without a unique index on Seq is warned about by name, one made by the
+/// host is not, and one of another layout is refused naming its column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_checks_name_each_table_that_is_not_as_it_should_be() {
+    let backlog = PgBacklog::new("in", 0, 4).await;
+    let client = backlog.schema.client().await;
+    let schema = &backlog.schema.name;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE \"{schema}\".\"unindexed\" (Id uuid PRIMARY KEY, Expires timestamp, Headers text NOT NULL, Body bytea, Seq bigserial);
+             CREATE TABLE \"{schema}\".\"text_body\" (Id uuid PRIMARY KEY, Expires timestamp, Headers text NOT NULL, Body text, Seq serial UNIQUE);"
+        ))
+        .await
+        .unwrap();
+    let queues = [q("in"), q("unindexed")];
+    let warnings = backlog.transport.startup_checks(&queues).await.unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("`unindexed` has no unique index on Seq"),
+        "{warnings:?}"
+    );
+    let err = backlog
+        .transport
+        .startup_checks(&[q("in"), q("text_body")])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("body") && err.contains("bytea"), "{err}");
+}
+
 /// A time to be received no queue table can store is refused before anything is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expiry_beyond_what_the_table_can_hold_is_refused() {

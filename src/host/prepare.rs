@@ -43,8 +43,13 @@ pub(super) async fn prepare_delayed_tables(
     let Some(delayed) = transport.delayed_delivery() else {
         return Ok(());
     };
-    for qc in config.queues.iter().filter(|q| q.delayed_delivery.enabled) {
-        let name = QueueName::new(&qc.name)?;
+    let names: Vec<QueueName> = config
+        .queues
+        .iter()
+        .filter(|q| q.delayed_delivery.enabled)
+        .map(|q| QueueName::new(&q.name))
+        .collect::<Result<_, _>>()?;
+    at_once(names, async |name| {
         if config.host.create_queues {
             delayed.create_delayed(&name).await.map_err(preparing(
                 &name,
@@ -68,8 +73,33 @@ pub(super) async fn prepare_delayed_tables(
                 }));
             }
         }
+        Ok(())
+    })
+    .await
+}
+
+/// How many tables a start prepares at once: a thousand queues' round trips one after
+/// another took seconds; the server runs a few side by side without a pool to itself.
+const PREPARED_AT_ONCE: usize = 8;
+
+/// Runs `prepare` for every queue, the first alone (it creates the schema, which creators
+/// side by side would race for), the rest [`PREPARED_AT_ONCE`] at a time; the first error
+/// stops the rest.
+async fn at_once(
+    mut queues: Vec<QueueName>,
+    prepare: impl AsyncFn(QueueName) -> Result<(), HostError>,
+) -> Result<(), HostError> {
+    use futures_util::{StreamExt, TryStreamExt};
+    if queues.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let rest = queues.split_off(1);
+    prepare(queues.remove(0)).await?;
+    futures_util::stream::iter(rest)
+        .map(|queue| prepare(queue))
+        .buffer_unordered(PREPARED_AT_ONCE)
+        .try_collect::<()>()
+        .await
 }
 
 /// Creates the queues (when configured), runs the transport's start-up checks, warns about
@@ -88,13 +118,14 @@ pub(super) async fn prepare_transport(
         tracing::warn!("{warning}");
     }
     if config.host.create_queues {
-        for q in to_create {
-            transport.create_queue(q).await.map_err(preparing(
-                q,
+        at_once(to_create.to_vec(), async |q| {
+            transport.create_queue(&q).await.map_err(preparing(
+                &q,
                 "create its table",
                 "create the queues with a privileged account, then set host.create_queues = false",
-            ))?;
-        }
+            ))
+        })
+        .await?;
     }
     prepare_ordering(config, transport).await?;
     prepare_subscriptions(config, transport).await?;

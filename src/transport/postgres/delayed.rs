@@ -126,7 +126,9 @@ impl DelayedDelivery for PostgresTransport {
             let (_, rows) = self
                 .inner
                 .answered("a sweep of delayed tables", client, async |c| {
-                    c.query(sql.as_str(), &[]).await
+                    // Prepared once per connection: the same tables every sweep.
+                    let stmt = c.prepare_cached(&sql).await?;
+                    c.query(&stmt, &[]).await
                 })
                 .await?;
             let rows = rows.map_err(|e| map_error(e, None))?;

@@ -156,10 +156,7 @@ async fn columns_of(
     client: &tokio_postgres::Client,
     tables: &[(String, String)],
 ) -> Result<std::collections::HashMap<(String, String), Columns>, tokio_postgres::Error> {
-    let (schemas, names): (Vec<&str>, Vec<&str>) = tables
-        .iter()
-        .map(|(schema, table)| (schema.as_str(), table.as_str()))
-        .unzip();
+    let (schemas, names) = schemas_and_names(tables);
     let rows = client
         .query(
             // The catalogs, not information_schema.columns: joined with a thousand names,
@@ -182,6 +179,14 @@ async fn columns_of(
             .push((row.get(2), row.get(3)));
     }
     Ok(columns)
+}
+
+/// (schema, table) pairs as the two arrays the catalog reads unnest.
+fn schemas_and_names(tables: &[(String, String)]) -> (Vec<&str>, Vec<&str>) {
+    tables
+        .iter()
+        .map(|(schema, table)| (schema.as_str(), table.as_str()))
+        .unzip()
 }
 
 /// Checks the columns `found` of `queue`'s table against [`LAYOUT`] (None: no such table).
@@ -219,10 +224,7 @@ async fn indexed_on_seq(
     client: &tokio_postgres::Client,
     tables: &[(String, String)],
 ) -> Result<std::collections::HashSet<(String, String)>, tokio_postgres::Error> {
-    let (schemas, names): (Vec<&str>, Vec<&str>) = tables
-        .iter()
-        .map(|(schema, table)| (schema.as_str(), table.as_str()))
-        .unzip();
+    let (schemas, names) = schemas_and_names(tables);
     let rows = client
         .query(
             "SELECT DISTINCT n.nspname::text, c.relname::text \

@@ -10,7 +10,7 @@
 //! peek (one statement) rather than a receive (a transaction) once the queue has been found
 //! empty. A queue whose every arrival the transport tells of (a PostgreSQL table with the
 //! insert trigger while the host listens) peeks once per
-//! [`crate::queue::NOTIFIED_PEEK_INTERVAL`] instead, as a safety net.
+//! `queue::arrivals::NOTIFIED_PEEK_INTERVAL` instead, as a safety net.
 
 pub mod adaptive;
 mod batch;

@@ -43,6 +43,36 @@ pub(crate) fn order_rows() -> String {
         .join(", ")
 }
 
+/// Creates the registry's schema and table when missing, and adds the `backend` column to a
+/// table an earlier version made.
+fn registry_create(schema: &str, table: &str) -> String {
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {table} (
+    process_id uuid PRIMARY KEY,
+    host_name text NOT NULL,
+    instance_id text NOT NULL,
+    version text NOT NULL,
+    admin_address text NULL,
+    summary text NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    last_seen timestamptz NOT NULL DEFAULT now(),
+    backend integer NULL
+);
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+    WHERE attrelid = to_regclass('{table_text}') AND attname = 'backend'
+        AND NOT attisdropped) THEN
+    ALTER TABLE {table} ADD COLUMN backend integer NULL;
+    END IF;
+END $$;",
+        schema = quote_ident(schema),
+        // An earlier version's table has no `backend`; adding it only when missing keeps a
+        // table owned by another role usable (ALTER needs ownership even with IF NOT EXISTS).
+        table_text = table.replace('\'', "''"),
+    )
+}
+
 /// The registry's statements in `schema` (unquoted).
 pub fn registry_statements(schema: &str) -> RegistryStatements {
     let table = format!("{}.{}", quote_ident(schema), quote_ident(INSTANCES_TABLE));
@@ -57,31 +87,7 @@ pub fn registry_statements(schema: &str) -> RegistryStatements {
     let readable = "isfinite(last_seen) AND isfinite(started_at) \
 AND last_seen <= now() + interval '1 day'";
     RegistryStatements {
-        create: format!(
-            "CREATE SCHEMA IF NOT EXISTS {schema};
-CREATE TABLE IF NOT EXISTS {table} (
-    process_id uuid PRIMARY KEY,
-    host_name text NOT NULL,
-    instance_id text NOT NULL,
-    version text NOT NULL,
-    admin_address text NULL,
-    summary text NOT NULL,
-    started_at timestamptz NOT NULL DEFAULT now(),
-    last_seen timestamptz NOT NULL DEFAULT now(),
-    backend integer NULL
-);
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute
-        WHERE attrelid = to_regclass('{table_text}') AND attname = 'backend'
-            AND NOT attisdropped) THEN
-        ALTER TABLE {table} ADD COLUMN backend integer NULL;
-    END IF;
-END $$;",
-            schema = quote_ident(schema),
-            // An earlier version's table has no `backend`; adding it only when missing keeps a
-            // table owned by another role usable (ALTER needs ownership even with IF NOT EXISTS).
-            table_text = table.replace('\'', "''"),
-        ),
+        create: registry_create(schema, &table),
         heartbeat: format!(
             "WITH beat AS (
     INSERT INTO {table}

@@ -146,6 +146,10 @@ enum Command {
         /// any instance still seen is throttling.
         #[arg(long)]
         fleet: bool,
+        /// Every queue. Without it a host with more than 20 queues shows 20, the busy ones
+        /// first (in flight, then depth, then an open breaker), and counts the rest.
+        #[arg(long)]
+        all: bool,
     },
     /// Run a load-test scenario: writes timeline.csv, timeline.svg and summary.json and
     /// prints a summary. Exit code 0 when the expected states appeared and cleared and no
@@ -440,7 +444,12 @@ fn main() -> ExitCode {
                 cli::queues::queues(&config, action).await
             }
             Command::Send { config, message } => cli::send::send(&config, message.into()).await,
-            Command::Status { url, json, fleet } => cli::status::status(&url, json, fleet).await,
+            Command::Status {
+                url,
+                json,
+                fleet,
+                all,
+            } => cli::status::status(&url, json, fleet, all).await,
             Command::Load {
                 file,
                 duration_scale,

@@ -71,8 +71,8 @@ async fn fetch(url: &str, path: &str, what: &str) -> Result<(Value, String), Exi
     }
 }
 
-/// Fetches and prints the status (`fleet`: every instance's).
-pub async fn status(url: &str, raw: bool, fleet: bool) -> ExitCode {
+/// Fetches and prints the status (`fleet`: every instance's; `all`: every queue).
+pub async fn status(url: &str, raw: bool, fleet: bool, all: bool) -> ExitCode {
     if fleet {
         return fleet_status(url, raw).await;
     }
@@ -83,7 +83,7 @@ pub async fn status(url: &str, raw: bool, fleet: bool) -> ExitCode {
     if raw {
         println!("{text}");
     } else {
-        print!("{}", render(&status));
+        print!("{}", render(&status, all));
     }
     if let Some(why) = impaired(&status) {
         eprintln!("receiving impaired: {why}");
@@ -216,7 +216,31 @@ fn impaired(s: &Value) -> Option<String> {
     (!failing.is_empty()).then(|| format!("receives are failing for {}", failing.join(", ")))
 }
 
-fn render(s: &Value) -> String {
+/// Queue rows `status` shows without `--all`.
+const QUEUE_ROWS: usize = 20;
+
+/// The queues to show, and how many are left out: all of them in the host's order up to
+/// [`QUEUE_ROWS`] (or with `all`); past that, the busiest first (in flight, depth, a breaker
+/// not closed), and only [`QUEUE_ROWS`] of them without `all`.
+fn queue_rows(s: &Value, all: bool) -> (Vec<&Value>, usize) {
+    let mut queues: Vec<&Value> = s["queues"].as_array().into_iter().flatten().collect();
+    if queues.len() <= QUEUE_ROWS {
+        return (queues, 0);
+    }
+    let number = |q: &Value, field: &str| q[field].as_u64().unwrap_or(0);
+    queues.sort_by_key(|q| {
+        (
+            std::cmp::Reverse(number(q, "in_flight")),
+            std::cmp::Reverse(number(q, "depth")),
+            q["circuit_breaker"].as_str() == Some("closed"),
+        )
+    });
+    let left_out = if all { 0 } else { queues.len() - QUEUE_ROWS };
+    queues.truncate(queues.len() - left_out);
+    (queues, left_out)
+}
+
+fn render(s: &Value, all: bool) -> String {
     let mut out = String::new();
     out.push_str(&format!(
         "host {} ({})  transport {}  up {:.0}s  in process {}\n",
@@ -287,7 +311,8 @@ fn render(s: &Value) -> String {
         "{:<28} {:<9} {:>5} {:>6} {:>10} {:>8} {:>6}  breaker\n",
         "queue", "model", "max", "limit", "in-flight", "depth", "loops"
     ));
-    for q in s["queues"].as_array().into_iter().flatten() {
+    let (shown, left_out) = queue_rows(s, all);
+    for q in shown {
         out.push_str(&format!(
             "{:<28} {:<9} {:>5} {:>6} {:>10} {:>8} {:>6}  {}\n",
             q["name"].as_str().unwrap_or("?"),
@@ -298,6 +323,11 @@ fn render(s: &Value) -> String {
             q["depth"].as_u64().unwrap_or(0),
             q["loops"].as_u64().unwrap_or(0),
             q["circuit_breaker"].as_str().unwrap_or("?"),
+        ));
+    }
+    if left_out > 0 {
+        out.push_str(&format!(
+            "... and {left_out} more queues, none busier than those above (--all shows every one)\n"
         ));
     }
     for q in s["queues"].as_array().into_iter().flatten() {
@@ -341,6 +371,50 @@ mod tests {
         assert!(text.contains("sales\\u{1b}[2J/n1\\u{7}"), "{text}");
     }
 
+    /// Past 20 queues, the busy ones come first and the rest are counted, not listed; with
+    /// `--all` every queue is; up to 20 keep the host's order.
+    #[test]
+    fn many_queues_show_the_busy_ones_first_and_count_the_rest() {
+        let queue = |i: usize, in_flight: u64, depth: u64| {
+            serde_json::json!({
+                "name": format!("q{i:02}"), "in_flight": in_flight, "depth": depth,
+                "circuit_breaker": if i == 7 { "open" } else { "closed" }
+            })
+        };
+        let mut queues: Vec<Value> = (0..25).map(|i| queue(i, 0, 0)).collect();
+        queues[24] = queue(24, 3, 10);
+        queues[23] = queue(23, 0, 50);
+        let status = serde_json::json!({ "queues": queues });
+        let text = render(&status, false);
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with('q') && !l.starts_with("queue"))
+            .collect();
+        assert_eq!(rows.len(), 20, "{text}");
+        assert!(
+            rows[0].starts_with("q24") && rows[1].starts_with("q23"),
+            "{text}"
+        );
+        assert!(rows[2].starts_with("q07"), "an open breaker next: {text}");
+        assert!(text.contains("... and 5 more queues"), "{text}");
+        let every = render(&status, true);
+        assert_eq!(
+            every
+                .lines()
+                .filter(|l| l.starts_with('q') && !l.starts_with("queue"))
+                .count(),
+            25
+        );
+        assert!(!every.contains("more queues"), "{every}");
+        let few = serde_json::json!({ "queues": [queue(0, 0, 0), queue(1, 5, 5)] });
+        let text = render(&few, false);
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with('q') && !l.starts_with("queue"))
+            .collect();
+        assert!(rows[0].starts_with("q00"), "the host's order: {text}");
+    }
+
     /// A delayed table nobody moves, or whose moves fail here, gets a line of its own; a
     /// moved one none.
     #[test]
@@ -352,7 +426,7 @@ mod tests {
                 { "name": "audit", "delayed_moves": "failing" }
             ]
         });
-        let text = render(&status);
+        let text = render(&status, false);
         assert!(!text.contains("delayed messages of orders"), "{text}");
         assert!(
             text.contains(

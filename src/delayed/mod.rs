@@ -302,16 +302,26 @@ async fn wait_for_turn(
 /// A move's numbers into the queue's gauges and counters, and what waits for the lead's
 /// decision.
 fn record_moved(of: &MoverOf, moved: &Moved) {
-    let metrics = &of.metrics;
-    metrics.delayed_moved.increment(moved.moved);
-    metrics.delayed_messages.set(moved.waiting as f64);
-    of.waiting.store(moved.waiting, Ordering::Relaxed);
-    metrics
-        .delayed_next_due
-        .set(moved.next_due_in.map_or(0.0, |d| d.as_secs_f64()));
+    of.metrics.delayed_moved.increment(moved.moved);
+    record_table(&of.waiting, &of.metrics, moved.waiting, moved.next_due_in);
     if moved.moved > 0 {
         tracing::debug!(queue = %of.queue, moved = moved.moved, "due delayed messages moved into the queue");
     }
+}
+
+/// What a read of a delayed table found (a move's, or a sweep's): its count for the database
+/// size, and the queue's gauges.
+fn record_table(
+    waiting: &AtomicU64,
+    metrics: &QueueMetrics,
+    count: u64,
+    next_due_in: Option<Duration>,
+) {
+    waiting.store(count, Ordering::Relaxed);
+    metrics.delayed_messages.set(count as f64);
+    metrics
+        .delayed_next_due
+        .set(next_due_in.map_or(0.0, |d| d.as_secs_f64()));
 }
 
 #[cfg(test)]

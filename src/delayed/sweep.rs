@@ -42,11 +42,12 @@ impl SweptTable {
     /// What a sweep read of the table: the gauges, and the mover woken when something is due
     /// before the next sweep.
     fn found(&self, reading: DelayedReading) {
-        self.waiting.store(reading.waiting, Ordering::Relaxed);
-        self.metrics.delayed_messages.set(reading.waiting as f64);
-        self.metrics
-            .delayed_next_due
-            .set(reading.next_due_in.map_or(0.0, |d| d.as_secs_f64()));
+        super::record_table(
+            &self.waiting,
+            &self.metrics,
+            reading.waiting,
+            reading.next_due_in,
+        );
         if let Some(due) = reading.next_due_in.filter(|due| *due <= SWEEP_INTERVAL) {
             self.wake.due_in(due);
         }

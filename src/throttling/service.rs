@@ -280,12 +280,22 @@ fn queued_with_room(queues: &[QueueReading]) -> u64 {
         .sum()
 }
 
+/// Messages in process in the queues at their limit (see `Readings::in_process_at_limit`).
+fn in_process_at_limit(queues: &[QueueReading]) -> u64 {
+    queues
+        .iter()
+        .filter(|q| q.load.in_flight >= q.limit)
+        .map(|q| u64::from(q.load.in_flight))
+        .sum()
+}
+
 /// Sense, decide (the policy), apply.
 fn tick(parts: &mut ServiceParts, config: &ThrottlingConfig, st: &mut LoopState) -> Arc<Snapshot> {
     let now = parts.clock.now();
     let queues = parts.probe.queues();
     let sensed = Readings {
         queued: queued_with_room(&queues),
+        in_process_at_limit: in_process_at_limit(&queues),
         ..sense(parts, config, st, now)
     };
     let loads: Vec<QueueLoad> = queues.iter().map(|q| q.load.clone()).collect();
@@ -455,7 +465,7 @@ mod tests {
     }
 
     #[test]
-    fn only_queues_with_room_count_as_held_back() {
+    fn queues_with_room_and_queues_at_their_limit_are_told_apart() {
         let queue = |name: &str, in_flight, limit, depth| QueueReading {
             load: QueueLoad {
                 in_flight,
@@ -470,6 +480,12 @@ mod tests {
         let idle = queue("invoices", 0, 64, 0);
         let room = queue("shipping", 10, 64, 300);
         assert_eq!(queued_with_room(&[full.clone(), idle.clone()]), 0);
+        assert_eq!(
+            in_process_at_limit(&[full.clone(), idle.clone(), room.clone()]),
+            21
+        );
+        let cut = queue("billing", 30, 20, 0);
+        assert_eq!(in_process_at_limit(&[cut, room.clone()]), 30, "a cut limit");
         assert_eq!(queued_with_room(&[full, idle, room]), 300);
     }
 }

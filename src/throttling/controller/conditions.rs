@@ -46,8 +46,9 @@ impl Controller {
         dir_config: &crate::config::DirectionConfig,
     ) -> Vec<ConditionStatus> {
         let rates = readings.rates(direction);
+        let evidence = direction == Direction::Publishing || receives_wait_for_handlers(readings);
         let (rate_active, rate_judged, rate_limit) =
-            self.rate_imbalance(direction, now, &rates, dir_config);
+            self.rate_imbalance(direction, now, &rates, dir_config, evidence);
         let mut conditions = Vec::new();
         for condition in Condition::ALL {
             let Some(state) = condition.state_code(direction) else {
@@ -110,24 +111,29 @@ impl Controller {
     }
 
     /// The rate imbalance of `direction`: whether it is active, whether it is judged at all,
-    /// and its line (outgoing x overdrive).
+    /// and its line (outgoing x overdrive). It may engage only with `evidence` that the
+    /// incoming side outruns the outgoing one (see [`receives_wait_for_handlers`]).
     fn rate_imbalance(
         &mut self,
         direction: Direction,
         now: Duration,
         rates: &RateReading,
         dir_config: &crate::config::DirectionConfig,
+        evidence: bool,
     ) -> (bool, bool, f64) {
         let idx = direction.index();
         let outgoing = self.outgoing_judged(direction, now, rates, dir_config);
         let rate_limit = outgoing.map_or(0.0, |(rate, _)| {
             rate * dir_config.overdrive_percent as f64 / 100.0
         });
-        // Judged only with enough samples, an outgoing rate to judge against, and outside the
-        // quiet window after another cause; otherwise it reads as off (threshold 0), not as a
-        // value over a line nobody is watching.
-        let rate_judged = now >= self.directions[idx].rate_quiet_until && outgoing.is_some();
-        let may_engage = outgoing.is_some_and(|(_, confirmed)| confirmed);
+        // Judged only with enough samples, an outgoing rate to judge against, outside the
+        // quiet window after another cause, and with evidence (or engaged: a pace holding
+        // receives under the limits takes the evidence away, not the cause); otherwise it
+        // reads as off (threshold 0), not as a value over a line nobody is watching.
+        let st = &self.directions[idx];
+        let rate_judged =
+            now >= st.rate_quiet_until && outgoing.is_some() && (evidence || st.rate.active);
+        let may_engage = evidence && outgoing.is_some_and(|(_, confirmed)| confirmed);
         let resume_after = self.config.resume_after;
         let rate = &mut self.directions[idx].rate;
         let rate_active = if rate_judged {
@@ -143,6 +149,21 @@ impl Controller {
         };
         (rate_active, rate_judged, rate_limit)
     }
+}
+
+/// Whether delivery's receives wait for its handlers: most of what is in process sits in
+/// queues at their limit.
+///
+/// Over a window, receives minus completions is how much the count in process grew, so a
+/// receive rate over overdrive x completions is the count in process growing. With room below
+/// the limits that growth is the handlers' pipeline filling: at a steady load the count
+/// settles at the receive rate x the handlers' latency (Little's law), and handlers of 200 ms
+/// to 2 s read as an imbalance for up to 5 latencies after every start. Only a queue whose
+/// receives the limit holds back is taking work faster than its handlers finish it: a
+/// backlog at start received all at once, or more arriving than the limit / the latency.
+fn receives_wait_for_handlers(readings: &Readings) -> bool {
+    let at_limit = readings.in_process_at_limit;
+    at_limit > 0 && at_limit.saturating_mul(2) >= readings.in_process
 }
 
 /// The conditions measured against a resource threshold (all but rate imbalance, the

@@ -85,6 +85,11 @@ pub struct Readings {
     /// Messages waiting in this host's receiving queues that have room below their limits
     /// (their last known depths): the backlog a delivery pace can be holding back.
     pub queued: u64,
+    /// Messages in process in queues whose receives are at their limit (the gate full): the
+    /// receives those queues make wait for handlers to finish, not for messages to arrive.
+    /// Delivery's rate imbalance is judged only when most of what is in process is there (see
+    /// `Controller::rate_imbalance`).
+    pub in_process_at_limit: u64,
     /// How fast the stored backlog drains (messages/s over the last seconds), when known:
     /// what publishing is paced against under publishing pressure.
     pub database_drain_per_sec: Option<f64>,

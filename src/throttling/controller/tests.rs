@@ -60,6 +60,16 @@ fn quiet() -> Readings {
     }
 }
 
+/// [`quiet`], with the one queue's receives at its limit: evidence that receives wait for
+/// handlers, which delivery's rate imbalance needs.
+fn at_limit() -> Readings {
+    Readings {
+        in_process: 64,
+        in_process_at_limit: 64,
+        ..quiet()
+    }
+}
+
 fn imbalanced(incoming: f64, outgoing: f64, samples: u64) -> RateReading {
     RateReading {
         incoming_per_sec: incoming,
@@ -154,7 +164,7 @@ fn every_state_code_of_both_directions() {
             "delivery rate",
             Readings {
                 delivery: imbalanced(200.0, 100.0, 3000),
-                ..quiet()
+                ..at_limit()
             },
             (1, 0),
         ),
@@ -190,6 +200,7 @@ fn the_highest_ranked_active_condition_decides_and_all_stay_visible() {
         database_sessions: 100,
         database_sessions_mean: Some(100.0),
         queued: 100_000,
+        in_process_at_limit: 5000,
         delivery: imbalanced(500.0, 10.0, 5000),
         publishing: imbalanced(500.0, 10.0, 5000),
         database_drain_per_sec: None,
@@ -497,12 +508,12 @@ fn rate_throttling_needs_the_minimum_samples() {
     let mut c = controller();
     let few = Readings {
         delivery: imbalanced(1000.0, 10.0, 99),
-        ..quiet()
+        ..at_limit()
     };
     assert_eq!(c.tick(secs(0.0), &few, &queues()).delivery.state, 0);
     let enough = Readings {
         delivery: imbalanced(1000.0, 10.0, 100),
-        ..quiet()
+        ..at_limit()
     };
     assert_eq!(c.tick(secs(0.5), &enough, &queues()).delivery.state, 1);
 }
@@ -562,6 +573,42 @@ fn rate_imbalance_paces_at_outgoing_times_overdrive_and_relaxes_gradually() {
     assert_eq!(rates, vec![90.0], "60 waiting, then 30 pass within 0.5 s");
 }
 
+/// Receives over overdrive x completions with room below every limit are the handlers'
+/// pipeline filling: not judged, so they read as off. With most of what is in process at its
+/// queue's limit they engage, and a pace that then holds receives under the limits keeps the
+/// state until the rates balance.
+#[test]
+fn delivery_rate_imbalance_needs_receives_held_by_a_limit() {
+    let mut c = controller();
+    let rate = |d: &Decision| {
+        *d.delivery
+            .conditions
+            .iter()
+            .find(|s| s.condition == Condition::RateImbalance)
+            .unwrap()
+    };
+    let filling = Readings {
+        delivery: imbalanced(40.0, 10.0, 200),
+        in_process: 40,
+        in_process_at_limit: 1,
+        ..quiet()
+    };
+    for t in [0.0, 0.5, 1.0] {
+        let d = c.tick(secs(t), &filling, &queues());
+        assert_eq!(d.delivery.state, 0);
+        assert_eq!(rate(&d).threshold, 0.0, "not judged: reads as off");
+    }
+    let held = Readings {
+        in_process_at_limit: 40,
+        ..filling
+    };
+    let d = c.tick(secs(1.5), &held, &queues());
+    assert_eq!(d.delivery.state, 1);
+    assert_eq!(rate(&d).threshold, 12.5, "10 x 1.25");
+    let paced = c.tick(secs(2.0), &filling, &queues());
+    assert_eq!(paced.delivery.state, 1, "still over its line");
+}
+
 /// After a delivery rate episode, the messages that queued up while the pace held receives
 /// back are let in by the relaxing pace before it ends: receivers wait in the admission only
 /// for messages they were started for, so counted from the admission alone the pace ended
@@ -572,7 +619,7 @@ fn a_relaxing_delivery_pace_lasts_until_what_it_held_back_would_pass_within_a_sa
     let engaged = Readings {
         delivery: imbalanced(300.0, 80.0, 4500),
         queued: 10,
-        ..quiet()
+        ..at_limit()
     };
     let d = c.tick(secs(0.0), &engaged, &queues());
     assert_eq!(d.delivery.state, 1);
@@ -790,7 +837,7 @@ fn before_anything_completes_delivery_engages_after_a_sample_unpaced_and_publish
     let r = Readings {
         delivery: imbalanced(50.0, 0.0, 500),
         publishing: imbalanced(50.0, 0.0, 500),
-        ..quiet()
+        ..at_limit()
     };
     let d = c.tick(secs(0.0), &r, &queues());
     assert_eq!(
@@ -1110,6 +1157,7 @@ fn arb_readings() -> impl Strategy<Value = Readings> {
             database_sessions: se,
             database_sessions_mean: Some(se as f64),
             queued: db,
+            in_process_at_limit: ip,
             delivery: imbalanced(d.0, d.1, d.2),
             publishing: imbalanced(p.0, p.1, p.2),
             database_drain_per_sec: None,

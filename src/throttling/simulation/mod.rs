@@ -128,9 +128,10 @@ fn rate_config() -> ThrottlingConfig {
     cfg
 }
 
-/// Delivery rate (state 1): handlers turn slow (10 ms to 3 s) under 150 messages a second, so
-/// receives outrun completions. Receives are paced at the completions' rate x overdrive, and
-/// when the state clears the backlog is let in at that pace, not in one sample.
+/// Delivery rate (state 1): handlers turn slow (10 ms to 3 s) under 150 messages a second
+/// with a limit of 300 (capacity 100 a second), so receives outrun completions until the limit
+/// holds them. Receives are paced at the completions' rate x overdrive, and when the state
+/// clears the backlog is let in at that pace, not in one sample.
 fn delivery_rate_phases() -> [Phase; 3] {
     [
         Phase::new(5.0, 100.0).latency(0.01),
@@ -143,7 +144,7 @@ fn delivery_rate_phases() -> [Phase; 3] {
 
 #[test]
 fn a_delivery_rate_burst_is_paced_once_without_a_release_burst() {
-    let outcome = simulate(rate_config(), 500, &delivery_rate_phases());
+    let outcome = simulate(rate_config(), 300, &delivery_rate_phases());
     let episodes = outcome.episodes_in(Direction::Delivery, 0.9);
     plant::assert_controlled(&episodes, 1.15);
     assert_eq!(episodes.len(), 1, "{episodes:?}");
@@ -187,6 +188,33 @@ fn a_publishing_rate_burst_against_a_slow_store_is_paced_once() {
         "handled {handled} of {stored} stored"
     );
     assert_eq!(outcome.left_unsent, 0, "every send stored in the end");
+}
+
+/// A steady load well within capacity starts no episode: handlers of 200 ms, 1 s and 2 s
+/// under 150, 40 and 25 messages a second with a limit of 64 (capacity 320, 64 and 32 a
+/// second). For the first latencies receives outrun completions while the handlers' pipeline
+/// fills (by the window's rates, for up to 5 latencies), but the limit never holds receives
+/// back, so nothing is throttled, neither at start nor after an idle spell.
+#[test]
+fn a_steady_load_within_capacity_starts_no_episode() {
+    for (latency, rate) in [(0.2, 150.0), (1.0, 40.0), (2.0, 25.0)] {
+        let load = || Phase::new(20.0, rate).latency(latency);
+        let outcome = simulate(rate_config(), 64, &[load(), Phase::new(10.0, 0.0), load()]);
+        let throttled: Vec<_> = outcome
+            .ticks
+            .iter()
+            .filter(|t| t.states != [0, 0])
+            .map(|t| (t.t, t.states))
+            .collect();
+        assert!(throttled.is_empty(), "{latency} s handlers: {throttled:?}");
+        assert!(outcome.episodes(0.9).is_empty());
+        let offered = rate * 40.0;
+        let done: f64 = outcome.completed.iter().sum();
+        assert!(
+            done >= offered - rate * latency - 1.0,
+            "{done} of {offered}"
+        );
+    }
 }
 
 /// A backlog waiting at start and 3 s handlers: 500 receives in the first sample and nothing

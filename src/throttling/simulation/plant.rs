@@ -438,6 +438,11 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
                 } else {
                     0
                 },
+                in_process_at_limit: if (w.running.len() as u32) >= limit {
+                    w.running.len() as u64
+                } else {
+                    0
+                },
                 ..Readings::default()
             };
             readings.delivery = windows[0].record(

@@ -593,9 +593,11 @@ fn batch_drain_on_postgres() {
     let s = pg_scenario("drain-postgres-batch", 1.0);
     assert_eq!(s["messages_processed"], 20000);
     assert_eq!(s["messages_duplicated"], 0);
+    // The test's debug build peaks at 39.5-42 MiB (release: 21 MiB), the load tool's ledger
+    // of 20 000 messages included; holding the backlog's payloads would add far more.
     let rss = s["peak_rss_bytes"].as_u64().unwrap();
     assert!(
-        rss <= 40 << 20,
+        rss <= 48 << 20,
         "peak RSS {rss} bytes while draining in batches"
     );
 }

@@ -325,6 +325,29 @@ fn in_process_pinned_just_above_its_threshold_is_one_episode() {
     assert_eq!(outcome.episodes_in(Direction::Delivery, 0.9).len(), 1);
 }
 
+/// The memory ceiling holds from an honest line: under a steady 80 a second into 1 s handlers
+/// (80 in process, a limit of 200) whose memory takes the process to 50 %, 70 % and 90 % of
+/// its threshold, nothing would pass it, so nothing is held: no state 4, no cut limit. The
+/// ceiling's headroom is the cost of the receives it lets start, not a share of the line.
+#[test]
+fn memory_under_its_threshold_at_full_load_is_not_pressure() {
+    for share in [0.5, 0.7, 0.9] {
+        // 16 MiB base + 80 messages to `share` of 64 MiB.
+        let per_message = (share * 64.0 - 16.0) / 80.0;
+        let phase = Phase::new(30.0, 80.0).latency(1.0).memory(per_message * MIB);
+        let outcome = simulate(config(0.25), 200, &[phase]);
+        let shown: Vec<_> = outcome
+            .ticks
+            .iter()
+            .filter(|t| t.states != [0, 0])
+            .map(|t| (t.t, t.states))
+            .collect();
+        assert!(shown.is_empty(), "at {share} of the threshold: {shown:?}");
+        let done: f64 = outcome.completed.iter().sum();
+        assert!(done >= 80.0 * 29.0, "{done} done at {share}");
+    }
+}
+
 /// System memory (state 5) rises with memory-hungry handlers as process memory does, read
 /// from the machine: held within 15 % of its threshold in both directions, and released.
 #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 /// One queue's depth. Shared (`Arc`) by the publisher (arrivals), the dispatcher
 /// (departures), the receivers and the throttling probe (reads).
 #[derive(Debug)]
-pub struct DepthCell {
+pub(crate) struct DepthCell {
     origin: Instant,
     read: AtomicU64,
     at_ms: AtomicU64,
@@ -32,16 +32,16 @@ impl Default for DepthCell {
 
 /// Where a read began, so changes during the read are neither lost nor counted twice.
 #[derive(Debug, Clone, Copy)]
-pub struct ReadStart(i64);
+pub(crate) struct ReadStart(i64);
 
 impl DepthCell {
     /// Call before issuing a count statement; pass the result to [`DepthCell::set_read`].
-    pub fn read_started(&self) -> ReadStart {
+    pub(crate) fn read_started(&self) -> ReadStart {
         ReadStart(self.changes.load(Ordering::Acquire))
     }
 
     /// Records a count whose statement began at `start`: changes since then stay on top.
-    pub fn set_read(&self, depth: u64, start: ReadStart) {
+    pub(crate) fn set_read(&self, depth: u64, start: ReadStart) {
         self.read.store(depth, Ordering::Release);
         self.changes.fetch_sub(start.0, Ordering::AcqRel);
         self.at_ms
@@ -50,34 +50,34 @@ impl DepthCell {
 
     /// Records that a read was tried and failed: the value stays, the age starts again, so a
     /// queue that cannot be read (an error queue not created yet) is not read every tick.
-    pub fn read_failed(&self) {
+    pub(crate) fn read_failed(&self) {
         self.at_ms
             .store(self.origin.elapsed().as_millis() as u64, Ordering::Release);
     }
 
     /// Records a depth known right now (an empty receive: 0).
-    pub fn set(&self, depth: u64) {
+    pub(crate) fn set(&self, depth: u64) {
         self.set_read(depth, self.read_started());
     }
 
     /// This host stored a message into the queue.
-    pub fn arrived(&self) {
+    pub(crate) fn arrived(&self) {
         self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
     /// A message left the queue for good (handled, moved to the error queue, expired).
-    pub fn departed(&self) {
+    pub(crate) fn departed(&self) {
         self.changes.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// The depth now: the last read plus the changes since (never below 0).
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         let read = self.read.load(Ordering::Acquire) as i64;
         (read + self.changes.load(Ordering::Acquire)).max(0) as u64
     }
 
     /// How old the last read is; None if never read.
-    pub fn age(&self) -> Option<Duration> {
+    pub(crate) fn age(&self) -> Option<Duration> {
         match self.at_ms.load(Ordering::Acquire) {
             u64::MAX => None,
             at => Some(

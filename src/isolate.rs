@@ -11,7 +11,7 @@ use tokio::runtime::Handle;
 /// timing while the host's worker threads are saturated. Inside a single-threaded runtime
 /// (tests under paused time) it runs on the current runtime instead, so the test's clock
 /// drives it. The returned task ends when the future does.
-pub fn spawn_isolated<F>(name: &str, future: F) -> tokio::task::JoinHandle<()>
+pub(crate) fn spawn_isolated<F>(name: &str, future: F) -> tokio::task::JoinHandle<()>
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -43,7 +43,7 @@ where
 /// Runs `future` on the host's runtime and waits for it from wherever the caller runs (the
 /// admin thread). Transport calls go through here: a connection a pool opens is driven by the
 /// runtime that opened it, and that must be the host's, which outlives the admin thread.
-pub async fn on_host<T, F>(host: &Handle, future: F) -> Option<T>
+pub(crate) async fn on_host<T, F>(host: &Handle, future: F) -> Option<T>
 where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,

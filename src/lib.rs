@@ -56,6 +56,7 @@
 //! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 /// The version of this build (`--version`, the `build_info` and `host_info` metrics).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -20,7 +20,7 @@ mod catalogue;
 mod handles;
 
 pub use catalogue::{Kind, METRICS, MetricDef, PREFIX};
-pub use handles::{DirectionMetrics, HostMetrics, QueueMetrics};
+pub(crate) use handles::{DirectionMetrics, HostMetrics, QueueMetrics};
 
 const HANDLER_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

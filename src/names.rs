@@ -6,14 +6,14 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Longest queue name accepted anywhere (SQL Server's `sysname` is 128 characters).
-pub const MAX_QUEUE_NAME_CHARS: usize = 128;
+pub(crate) const MAX_QUEUE_NAME_CHARS: usize = 128;
 
 /// Longest PostgreSQL queue (table) name in bytes: NServiceBus's limit, 63 bytes minus room
 /// for the `_Seq_seq` sequence suffix.
-pub const MAX_POSTGRES_TABLE_NAME_BYTES: usize = 55;
+pub(crate) const MAX_POSTGRES_TABLE_NAME_BYTES: usize = 55;
 
 /// Checks a queue name against the PostgreSQL transport's length limit.
-pub fn validate_postgres_table_name(name: &str) -> Result<(), String> {
+pub(crate) fn validate_postgres_table_name(name: &str) -> Result<(), String> {
     if name.len() > MAX_POSTGRES_TABLE_NAME_BYTES {
         return Err(format!(
             "queue name `{name}` is {} bytes, longer than {MAX_POSTGRES_TABLE_NAME_BYTES}, the PostgreSQL transport's limit",
@@ -24,12 +24,12 @@ pub fn validate_postgres_table_name(name: &str) -> Result<(), String> {
 }
 
 /// The longest topic the subscription table holds (`Topic NVARCHAR(200)` / `VARCHAR(200)`).
-pub const MAX_TOPIC_CHARS: usize = 200;
+pub(crate) const MAX_TOPIC_CHARS: usize = 200;
 
 /// Checks an event topic: a type's full name as NServiceBus writes it into the subscription
 /// table (`Sales.Messages.OrderAccepted`), without the assembly part an
 /// `EnclosedMessageTypes` entry carries after a comma.
-pub fn validate_topic(topic: &str) -> Result<(), String> {
+pub(crate) fn validate_topic(topic: &str) -> Result<(), String> {
     if topic.trim().is_empty() {
         return Err("a topic must not be empty".into());
     }
@@ -53,7 +53,7 @@ pub fn validate_topic(topic: &str) -> Result<(), String> {
 /// The entries of an event's types as `NServiceBus.EnclosedMessageTypes` holds them
 /// (`;`-separated, the event's own type first), each checked: its full name (before an
 /// assembly part after `,`) must be a topic. Errors name the entry at fault.
-pub fn event_type_entries(text: &str) -> Result<Vec<String>, String> {
+pub(crate) fn event_type_entries(text: &str) -> Result<Vec<String>, String> {
     let entries: Vec<String> = text
         .split(';')
         .map(str::trim)
@@ -70,13 +70,13 @@ pub fn event_type_entries(text: &str) -> Result<Vec<String>, String> {
 }
 
 /// An event type entry's full name, its topic: what comes before the assembly part.
-pub fn topic_of(entry: &str) -> &str {
+pub(crate) fn topic_of(entry: &str) -> &str {
     entry.split(',').next().unwrap_or(entry).trim()
 }
 
 /// Checks a queue (table) name: letters, digits, `_`, `-` and `.`, not starting with `.` or
 /// `-`, at most 128 characters.
-pub fn validate_queue_name(name: &str) -> Result<(), String> {
+pub(crate) fn validate_queue_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("a queue name must not be empty".into());
     }
@@ -104,7 +104,7 @@ pub fn validate_queue_name(name: &str) -> Result<(), String> {
 }
 
 /// Checks a delayed table suffix (`<queue>.<suffix>`): 1 to 32 ASCII letters, digits and `_`.
-pub fn validate_delayed_table_suffix(suffix: &str) -> Result<(), String> {
+pub(crate) fn validate_delayed_table_suffix(suffix: &str) -> Result<(), String> {
     if suffix.is_empty()
         || suffix.len() > 32
         || !suffix
@@ -130,7 +130,7 @@ fn shown(name: &str) -> String {
 
 /// Checks a schema name: an unquoted-style identifier (letter or `_`, then letters, digits,
 /// `_`), at most 63 characters (PostgreSQL's limit).
-pub fn validate_schema_name(name: &str) -> Result<(), String> {
+pub(crate) fn validate_schema_name(name: &str) -> Result<(), String> {
     let mut chars = name.chars();
     let valid_start = chars
         .next()
@@ -330,7 +330,7 @@ impl AsRef<str> for QueueName {
 /// A short tag for `text` that every host computes the same way: FNV-1a (64 bits) in hex.
 /// Not a secure hash; it names things (lock names, notification channels) that must be
 /// short and free of the characters of the text.
-pub fn stable_tag(text: &str) -> String {
+pub(crate) fn stable_tag(text: &str) -> String {
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
     });

@@ -28,7 +28,7 @@ use crate::throttling::Throttle;
 use crate::transport::{QueueName, Received, Transport, TransportError};
 
 /// The throttled publisher.
-pub struct Publisher {
+pub(crate) struct Publisher {
     transport: Arc<dyn Transport>,
     throttle: Arc<Throttle>,
     metrics: Metrics,
@@ -61,7 +61,11 @@ struct Target {
 
 impl Publisher {
     /// A publisher writing through `transport`, throttled by `throttle`.
-    pub fn new(transport: Arc<dyn Transport>, throttle: Arc<Throttle>, metrics: Metrics) -> Self {
+    pub(crate) fn new(
+        transport: Arc<dyn Transport>,
+        throttle: Arc<Throttle>,
+        metrics: Metrics,
+    ) -> Self {
         Publisher {
             transport,
             throttle,
@@ -75,7 +79,7 @@ impl Publisher {
 
     /// Keeps the subscribers found for a topic for `ttl` (`transport.subscription_cache`;
     /// zero: read on every publish).
-    pub fn with_subscription_cache(mut self, ttl: Duration) -> Self {
+    pub(crate) fn with_subscription_cache(mut self, ttl: Duration) -> Self {
         self.subscribers = SubscriberCache::new(ttl);
         self
     }
@@ -86,7 +90,7 @@ impl Publisher {
     /// subscribers stores nothing and is counted (`events_without_subscribers_total`); a
     /// transport without a subscription table, or a table that cannot be read, is an error
     /// and nothing is stored.
-    pub async fn publish(
+    pub(crate) async fn publish(
         &self,
         types: &EventTypes,
         message: OutgoingMessage,
@@ -160,24 +164,24 @@ impl Publisher {
     /// Tells the mover of `queue`'s delayed table that this process stored a message due
     /// after `delay`, so it looks no later than then (NServiceBus shortens its back-off the
     /// same way). Nothing when no mover listens.
-    pub fn scheduled(&self, queue: &QueueName, delay: Option<Duration>) {
+    pub(crate) fn scheduled(&self, queue: &QueueName, delay: Option<Duration>) {
         if let Some(delay) = delay {
             self.schedule.due_in(queue, delay);
         }
     }
 
     /// The movers' schedule this publisher tells of delayed sends.
-    pub fn schedule(&self) -> &Arc<crate::delayed::Schedule> {
+    pub(crate) fn schedule(&self) -> &Arc<crate::delayed::Schedule> {
         &self.schedule
     }
 
     /// The transport messages are sent through.
-    pub fn transport(&self) -> &Arc<dyn Transport> {
+    pub(crate) fn transport(&self) -> &Arc<dyn Transport> {
         &self.transport
     }
 
     /// Admits and inserts one message.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         queue: &QueueName,
         message: &OutgoingMessage,
@@ -190,7 +194,7 @@ impl Publisher {
     /// [`Publisher::send`]), and stores them with as few statements as the throttle allows:
     /// in one batch when nothing had to wait, otherwise what was admitted so far each time a
     /// wait was needed, so a throttled batch is stored at the pace it is admitted.
-    pub async fn send_batch(
+    pub(crate) async fn send_batch(
         &self,
         queue: &QueueName,
         messages: &[OutgoingMessage],
@@ -223,13 +227,13 @@ impl Publisher {
     }
 
     /// Counts one request, then waits until publishing admits it; returns the wait.
-    pub async fn admit(&self) -> Duration {
+    pub(crate) async fn admit(&self) -> Duration {
         self.throttle.publishing_rates.incoming();
         self.throttle.publishing.admit().await
     }
 
     /// Inserts an admitted message on its own connection.
-    pub async fn insert(
+    pub(crate) async fn insert(
         &self,
         queue: &QueueName,
         message: &OutgoingMessage,
@@ -240,7 +244,7 @@ impl Publisher {
     }
 
     /// Inserts an admitted message inside an open receive (it appears if the receive commits).
-    pub async fn insert_within(
+    pub(crate) async fn insert_within(
         &self,
         received: &mut dyn Received,
         queue: &QueueName,
@@ -290,7 +294,7 @@ impl Publisher {
 
     /// Counts this host's sends into `depth` (a receiving queue's cell, shared with its
     /// receiver and the throttling probe).
-    pub fn track_depth(&self, queue: &QueueName, depth: Arc<DepthCell>) {
+    pub(crate) fn track_depth(&self, queue: &QueueName, depth: Arc<DepthCell>) {
         let mut targets = self.targets.write().unwrap_or_else(|e| e.into_inner());
         match targets.get_mut(queue) {
             Some(t) => t.depth = depth,
@@ -302,7 +306,7 @@ impl Publisher {
     }
 
     /// The depth of a queue published to, with this host's sends counted in.
-    pub fn depth(&self, queue: &QueueName) -> Option<Arc<DepthCell>> {
+    pub(crate) fn depth(&self, queue: &QueueName) -> Option<Arc<DepthCell>> {
         self.targets
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -311,7 +315,7 @@ impl Publisher {
     }
 
     /// Every queue this host has published to (their depths count toward database size).
-    pub fn targets(&self) -> Vec<QueueName> {
+    pub(crate) fn targets(&self) -> Vec<QueueName> {
         self.targets
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -322,7 +326,7 @@ impl Publisher {
     }
 
     /// The wait a new send would see right now (delay plus one pacing interval).
-    pub fn current_wait(&self) -> Duration {
+    pub(crate) fn current_wait(&self) -> Duration {
         self.throttle.publishing.delay() + self.throttle.publishing.pace().unwrap_or_default()
     }
 }

@@ -281,7 +281,7 @@ fn trailing_offset(body: &[u8]) -> usize {
 }
 
 /// The most messages one batch request may carry.
-pub const MAX_BATCH_MESSAGES: usize = 100_000;
+pub(super) const MAX_BATCH_MESSAGES: usize = 100_000;
 
 fn batch_messages(body: &[u8]) -> Result<Vec<OutgoingMessage>, String> {
     let mut reader = serde_json::Deserializer::from_slice(body);

@@ -61,7 +61,7 @@ type Shared = Arc<dyn AdminState>;
 /// What the admin endpoint reads from a running host and the two things it may change (the
 /// override, by storing messages). The host implements it; the endpoint knows nothing else of
 /// the host.
-pub trait AdminState: Send + Sync + 'static {
+pub(crate) trait AdminState: Send + Sync + 'static {
     /// The `/status` document.
     fn status(&self) -> HostStatus;
     /// The Prometheus text exposition.
@@ -114,7 +114,7 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// Takes a std listener so it can be served on another runtime than the one that bound it
 /// (the admin endpoint runs on its own thread; see [`crate::isolate`]).
-pub async fn serve(listener: std::net::TcpListener, host: Shared, stop: CancellationToken) {
+pub(crate) async fn serve(listener: std::net::TcpListener, host: Shared, stop: CancellationToken) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -210,7 +210,7 @@ async fn record_history(host: Shared, history: Arc<History>, stop: CancellationT
 }
 
 /// The routes, for serving or for tests; `history` is what the console draws from.
-pub fn router(host: Shared, history: Arc<History>) -> Router {
+pub(crate) fn router(host: Shared, history: Arc<History>) -> Router {
     Router::new()
         .route("/", get(console_page))
         .route("/console/console.js", get(console_script))

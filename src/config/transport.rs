@@ -118,7 +118,7 @@ impl Default for TransportConfig {
 }
 
 /// NServiceBus's default subscription table (`SubscriptionOptions.SubscriptionTableName`).
-pub const DEFAULT_SUBSCRIPTION_TABLE: &str = "SubscriptionRouting";
+pub(super) const DEFAULT_SUBSCRIPTION_TABLE: &str = "SubscriptionRouting";
 
 /// NServiceBus's default delayed table suffix (`DelayedDeliveryOptions.TableSuffix`).
 pub const DEFAULT_DELAYED_TABLE_SUFFIX: &str = "Delayed";

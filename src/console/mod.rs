@@ -20,27 +20,27 @@ use crate::states::Condition;
 use crate::status::{DirectionStatus, HostStatus};
 
 /// How often a history sample is taken.
-pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 /// How much history is kept (and drawn): ten minutes.
-pub const HISTORY: Duration = Duration::from_secs(600);
+pub(crate) const HISTORY: Duration = Duration::from_secs(600);
 /// Samples in the ring.
-pub const CAPACITY: usize = (HISTORY.as_secs() / SAMPLE_INTERVAL.as_secs()) as usize;
+pub(crate) const CAPACITY: usize = (HISTORY.as_secs() / SAMPLE_INTERVAL.as_secs()) as usize;
 
 /// The page.
-pub const PAGE_HTML: &str = include_str!("page.html");
+pub(crate) const PAGE_HTML: &str = include_str!("page.html");
 /// Its script (served from the admin address: the page runs no inline script).
-pub const SCRIPT_JS: &str = include_str!("console.js");
+pub(crate) const SCRIPT_JS: &str = include_str!("console.js");
 /// Its icon (without one, browsers ask for /favicon.ico and log the 404 as an error).
-pub const ICON_SVG: &str = include_str!("icon.svg");
+pub(crate) const ICON_SVG: &str = include_str!("icon.svg");
 /// Its style sheet.
-pub const STYLE_CSS: &str = include_str!("console.css");
+pub(crate) const STYLE_CSS: &str = include_str!("console.css");
 /// The Content-Security-Policy the console's responses carry: everything from the admin
 /// address itself, no inline script or style, no framing.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// One direction at one sample.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct DirectionPoint {
+pub(crate) struct DirectionPoint {
     /// BizTalk state code.
     pub state: u8,
     /// Delay per admission, seconds.
@@ -77,7 +77,7 @@ impl DirectionPoint {
 
 /// One sensor as a percentage of its threshold (sensors that are off are left out).
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ConditionPoint {
+pub(crate) struct ConditionPoint {
     /// Which condition the sensor feeds.
     pub condition: Condition,
     /// Value as a percentage of the threshold.
@@ -86,7 +86,7 @@ pub struct ConditionPoint {
 
 /// One receiving queue at one sample.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct QueuePoint {
+pub(crate) struct QueuePoint {
     /// Queue name.
     pub name: String,
     /// Effective concurrency limit.
@@ -103,7 +103,7 @@ pub struct QueuePoint {
 
 /// What the charts need of one status document.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Position in the ring's history, from 1; the page asks for samples after the last it has.
     pub seq: u64,
     /// Wall-clock time, milliseconds since the Unix epoch.
@@ -120,7 +120,7 @@ pub struct Sample {
 
 impl Sample {
     /// The sample of `status`, numbered `seq`, taken at `unix_ms`.
-    pub fn of(status: &HostStatus, seq: u64, unix_ms: u64) -> Self {
+    pub(crate) fn of(status: &HostStatus, seq: u64, unix_ms: u64) -> Self {
         let throttling = status.throttling.as_ref();
         Sample {
             seq,
@@ -160,7 +160,7 @@ impl Sample {
 
 /// The last [`CAPACITY`] samples, oldest first.
 #[derive(Debug)]
-pub struct History {
+pub(crate) struct History {
     ring: Mutex<(u64, VecDeque<Sample>)>,
     capacity: usize,
 }
@@ -173,7 +173,7 @@ impl Default for History {
 
 impl History {
     /// A ring of `capacity` samples (at least one).
-    pub fn with_capacity(capacity: usize) -> Self {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         History {
             ring: Mutex::new((0, VecDeque::with_capacity(capacity))),
@@ -182,7 +182,7 @@ impl History {
     }
 
     /// Records `status` as the next sample, taken now; the oldest goes when the ring is full.
-    pub fn record(&self, status: &HostStatus) {
+    pub(crate) fn record(&self, status: &HostStatus) {
         let unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -197,7 +197,7 @@ impl History {
 
     /// The samples numbered above `seq`, oldest first (all of them for 0, or when `seq` is
     /// ahead of the ring: the page saw an earlier host on this address).
-    pub fn after(&self, seq: u64) -> Vec<Sample> {
+    pub(crate) fn after(&self, seq: u64) -> Vec<Sample> {
         let guard = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         let (last, ring) = &*guard;
         let seq = if seq > *last { 0 } else { seq };
@@ -206,20 +206,20 @@ impl History {
 
     /// Samples held now.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.ring.lock().unwrap_or_else(|e| e.into_inner()).1.len()
     }
 
     /// True before the first sample.
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
 /// What `GET /console/data` answers.
 #[derive(Debug, Serialize)]
-pub struct ConsoleData {
+pub(crate) struct ConsoleData {
     /// The `/status` document of this moment.
     pub status: HostStatus,
     /// Samples after the one the page asked from.

@@ -25,20 +25,20 @@ use crate::transport::{Moved, QueueName, Transport};
 pub(crate) mod sweep;
 
 /// The first wait when nothing is due.
-pub const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// The longest wait (also the longest a message stored by another process may wait past its
 /// due time before this host moves it).
-pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Where a queue's mover is told of messages this process stored, so it wakes in time.
 #[derive(Debug, Default)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     wakes: Mutex<HashMap<QueueName, Arc<Wake>>>,
 }
 
 /// One mover's wake-up: the earliest due time told since it last looked.
 #[derive(Debug, Default)]
-pub struct Wake {
+pub(crate) struct Wake {
     notify: Notify,
     earliest: Mutex<Option<Instant>>,
     /// The count of messages in the table, which this process's stores raise between reads
@@ -58,7 +58,7 @@ impl Wake {
 
 impl Schedule {
     /// The wake-up of `queue`'s mover (made on first use).
-    pub fn wake(&self, queue: &QueueName) -> Arc<Wake> {
+    pub(crate) fn wake(&self, queue: &QueueName) -> Arc<Wake> {
         self.wakes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -70,7 +70,7 @@ impl Schedule {
     /// A message was stored in `queue`'s delayed table, due after `delay`: its mover, if
     /// this process runs one, looks no later than then, and the table's count (which the
     /// database size includes) holds it until the next read.
-    pub fn due_in(&self, queue: &QueueName, delay: Duration) {
+    pub(crate) fn due_in(&self, queue: &QueueName, delay: Duration) {
         let Some(wake) = self
             .wakes
             .lock()
@@ -109,13 +109,13 @@ impl Wake {
 
 /// How long a swept mover waits when nothing it knows of is due: the sweeper tells it of
 /// what comes (and a move now and then costs nothing that matters).
-pub const SWEPT_IDLE: Duration = Duration::from_secs(3600);
+pub(crate) const SWEPT_IDLE: Duration = Duration::from_secs(3600);
 
 /// The wait after a move: none after a full batch; otherwise the back-off (doubled from the
 /// last one while nothing moves, back to the first after a move), no later than the next
 /// due time the table reported. A swept mover (`swept`: the host's sweeper reads its table)
 /// does not back off: it waits for the next due time it knows of, or to be told.
-pub fn next_wait(last: Duration, moved: &Moved, batch: u32, swept: bool) -> Duration {
+pub(crate) fn next_wait(last: Duration, moved: &Moved, batch: u32, swept: bool) -> Duration {
     if !moved.busy && moved.moved >= u64::from(batch.max(1)) {
         return Duration::ZERO;
     }
@@ -154,7 +154,7 @@ pub enum DelayedMoves {
 
 /// What the mover and the fleet's leads tell of a queue's delayed table.
 #[derive(Debug, Default)]
-pub struct MovesHealth {
+pub(crate) struct MovesHealth {
     failing: AtomicBool,
     unmoved: AtomicBool,
 }
@@ -176,7 +176,7 @@ impl MovesHealth {
     }
 
     /// The table's state now.
-    pub fn reading(&self) -> DelayedMoves {
+    pub(crate) fn reading(&self) -> DelayedMoves {
         if self.unmoved.load(Ordering::Relaxed) {
             DelayedMoves::Nobody
         } else if self.failing.load(Ordering::Relaxed) {
@@ -188,7 +188,7 @@ impl MovesHealth {
 }
 
 /// What a mover moves and where it reports.
-pub struct MoverOf {
+pub(crate) struct MoverOf {
     /// The queue whose delayed table it moves.
     pub queue: QueueName,
     /// Due messages per transaction.
@@ -212,7 +212,7 @@ pub struct MoverOf {
 const LEAD_CHECK: Duration = Duration::from_secs(1);
 
 /// Runs the mover of a queue's delayed table until `stop`.
-pub async fn run_mover(
+pub(crate) async fn run_mover(
     transport: Arc<dyn Transport>,
     of: MoverOf,
     wake: Arc<Wake>,

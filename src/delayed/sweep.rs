@@ -19,10 +19,10 @@ use crate::metrics::QueueMetrics;
 use crate::transport::{DelayedReading, QueueName, Transport};
 
 /// How often the sweeper reads the delayed tables this host leads.
-pub const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// One delayed table the sweeper reads, and where it tells what it found.
-pub struct SweptTable {
+pub(crate) struct SweptTable {
     /// The queue whose delayed table it is.
     pub queue: QueueName,
     /// Its mover's wake-up.
@@ -58,7 +58,7 @@ impl SweptTable {
 /// leaving out those whose movers fail. A sweep that fails (a missing table fails the
 /// statement it is in) wakes every mover it was for, once per run of failures: each moves, or
 /// finds and reports its own table's error and is left out of the next sweep.
-pub async fn run_sweeper(
+pub(crate) async fn run_sweeper(
     transport: Arc<dyn Transport>,
     tables: Vec<SweptTable>,
     stop: CancellationToken,

@@ -19,7 +19,7 @@ use super::failure::{Failure, TIMEOUT_KIND, delayed_retries_of};
 use super::{Dispatched, Dispatcher, Done, Outcome, Verdict};
 
 /// Calls a handler once, turning errors, panics and timeouts into a [`Failure`].
-pub async fn call_handler(
+pub(super) async fn call_handler(
     handler: &dyn Handler,
     ctx: &mut Context<'_>,
     timeout: Option<Duration>,

@@ -23,7 +23,7 @@ pub(super) const MAX_EXCEPTION_MESSAGE: usize = 16_384;
 
 /// Why one handler attempt failed.
 #[derive(Debug, Clone)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// `NServiceBus.ExceptionInfo.ExceptionType`.
     pub kind: &'static str,
     /// `NServiceBus.ExceptionInfo.Message`.

@@ -39,7 +39,7 @@ mod forward;
 
 pub use crate::queue::Outcome;
 use attempt::{InProcess, KeyInFlight};
-pub use failure::Failure;
+pub(crate) use failure::Failure;
 
 /// Sees every message that leaves a queue for good. Load tests use it to account for every
 /// message by id; it must be cheap (it runs on the hot path).
@@ -68,7 +68,7 @@ pub trait DispatchObserver: Send + Sync + 'static {
 
 /// Who is processing: written into the fault headers.
 #[derive(Debug, Clone)]
-pub struct HostIdentity {
+pub(crate) struct HostIdentity {
     /// `NServiceBus.ProcessingEndpoint` and `ProcessingMachine`, `$.diagnostics.hostid`, and
     /// the `Originating*` headers of what this host sends.
     pub origin: Origin,
@@ -78,7 +78,7 @@ pub struct HostIdentity {
 
 impl HostIdentity {
     /// Builds the identity.
-    pub fn new(endpoint: &str, instance: &str) -> Self {
+    pub(crate) fn new(endpoint: &str, instance: &str) -> Self {
         HostIdentity {
             origin: Origin::new(endpoint, instance),
             instance: instance.to_string(),
@@ -87,7 +87,7 @@ impl HostIdentity {
 }
 
 /// What the dispatcher leaves of a message's unit of work.
-pub enum Dispatched<'a> {
+pub(crate) enum Dispatched<'a> {
     /// It has ended: rolled back, moved to the error queue, stored for a delayed retry, or
     /// dead-lettered.
     Ended,
@@ -98,7 +98,7 @@ pub enum Dispatched<'a> {
 
 /// A unit of work whose message is done with, and what its commit means once it is known.
 /// Dropping it without committing rolls the receive back.
-pub struct Pending<'a> {
+pub(crate) struct Pending<'a> {
     received: Box<dyn Received>,
     done: Done,
     dispatcher: &'a Dispatcher,
@@ -123,7 +123,7 @@ enum Done {
 
 impl<'a> Pending<'a> {
     /// Commits; the outcome is counted.
-    pub async fn commit(self) {
+    pub(crate) async fn commit(self) {
         let Pending {
             received,
             done,
@@ -138,7 +138,7 @@ impl<'a> Pending<'a> {
     /// Commits and receives the queue's next message on the same connection (one round trip
     /// where the transport can). The caller must be allowed to receive now: nothing may be
     /// waited for between the two. None when the commit failed (no receive was tried).
-    pub async fn commit_and_receive(
+    pub(crate) async fn commit_and_receive(
         self,
         transport: &dyn Transport,
     ) -> Option<Result<Option<Box<dyn Received>>, TransportError>> {
@@ -178,7 +178,7 @@ enum Destination {
 }
 
 /// Processes received messages for every queue of a host.
-pub struct Dispatcher {
+pub(crate) struct Dispatcher {
     publisher: Arc<Publisher>,
     throttle: Arc<Throttle>,
     mode: TransactionMode,
@@ -221,7 +221,7 @@ impl Dispatcher {
     }
 
     /// A dispatcher sending through `publisher`.
-    pub fn new(
+    pub(crate) fn new(
         publisher: Arc<Publisher>,
         throttle: Arc<Throttle>,
         mode: TransactionMode,
@@ -248,7 +248,7 @@ impl Dispatcher {
     }
 
     /// Messages handed to handlers and not done, host-wide.
-    pub fn in_process(&self) -> u64 {
+    pub(crate) fn in_process(&self) -> u64 {
         self.in_process.load(Ordering::Relaxed)
     }
 
@@ -257,7 +257,7 @@ impl Dispatcher {
     /// message: when anything fails the receive rolls back and the message returns to its
     /// queue. What is left to commit goes back to the receive path, which decides whether the
     /// commit brings the next message along.
-    pub async fn process<'a>(
+    pub(crate) async fn process<'a>(
         &'a self,
         q: &'a QueueRuntime,
         received: Box<dyn Received>,

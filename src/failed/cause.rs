@@ -7,7 +7,7 @@ use crate::transport::QueueName;
 
 /// The exception type given to rows whose headers no parser reads (moved to the error queue
 /// as they were, without fault headers).
-pub const POISON: &str = "poison (headers that are not a JSON object)";
+pub(super) const POISON: &str = "poison (headers that are not a JSON object)";
 
 /// What a failed message's headers say of its failure.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -86,7 +86,7 @@ struct FaultHeaders<'a> {
 }
 
 /// Reads NServiceBus's wire time, `yyyy-MM-dd HH:mm:ss:ffffff Z` (UTC).
-pub fn parse_wire_time(text: &str) -> Option<DateTime<Utc>> {
+pub(super) fn parse_wire_time(text: &str) -> Option<DateTime<Utc>> {
     let text = text.trim().trim_end_matches('Z').trim_end();
     NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S:%6f")
         .or_else(|_| NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f"))

@@ -33,7 +33,7 @@ use crate::transport::{BeatRow, FLEET_ORDER_ROWS};
 
 /// Who does a queue's background reading, as this instance sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lead {
+pub(crate) enum Lead {
     /// This instance.
     Here,
     /// Another instance, which last published this depth (None: it published none).
@@ -44,7 +44,7 @@ pub enum Lead {
 }
 
 /// The candidate that leads `queue`: the highest hash of (candidate, queue).
-pub fn leader(queue: &str, candidates: &[Uuid]) -> Option<Uuid> {
+pub(crate) fn leader(queue: &str, candidates: &[Uuid]) -> Option<Uuid> {
     candidates
         .iter()
         .copied()
@@ -101,7 +101,7 @@ impl Summary {
 
 /// Who leads one of this instance's queues, and whether anyone moves its delayed table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueLead {
+pub(crate) struct QueueLead {
     /// Who does the queue's background reading.
     pub lead: Lead,
     /// No instance alive that receives from the queue moves its delayed table, this one
@@ -111,7 +111,7 @@ pub struct QueueLead {
 
 /// One of this instance's queues, for [`leads`].
 #[derive(Debug, Clone, Copy)]
-pub struct Mine<'a> {
+pub(crate) struct Mine<'a> {
     /// The queue.
     pub queue: &'a str,
     /// This instance moves its delayed table.
@@ -124,7 +124,7 @@ pub struct Mine<'a> {
 /// another process with this instance's id (`instance`) is this instance before a restart
 /// (a crash leaves its row behind): it leads nothing, so a restarted instance takes its
 /// leads back at once instead of after `gone_after`.
-pub fn leads(
+pub(crate) fn leads(
     me: Uuid,
     instance: &str,
     mine: &[Mine<'_>],

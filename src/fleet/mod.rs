@@ -26,23 +26,23 @@ use crate::config::{FleetConfig, OverrideMode};
 use crate::throttling::Direction;
 use crate::transport::{BeatRow, Heartbeat, InstanceRecord, Transport, TransportError};
 
-pub mod lead;
-pub mod share;
+pub(crate) mod lead;
+pub(crate) mod share;
 
 /// Every this many heartbeats an instance forgets the long-gone rows.
-pub const FORGET_EVERY: u32 = 12;
+pub(crate) const FORGET_EVERY: u32 = 12;
 /// How long a stopping host waits to remove its row.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The last heartbeat's failure, when it failed (shared with the view).
 #[derive(Debug, Default)]
-pub struct HeartbeatHealth {
+pub(crate) struct HeartbeatHealth {
     failing: Mutex<Option<String>>,
 }
 
 impl HeartbeatHealth {
     /// Why the last heartbeat failed; None when it was written.
-    pub fn failing(&self) -> Option<String> {
+    pub(crate) fn failing(&self) -> Option<String> {
         self.failing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -189,7 +189,7 @@ pub enum FleetOrderError {
 }
 
 /// What the heartbeat loop reads and reports besides its row.
-pub struct HeartbeatHooks<S, C, O> {
+pub(crate) struct HeartbeatHooks<S, C, O> {
     /// This host's throttling summary now.
     pub summary: S,
     /// The `[fleet]` settings now.
@@ -208,7 +208,7 @@ pub struct HeartbeatHooks<S, C, O> {
 /// Writes `me`'s heartbeat every `fleet.heartbeat_interval` (as the settings say now) with
 /// the summary the hooks give, hands them the fleet's orders and the registry's rows each
 /// time, until `stop`; then removes its row.
-pub async fn run_heartbeat<S, C, O>(
+pub(crate) async fn run_heartbeat<S, C, O>(
     transport: Arc<dyn Transport>,
     mut me: Heartbeat,
     hooks: HeartbeatHooks<S, C, O>,

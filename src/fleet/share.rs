@@ -43,12 +43,12 @@ use crate::transport::{FleetShares, QueueName, ShareClaim, ShareRow, Transport, 
 
 /// The wait before the next round when the last one did not reach its target (room still
 /// held by others) or gave back less than it wanted to (messages still in flight).
-pub const SETTLE: Duration = Duration::from_millis(100);
+pub(crate) const SETTLE: Duration = Duration::from_millis(100);
 
 /// Splits `total` over `wants` max-min fairly: nobody gets more than it wants, and what one
 /// does not want is split among the others. Ties go to the lower process id, so instances that
 /// read the same wants compute the same split.
-pub fn fair_split(total: u32, wants: &[(Uuid, u32)]) -> Vec<(Uuid, u32)> {
+pub(crate) fn fair_split(total: u32, wants: &[(Uuid, u32)]) -> Vec<(Uuid, u32)> {
     let mut order: Vec<(Uuid, u32)> = wants.to_vec();
     order.sort_by_key(|(id, want)| (*want, *id));
     let mut left = total;
@@ -69,7 +69,7 @@ pub fn fair_split(total: u32, wants: &[(Uuid, u32)]) -> Vec<(Uuid, u32)> {
 /// What this instance should hold of a queue's `fleet_max` after reading the rows: its fair
 /// share of the alive instances' wants, capped by the room the others' grants leave free.
 /// Zero when this instance's own row says it is not alive (the others already took its room).
-pub fn target(fleet_max: u32, me: Uuid, wanted: u32, rows: &[ShareRow]) -> u32 {
+pub(crate) fn target(fleet_max: u32, me: Uuid, wanted: u32, rows: &[ShareRow]) -> u32 {
     if rows.iter().any(|r| r.process_id == me && !r.alive) {
         return 0;
     }
@@ -93,7 +93,7 @@ pub fn target(fleet_max: u32, me: Uuid, wanted: u32, rows: &[ShareRow]) -> u32 {
 
 /// One fleet-limited queue's round, as the share loop ran it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RoundOutcome {
+pub(crate) struct RoundOutcome {
     /// What the gate lets through now.
     pub target: u32,
     /// What the row says this instance holds (at least `target`).
@@ -105,13 +105,13 @@ pub struct RoundOutcome {
 impl RoundOutcome {
     /// Whether another round should follow soon: room is still held by others, or the grant
     /// could not yet come down to the target.
-    pub fn unsettled(&self) -> bool {
+    pub(crate) fn unsettled(&self) -> bool {
         self.granted > self.target || self.target < self.wanted
     }
 
     /// Nothing held, nothing wanted: the instance is idle on the queue, and its row (or none)
     /// says so.
-    pub fn quiet(&self) -> bool {
+    pub(crate) fn quiet(&self) -> bool {
         self.granted == 0 && self.wanted == 0
     }
 }
@@ -119,7 +119,7 @@ impl RoundOutcome {
 /// Runs one round for `queue`: reads its backlog, then decides and writes this instance's
 /// share, narrowing the gate before the write and widening it after the commit. `last` is the
 /// queue's previous round: an instance that was and stays idle writes nothing.
-pub async fn round(
+pub(crate) async fn round(
     transport: &dyn Transport,
     shares: &dyn FleetShares,
     queue: &QueueRuntime,
@@ -183,7 +183,7 @@ pub async fn round(
 /// peek alone (its receivers wait at the closed gate instead of polling). Starts once `ready` (the first heartbeat is
 /// written, so the others count this instance as alive); on stop closes the gates, waits for
 /// the messages in flight, removes this instance's rows and cancels `released`.
-pub async fn run_shares(
+pub(crate) async fn run_shares(
     transport: Arc<dyn Transport>,
     queues: Vec<Arc<QueueRuntime>>,
     me: Uuid,

@@ -23,14 +23,14 @@ pub struct SimulateHandler {
 /// The error a simulated failure returns.
 #[derive(Debug, thiserror::Error)]
 #[error("simulated failure (failure_rate = {0})")]
-pub struct SimulatedFailure(pub f64);
+pub(super) struct SimulatedFailure(pub f64);
 
 const PAGE: usize = 4096;
 
 /// A poisoned message's failure.
 #[derive(Debug, thiserror::Error)]
 #[error("simulated poison message ({POISON_HEADER})")]
-pub struct PoisonedMessage;
+pub(super) struct PoisonedMessage;
 
 /// A message carrying this header fails every attempt of a simulate handler (the load tool's
 /// poisoned messages).

@@ -8,7 +8,7 @@ use super::HostInner;
 impl HostInner {
     /// Every instance on this host's database, as `/fleet` shows it. Err: the registry is off
     /// (`fleet.enabled = false`), the transport keeps none, or it cannot be read.
-    pub async fn fleet(&self) -> Result<crate::fleet::FleetView, String> {
+    pub(crate) async fn fleet(&self) -> Result<crate::fleet::FleetView, String> {
         let config = self.config();
         if !config.fleet.enabled {
             return Err("the instance registry is off (fleet.enabled = false)".into());
@@ -36,7 +36,7 @@ impl HostInner {
 impl HostInner {
     /// Orders every instance on the database to override `direction` (this one at once, the
     /// others at their next heartbeat): the order is written into the instance registry.
-    pub async fn set_fleet_override(
+    pub(crate) async fn set_fleet_override(
         &self,
         direction: Direction,
         mode: crate::config::OverrideMode,

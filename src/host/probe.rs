@@ -21,7 +21,7 @@ use crate::throttling::service::{HostProbe, LimitSink, QueueReading};
 use crate::transport::{QueueName, Transport};
 
 /// Reads the host's counters for the controller and applies its limits.
-pub struct HostAdapter {
+pub(super) struct HostAdapter {
     pub(super) queues: Vec<Arc<QueueRuntime>>,
     pub(super) dispatcher: Arc<Dispatcher>,
     pub(super) transport: Arc<dyn Transport>,

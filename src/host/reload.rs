@@ -12,7 +12,7 @@ impl HostInner {
     /// Applies a new configuration without restarting: throttling settings, queue
     /// concurrency, retries, peek intervals and simulate knobs. Returns the changes that need a
     /// restart (they are left as they are).
-    pub fn apply_config(&self, new: Config) -> Vec<String> {
+    pub(crate) fn apply_config(&self, new: Config) -> Vec<String> {
         let old = self.config.load_full();
         let mut needs_restart = restart_needed(&old, &new);
         let mode = new.transport.transaction_mode;
@@ -57,7 +57,7 @@ impl HostInner {
     }
 
     /// Re-reads the configuration file; an invalid file keeps the running settings.
-    pub fn reload(&self) -> Result<Vec<String>, String> {
+    pub(crate) fn reload(&self) -> Result<Vec<String>, String> {
         let Some(path) = &self.config_path else {
             return Err("the host was not started from a configuration file".into());
         };
@@ -65,7 +65,7 @@ impl HostInner {
     }
 
     /// Reads `path` and applies it (see [`HostInner::apply_config`]).
-    pub fn reload_from(&self, path: &Path) -> Result<Vec<String>, String> {
+    pub(crate) fn reload_from(&self, path: &Path) -> Result<Vec<String>, String> {
         match crate::config::load_file(path) {
             Ok(config) => {
                 let restart = self.apply_config(config);

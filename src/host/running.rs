@@ -21,22 +21,22 @@ use super::{HostStatus, handle, status};
 
 impl HostInner {
     /// The configuration in force.
-    pub fn config(&self) -> Arc<Config> {
+    pub(crate) fn config(&self) -> Arc<Config> {
         self.config.load_full()
     }
 
     /// The transport.
-    pub fn transport(&self) -> &Arc<dyn Transport> {
+    pub(crate) fn transport(&self) -> &Arc<dyn Transport> {
         &self.transport
     }
 
     /// The runtime the host's receivers and transport connections run on.
-    pub fn runtime(&self) -> &tokio::runtime::Handle {
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
         &self.runtime
     }
 
     /// The throttled publisher.
-    pub fn publisher(&self) -> &Arc<Publisher> {
+    pub(crate) fn publisher(&self) -> &Arc<Publisher> {
         &self.publisher
     }
 
@@ -46,66 +46,66 @@ impl HostInner {
     }
 
     /// Throttling settings, overrides and the latest snapshot.
-    pub fn control(&self) -> &Arc<ThrottleControl> {
+    pub(crate) fn control(&self) -> &Arc<ThrottleControl> {
         &self.control
     }
 
     /// The admissions and rate counters.
-    pub fn throttle(&self) -> &Arc<Throttle> {
+    pub(crate) fn throttle(&self) -> &Arc<Throttle> {
         &self.throttle
     }
 
     /// The metric registry.
-    pub fn metrics(&self) -> &Metrics {
+    pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
     /// Receiving queues (input and instance queues).
-    pub fn queues(&self) -> &[Arc<QueueRuntime>] {
+    pub(crate) fn queues(&self) -> &[Arc<QueueRuntime>] {
         &self.queues
     }
 
     /// The built-in simulate handlers by receiving queue: the knobs load tests turn.
-    pub fn simulated(&self) -> impl Iterator<Item = &Arc<SimulateHandler>> {
+    pub(crate) fn simulated(&self) -> impl Iterator<Item = &Arc<SimulateHandler>> {
         self.simulated.iter().map(|(_, sim)| sim)
     }
 
     /// A receiving queue by name.
-    pub fn queue(&self, name: &str) -> Option<&Arc<QueueRuntime>> {
+    pub(crate) fn queue(&self, name: &str) -> Option<&Arc<QueueRuntime>> {
         self.queues.iter().find(|q| q.name().as_str() == name)
     }
 
     /// Queues this host receives from, sends errors to or forwards to: what ingest accepts.
-    pub fn is_known_queue(&self, name: &QueueName) -> bool {
+    pub(crate) fn is_known_queue(&self, name: &QueueName) -> bool {
         self.known_queues.contains(name)
     }
 
     /// Messages handed to handlers and not done.
-    pub fn in_process(&self) -> u64 {
+    pub(crate) fn in_process(&self) -> u64 {
         self.dispatcher.in_process()
     }
 
     /// True until shutdown begins.
-    pub fn is_receiving(&self) -> bool {
+    pub(crate) fn is_receiving(&self) -> bool {
         !self.receive_ctx.stop.is_cancelled()
     }
 
     /// The status document served at `/status`.
-    pub fn status(&self) -> HostStatus {
+    pub(crate) fn status(&self) -> HostStatus {
         status::build(self)
     }
 }
 
 impl HostInner {
     /// Sets a direction's override on this instance until the next reload or fleet order.
-    pub fn set_override(&self, direction: Direction, mode: crate::config::OverrideMode) {
+    pub(crate) fn set_override(&self, direction: Direction, mode: crate::config::OverrideMode) {
         tracing::info!(%direction, mode = ?mode, "throttling override set");
         self.control.set_override(direction, mode);
         self.overrides.set_locally(direction);
     }
 
     /// Where `direction`'s override in force came from.
-    pub fn override_scope(&self, direction: Direction) -> crate::status::OverrideScope {
+    pub(crate) fn override_scope(&self, direction: Direction) -> crate::status::OverrideScope {
         self.overrides.scope(direction)
     }
 }

@@ -17,7 +17,7 @@ impl QueueRuntime {
     /// Messages may have arrived (the transport said so): an idle receiver looks now instead
     /// of at its next peek. Kept until a receiver waits, so an arrival between two waits is
     /// not lost.
-    pub fn arrived(&self) {
+    pub(crate) fn arrived(&self) {
         self.arrivals.notify_one();
         self.share_wanted.notify_one();
     }
@@ -32,7 +32,7 @@ impl QueueRuntime {
 
     /// Whether the transport tells of every arrival on this queue from now on (true), or
     /// may miss some (false: the listening connection failed).
-    pub fn set_arrivals_notified(&self, notified: bool) {
+    pub(crate) fn set_arrivals_notified(&self, notified: bool) {
         let was = self.arrivals_notified.swap(notified, Ordering::Relaxed);
         if was && !notified {
             // Receivers sleeping out the long safety interval go back to peeking.
@@ -44,7 +44,7 @@ impl QueueRuntime {
     /// is told of now, and the last peek found it empty (rows that wait for their key or
     /// stage, or that another host rolled back, become receivable without an insert, so a
     /// queue that holds any keeps peeking at its interval).
-    pub fn peeks_rarely(&self) -> bool {
+    pub(crate) fn peeks_rarely(&self) -> bool {
         self.arrivals_notified.load(Ordering::Relaxed)
             && self.last_peek_empty.load(Ordering::Relaxed)
     }
@@ -52,7 +52,7 @@ impl QueueRuntime {
     /// The longest an idle receiver waits between peeks: the queue's `peek_interval`, or
     /// [`NOTIFIED_PEEK_INTERVAL`] while it peeks rarely ([`QueueRuntime::peeks_rarely`]), so a
     /// thousand idle queues do not cost a thousand statements a second.
-    pub fn idle_peek_interval(&self) -> Duration {
+    pub(crate) fn idle_peek_interval(&self) -> Duration {
         let interval = self.settings().peek_interval;
         match self.peeks_rarely() {
             true => interval.max(NOTIFIED_PEEK_INTERVAL),
@@ -62,13 +62,13 @@ impl QueueRuntime {
 
     /// Completes at the next arrival, for the loop that shares fleet-wide limits (an idle
     /// instance holds no share and asks for one when messages come).
-    pub fn share_wanted(&self) -> tokio::sync::futures::Notified<'_> {
+    pub(crate) fn share_wanted(&self) -> tokio::sync::futures::Notified<'_> {
         self.share_wanted.notified()
     }
 
     /// Completes at the next arrival ([`QueueRuntime::arrived`]), or at once for one that came
     /// while nobody waited.
-    pub fn arrival(&self) -> tokio::sync::futures::Notified<'_> {
+    pub(crate) fn arrival(&self) -> tokio::sync::futures::Notified<'_> {
         self.arrivals.notified()
     }
 }

@@ -13,15 +13,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Pause after an error while armed.
-pub const ARMED_DELAY: Duration = Duration::from_secs(1);
+pub(crate) const ARMED_DELAY: Duration = Duration::from_secs(1);
 /// The longest pause after an error once triggered.
-pub const TRIGGERED_DELAY: Duration = Duration::from_secs(5);
+pub(crate) const TRIGGERED_DELAY: Duration = Duration::from_secs(5);
 /// How long errors must go on before the breaker triggers.
-pub const TRIGGER_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const TRIGGER_AFTER: Duration = Duration::from_secs(30);
 
 /// One queue's breaker.
 #[derive(Debug)]
-pub struct CircuitBreaker {
+pub(crate) struct CircuitBreaker {
     queue: String,
     armed: AtomicBool,
     state: Mutex<State>,
@@ -39,7 +39,7 @@ struct State {
 
 impl CircuitBreaker {
     /// A disarmed breaker for `queue`; `open_gauge` is set to 1 while triggered.
-    pub fn new(queue: &str, open_gauge: metrics::Gauge) -> Self {
+    pub(crate) fn new(queue: &str, open_gauge: metrics::Gauge) -> Self {
         CircuitBreaker {
             queue: queue.to_string(),
             armed: AtomicBool::new(false),
@@ -54,7 +54,7 @@ impl CircuitBreaker {
 
     /// Records a success; cheap when already disarmed.
     #[inline]
-    pub fn success(&self) {
+    pub(crate) fn success(&self) {
         if !self.armed.load(Ordering::Relaxed) {
             return;
         }
@@ -68,7 +68,7 @@ impl CircuitBreaker {
     }
 
     /// Records a failure and returns how long the receiver should pause.
-    pub fn failure(&self, error: &dyn std::fmt::Display) -> Duration {
+    pub(crate) fn failure(&self, error: &dyn std::fmt::Display) -> Duration {
         let now = Instant::now();
         let mut s = self.state();
         s.failures += 1;
@@ -95,12 +95,12 @@ impl CircuitBreaker {
     }
 
     /// True once errors have lasted `TRIGGER_AFTER`.
-    pub fn is_triggered(&self) -> bool {
+    pub(crate) fn is_triggered(&self) -> bool {
         self.armed.load(Ordering::Relaxed) && self.state().triggered
     }
 
     /// "closed", "armed" or "open", for the status page.
-    pub fn describe(&self) -> &'static str {
+    pub(crate) fn describe(&self) -> &'static str {
         if !self.armed.load(Ordering::Relaxed) {
             "closed"
         } else if self.state().triggered {

@@ -108,7 +108,7 @@ struct LatencyState {
 
 /// A queue's downstream guards. Cheap to call on every attempt.
 #[derive(Debug)]
-pub struct DownstreamGuard {
+pub(crate) struct DownstreamGuard {
     outage_config: Mutex<OutageConfig>,
     latency_config: Mutex<LatencyLimitConfig>,
     max: Mutex<u32>,
@@ -122,7 +122,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// What an attempt's outcome changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// Nothing the gate needs to hear.
     None,
     /// The guard limit changed: apply [`DownstreamGuard::limit`].
@@ -131,7 +131,7 @@ pub enum Change {
 
 impl DownstreamGuard {
     /// Guards for a queue of `max` with these settings.
-    pub fn new(outage: &OutageConfig, latency: &LatencyLimitConfig, max: u32) -> Self {
+    pub(crate) fn new(outage: &OutageConfig, latency: &LatencyLimitConfig, max: u32) -> Self {
         let now = Instant::now();
         DownstreamGuard {
             outage_config: Mutex::new(outage.clone()),
@@ -162,7 +162,12 @@ impl DownstreamGuard {
     }
 
     /// New settings (config reload); the state carries over.
-    pub fn reconfigure(&self, outage: &OutageConfig, latency: &LatencyLimitConfig, max: u32) {
+    pub(crate) fn reconfigure(
+        &self,
+        outage: &OutageConfig,
+        latency: &LatencyLimitConfig,
+        max: u32,
+    ) {
         *lock(&self.outage_config) = outage.clone();
         *lock(&self.latency_config) = latency.clone();
         *lock(&self.max) = max.max(1);
@@ -171,7 +176,7 @@ impl DownstreamGuard {
     }
 
     /// The limit the guards set on the queue's gate (`u32::MAX`: none).
-    pub fn limit(&self) -> u32 {
+    pub(crate) fn limit(&self) -> u32 {
         let outage = {
             let o = lock(&self.outage);
             match (o.active, o.regrowing) {
@@ -188,13 +193,13 @@ impl DownstreamGuard {
     }
 
     /// Whether outage mode is on.
-    pub fn in_outage(&self) -> bool {
+    pub(crate) fn in_outage(&self) -> bool {
         lock(&self.outage).active
     }
 
     /// Waits out the outage pause before an attempt (returns at once outside outage mode).
     /// Attempts of the queue are spaced by the pause however many wait.
-    pub async fn before_attempt(&self) {
+    pub(crate) async fn before_attempt(&self) {
         let at = {
             let mut o = lock(&self.outage);
             if !o.active {
@@ -209,7 +214,7 @@ impl DownstreamGuard {
 
     /// A handler attempt succeeded after `latency`, with `in_flight` of the queue's messages in
     /// flight (itself included).
-    pub fn succeeded(&self, latency: Duration, in_flight: u32) -> Change {
+    pub(crate) fn succeeded(&self, latency: Duration, in_flight: u32) -> Change {
         let mut change = Change::None;
         {
             let mut o = lock(&self.outage);
@@ -245,7 +250,7 @@ impl DownstreamGuard {
 
     /// A handler attempt of `message` (its logical id) failed; `timed_out` when it ran past
     /// the handler timeout (latency back pressure too).
-    pub fn failed(
+    pub(crate) fn failed(
         &self,
         message: &str,
         latency: Duration,
@@ -334,7 +339,7 @@ impl DownstreamGuard {
     }
 
     /// What the guards say now.
-    pub fn reading(&self) -> DownstreamReading {
+    pub(crate) fn reading(&self) -> DownstreamReading {
         let o = lock(&self.outage);
         let threshold = lock(&self.outage_config).consecutive_failures;
         let latency_config = lock(&self.latency_config).clone();

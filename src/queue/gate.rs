@@ -20,7 +20,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The gate. Share it in an `Arc`; permits release themselves when dropped.
 #[derive(Debug)]
-pub struct ConcurrencyGate {
+pub(crate) struct ConcurrencyGate {
     permits: Arc<Semaphore>,
     /// The four sizes; resizing happens under this lock so two changes cannot both apply the
     /// same difference.
@@ -36,7 +36,7 @@ pub struct ConcurrencyGate {
 
 impl ConcurrencyGate {
     /// A gate with `max` permits and no throttling limit below it.
-    pub fn new(max: u32) -> Self {
+    pub(crate) fn new(max: u32) -> Self {
         let max = max.max(1);
         ConcurrencyGate {
             permits: Arc::new(Semaphore::new(max as usize)),
@@ -55,48 +55,48 @@ impl ConcurrencyGate {
 
     /// The limit this instance sets itself, without its fleet share: `min(max, limit, guard)`
     /// (what it would take of a fleet-wide limit if the others let it).
-    pub fn local_limit(&self) -> u32 {
+    pub(crate) fn local_limit(&self) -> u32 {
         self.lock_sizes().local()
     }
 
     /// The permits available in total right now: `min(max, limit, guard)`.
-    pub fn effective(&self) -> u32 {
+    pub(crate) fn effective(&self) -> u32 {
         self.effective.load(Ordering::Relaxed)
     }
 
     /// Permits held now.
-    pub fn in_flight(&self) -> u32 {
+    pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
     }
 
     /// Most permits ever held at once (for tests and load reports).
-    pub fn peak(&self) -> u32 {
+    pub(crate) fn peak(&self) -> u32 {
         self.peak.load(Ordering::Relaxed)
     }
 
     /// Changes the configured maximum.
-    pub fn set_max(&self, max: u32) {
+    pub(crate) fn set_max(&self, max: u32) {
         self.change(|sizes| sizes.max = max.max(1));
     }
 
     /// Changes the throttling limit.
-    pub fn set_limit(&self, limit: u32) {
+    pub(crate) fn set_limit(&self, limit: u32) {
         self.change(|sizes| sizes.limit = limit.max(1));
     }
 
     /// Changes the downstream guards' limit (`u32::MAX`: none).
-    pub fn set_guard_limit(&self, limit: u32) {
+    pub(crate) fn set_guard_limit(&self, limit: u32) {
         self.change(|sizes| sizes.guard = limit.max(1));
     }
 
     /// Changes this instance's share of the fleet-wide limit (`u32::MAX`: none; 0: no
     /// permit at all until the share grows).
-    pub fn set_fleet_share(&self, share: u32) {
+    pub(crate) fn set_fleet_share(&self, share: u32) {
         self.change(|sizes| sizes.fleet = share);
     }
 
     /// This instance's share of the fleet-wide limit (`u32::MAX`: none).
-    pub fn fleet_share(&self) -> u32 {
+    pub(crate) fn fleet_share(&self) -> u32 {
         self.lock_sizes().fleet
     }
 
@@ -108,13 +108,13 @@ impl ConcurrencyGate {
 
     /// Takes a permit if one is free now (never ahead of a waiter: tokio hands returned
     /// permits to waiters first).
-    pub fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
+    pub(crate) fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         Some(self.issued(permit))
     }
 
     /// Waits for a permit, behind those who asked earlier. Cancel-safe.
-    pub async fn acquire(self: &Arc<Self>) -> Permit {
+    pub(crate) async fn acquire(self: &Arc<Self>) -> Permit {
         let permit = self
             .permits
             .clone()
@@ -183,7 +183,7 @@ impl Sizes {
 
 /// A held permit; dropping it frees the slot (or pays one owed by a shrink).
 #[derive(Debug)]
-pub struct Permit {
+pub(crate) struct Permit {
     gate: Arc<ConcurrencyGate>,
     permit: Option<OwnedSemaphorePermit>,
 }

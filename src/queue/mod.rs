@@ -8,9 +8,9 @@
 //! through an accessor.
 
 mod arrivals;
-pub mod breaker;
-pub mod downstream;
-pub mod gate;
+pub(crate) mod breaker;
+pub(crate) mod downstream;
+pub(crate) mod gate;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -21,14 +21,14 @@ use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-pub use self::breaker::CircuitBreaker;
-pub use self::downstream::{DownstreamGuard, DownstreamReading};
-pub use self::gate::ConcurrencyGate;
+pub(crate) use self::breaker::CircuitBreaker;
+pub(crate) use self::downstream::{DownstreamGuard, DownstreamReading};
+pub(crate) use self::gate::ConcurrencyGate;
 use crate::config::{
     ConcurrencyModel, FailedKey, LatencyLimitConfig, OrderingConfig, OutageConfig, QueueConfig,
     TransactionMode,
 };
-pub use crate::depth::DepthCell;
+pub(crate) use crate::depth::DepthCell;
 use crate::metrics::QueueMetrics;
 use crate::names::QueueName;
 use crate::throttling::controller::QueueLoad;
@@ -37,7 +37,7 @@ use crate::transport::{Transport, TransportError};
 
 /// How old an error queue's depth may get before it is read again. Nothing throttles on it
 /// (it is shown, not guarded), so one statement per half minute is enough.
-pub const ERROR_DEPTH_MAX_AGE: Duration = Duration::from_secs(30);
+pub(crate) const ERROR_DEPTH_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// Message ids whose failure counts are remembered (NServiceBus `FailureInfoStorage`).
 const FAILURE_MEMORY: usize = 10_000;
@@ -45,24 +45,24 @@ const FAILURE_MEMORY: usize = 10_000;
 /// Messages that left a queue for good since start, by how they left: what the console's
 /// processed and failed rates are computed from (the Prometheus counters cannot be read back).
 #[derive(Debug, Default)]
-pub struct OutcomeCounts {
+pub(crate) struct OutcomeCounts {
     succeeded: AtomicU64,
     failed: AtomicU64,
 }
 
 impl OutcomeCounts {
     /// A handler succeeded and its receive committed.
-    pub fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         self.succeeded.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The message went to the error queue (after its retries, or as a poison row).
-    pub fn failed(&self) {
+    pub(crate) fn failed(&self) {
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// (succeeded, failed) so far.
-    pub fn totals(&self) -> (u64, u64) {
+    pub(crate) fn totals(&self) -> (u64, u64) {
         (
             self.succeeded.load(Ordering::Relaxed),
             self.failed.load(Ordering::Relaxed),
@@ -73,25 +73,25 @@ impl OutcomeCounts {
 /// How many of a queue's next receives take one message instead of a batch: set after a
 /// batch failed to commit, so a message that cannot commit fails on its own.
 #[derive(Debug, Default)]
-pub struct SingleReceives(AtomicU32);
+pub(crate) struct SingleReceives(AtomicU32);
 
 impl SingleReceives {
     /// True (and one fewer left) while single receives are due.
-    pub fn take_one(&self) -> bool {
+    pub(crate) fn take_one(&self) -> bool {
         self.0
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1))
             .is_ok()
     }
 
     /// At least the next `n` receives take one message each.
-    pub fn set(&self, n: u32) {
+    pub(crate) fn set(&self, n: u32) {
         self.0.fetch_max(n, Ordering::AcqRel);
     }
 }
 
 /// The settings of a queue that may change while it runs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct QueueSettings {
+pub(crate) struct QueueSettings {
     /// MaximumConcurrencyLevel.
     pub max: u32,
     /// Peek interval / longest idle back-off.
@@ -122,7 +122,7 @@ impl QueueSettings {
     /// Receivers needed to keep `limit` messages in flight: one per batch while batches can
     /// form (`batching`: nothing throttles delivery), else one per message, since every
     /// throttled receive takes a single message after its own wait.
-    pub fn receivers_for(&self, limit: u32, batching: bool) -> u32 {
+    pub(crate) fn receivers_for(&self, limit: u32, batching: bool) -> u32 {
         match batching {
             true => limit.div_ceil(self.receive_batch.max(1)).max(1),
             false => limit.max(1),
@@ -131,7 +131,7 @@ impl QueueSettings {
 
     /// Settings of a configured queue; `max` overrides the concurrency (instance queues);
     /// `mode` decides whether delayed retries can be taken at all.
-    pub fn from_config(config: &QueueConfig, max: u32, mode: TransactionMode) -> Self {
+    pub(crate) fn from_config(config: &QueueConfig, max: u32, mode: TransactionMode) -> Self {
         let can_retry = mode != TransactionMode::None
             && !config.ordering.is_ordered()
             && config.delayed_delivery.enabled;
@@ -153,7 +153,7 @@ impl QueueSettings {
 
     /// The same settings for a queue only this instance receives from (an instance queue):
     /// no fleet-wide limit.
-    pub fn local_only(self) -> Self {
+    pub(crate) fn local_only(self) -> Self {
         QueueSettings {
             fleet_max: None,
             ..self
@@ -162,7 +162,7 @@ impl QueueSettings {
 }
 
 /// Everything about one receiving queue.
-pub struct QueueRuntime {
+pub(crate) struct QueueRuntime {
     /// The queue.
     name: QueueName,
     /// Where failed and poison messages go.
@@ -227,7 +227,7 @@ impl QueueRuntime {
     /// Builds a queue's runtime state.
     /// `error_depth` is the error queue's depth cell, shared by every queue that sends its
     /// failures there (so the table is read once however many queues use it).
-    pub fn new(
+    pub(crate) fn new(
         name: QueueName,
         error_queue: QueueName,
         error_depth: Arc<DepthCell>,
@@ -277,42 +277,42 @@ impl QueueRuntime {
     }
 
     /// The same queue, receiving in the order `ordering` asks for (when it asks for any).
-    pub fn with_ordering(mut self, ordering: &OrderingConfig) -> Self {
+    pub(crate) fn with_ordering(mut self, ordering: &OrderingConfig) -> Self {
         self.ordering = ordering.is_ordered().then(|| ordering.clone());
         self
     }
 
     /// The same queue, storing its delayed retries in `home`'s delayed table, whose mover
     /// (when `home` is this queue) moves `batch` messages per transaction.
-    pub fn with_delayed_home(mut self, home: Option<QueueName>, batch: u32) -> Self {
+    pub(crate) fn with_delayed_home(mut self, home: Option<QueueName>, batch: u32) -> Self {
         self.delayed_home = home;
         self.delayed_batch = batch;
         self
     }
 
     /// The queue.
-    pub fn name(&self) -> &QueueName {
+    pub(crate) fn name(&self) -> &QueueName {
         &self.name
     }
 
     /// Where its failed and poison messages go.
-    pub fn error_queue(&self) -> &QueueName {
+    pub(crate) fn error_queue(&self) -> &QueueName {
         &self.error_queue
     }
 
     /// Its concurrency model (changing it needs a restart).
-    pub fn model(&self) -> ConcurrencyModel {
+    pub(crate) fn model(&self) -> ConcurrencyModel {
         self.model
     }
 
     /// How its receives keep order; None for an unordered queue.
-    pub fn ordering(&self) -> Option<&OrderingConfig> {
+    pub(crate) fn ordering(&self) -> Option<&OrderingConfig> {
         self.ordering.as_ref()
     }
 
     /// The queue whose delayed table holds its delayed retries; None when delayed delivery is
     /// off for it.
-    pub fn delayed_home(&self) -> Option<&QueueName> {
+    pub(crate) fn delayed_home(&self) -> Option<&QueueName> {
         self.delayed_home.as_ref()
     }
 
@@ -332,7 +332,7 @@ impl QueueRuntime {
     }
 
     /// Whether its delayed table is moved, as `/status` tells it.
-    pub fn delayed_moves(&self) -> crate::delayed::DelayedMoves {
+    pub(crate) fn delayed_moves(&self) -> crate::delayed::DelayedMoves {
         self.delayed_health.reading()
     }
 
@@ -401,7 +401,7 @@ impl QueueRuntime {
     }
 
     /// (succeeded, failed) messages since start.
-    pub fn outcome_totals(&self) -> (u64, u64) {
+    pub(crate) fn outcome_totals(&self) -> (u64, u64) {
         self.outcomes.totals()
     }
 
@@ -475,7 +475,7 @@ impl QueueRuntime {
     }
 
     /// Whether this instance does the queue's background reading (see `fleet::lead`).
-    pub fn leads(&self) -> bool {
+    pub(crate) fn leads(&self) -> bool {
         self.leads.load(Ordering::Relaxed)
     }
 
@@ -490,7 +490,7 @@ impl QueueRuntime {
     }
 
     /// Applies the downstream guards' limit to the gate (after an attempt changed it).
-    pub fn apply_guard_limit(&self) {
+    pub(crate) fn apply_guard_limit(&self) {
         self.gate.set_guard_limit(self.downstream.limit());
         self.metrics
             .concurrency_limit
@@ -498,12 +498,12 @@ impl QueueRuntime {
     }
 
     /// The settings in force.
-    pub fn settings(&self) -> Arc<QueueSettings> {
+    pub(crate) fn settings(&self) -> Arc<QueueSettings> {
         self.settings.load_full()
     }
 
     /// Applies new settings (config reload): a new max reaches the gate at once.
-    pub fn reconfigure(&self, settings: QueueSettings) {
+    pub(crate) fn reconfigure(&self, settings: QueueSettings) {
         self.gate.set_max(settings.max);
         match (self.settings().fleet_max, settings.fleet_max) {
             (None, Some(_)) => self.gate.set_fleet_share(0),
@@ -519,7 +519,7 @@ impl QueueRuntime {
     }
 
     /// Resolves at the next [`QueueRuntime::reconfigure`] (create it before checking).
-    pub fn reconfigured(&self) -> tokio::sync::futures::Notified<'_> {
+    pub(crate) fn reconfigured(&self) -> tokio::sync::futures::Notified<'_> {
         self.reconfigured.notified()
     }
 
@@ -530,12 +530,12 @@ impl QueueRuntime {
 
     /// Whether the queue's receiver (peeker, loop supervisor or first loop) is running: false
     /// before it starts, after receiving stopped, and after it panicked.
-    pub fn receiver_alive(&self) -> bool {
+    pub(crate) fn receiver_alive(&self) -> bool {
         self.receiver_alive.load(Ordering::Acquire)
     }
 
     /// Loops or peekers running now.
-    pub fn loops(&self) -> u32 {
+    pub(crate) fn loops(&self) -> u32 {
         self.loops.load(Ordering::Relaxed)
     }
 
@@ -688,7 +688,7 @@ pub enum Outcome {
 
 /// Failure counts per message id, bounded; oldest forgotten first.
 #[derive(Debug, Default)]
-pub struct FailureMemory {
+pub(crate) struct FailureMemory {
     entries: Mutex<(HashMap<Uuid, u32>, VecDeque<Uuid>)>,
     len: AtomicUsize,
 }
@@ -699,7 +699,7 @@ impl FailureMemory {
     }
 
     /// Failed attempts recorded for `id`.
-    pub fn attempts(&self, id: Uuid) -> u32 {
+    pub(crate) fn attempts(&self, id: Uuid) -> u32 {
         if self.len.load(Ordering::Relaxed) == 0 {
             return 0;
         }
@@ -707,7 +707,7 @@ impl FailureMemory {
     }
 
     /// Records that `id` has failed `attempts` times.
-    pub fn record(&self, id: Uuid, attempts: u32) {
+    pub(crate) fn record(&self, id: Uuid, attempts: u32) {
         let mut guard = self.lock();
         let (map, order) = &mut *guard;
         if map.insert(id, attempts).is_none() {
@@ -722,7 +722,7 @@ impl FailureMemory {
     }
 
     /// Forgets `id` (it succeeded or left the queue).
-    pub fn forget(&self, id: Uuid) {
+    pub(crate) fn forget(&self, id: Uuid) {
         if self.len.load(Ordering::Relaxed) == 0 {
             return;
         }

@@ -17,7 +17,7 @@ struct Adaptive {
 }
 
 /// Runs the first loop (it adds and retires the others) until receiving stops.
-pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+pub(crate) async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     let adaptive = Arc::new(Adaptive {
         q,
         ctx,

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use super::{IdlePolling, QueueRuntime, ReceiveContext, Turn, pause, turn};
 
 /// Starts the loops and the supervisor that follows `max`.
-pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+pub(crate) async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     let idle = Arc::new(IdlePolling::new());
     let mut loops: BTreeMap<u32, JoinHandle<()>> = BTreeMap::new();
     loop {

@@ -12,10 +12,10 @@
 //! insert trigger while the host listens) peeks once per
 //! `queue::arrivals::NOTIFIED_PEEK_INTERVAL` instead, as a safety net.
 
-pub mod adaptive;
+pub(crate) mod adaptive;
 mod batch;
-pub mod fixed;
-pub mod monitor;
+pub(crate) mod fixed;
+pub(crate) mod monitor;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -28,13 +28,13 @@ use tokio_util::task::TaskTracker;
 use crate::config::ConcurrencyModel;
 use crate::dispatch::{Dispatched, Dispatcher};
 use crate::queue::gate::Permit;
-pub use crate::queue::{QueueRuntime, QueueSettings};
+pub(crate) use crate::queue::{QueueRuntime, QueueSettings};
 use crate::throttling::Throttle;
 use crate::throttling::admission::Receiving;
 use crate::transport::{Received, Transport, TransportError};
 
 /// What receivers share: the transport, the dispatcher, the throttle and the lifecycle.
-pub struct ReceiveContext {
+pub(crate) struct ReceiveContext {
     /// Where the queues are.
     pub transport: Arc<dyn Transport>,
     /// Processes what is received.
@@ -50,7 +50,7 @@ pub struct ReceiveContext {
 }
 
 /// Starts the receiver of a queue according to its model.
-pub fn start(queue: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+pub(crate) fn start(queue: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     let tasks = ctx.tasks.clone();
     // Alive from now (readiness right after start is true); cleared when the receiver returns
     // or panics, so readiness sees a dead receiver.

@@ -80,7 +80,7 @@ impl Batch {
 }
 
 /// Runs the peeker until receiving stops.
-pub async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
+pub(crate) async fn run(q: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
     q.set_loops(1);
     let mut slots = Slots::new(q.settings().max);
     // Idle from the start: one peek per peek_interval. After messages were seen, the next

@@ -43,7 +43,7 @@ use super::Condition;
 use super::controller::{CEILING_GUARDED, CeilingHolds, Thresholds};
 
 /// How often the ceiling reads the guarded resources between ticks.
-pub const CEILING_INTERVAL: Duration = Duration::from_millis(5);
+pub(crate) const CEILING_INTERVAL: Duration = Duration::from_millis(5);
 /// How long a receive let through counts as not showing yet: what it costs shows
 /// only once it has been received and its handler has allocated, blocked or kept its
 /// connection. Longer is not simply safer: 75 ms held `mixed`'s memory peaks at 0.92-1.14 x
@@ -51,22 +51,22 @@ pub const CEILING_INTERVAL: Duration = Duration::from_millis(5);
 /// and on `database-sessions` (20 ms handlers, a limit of 10) the receives of the last 75 ms
 /// filled the room: the ceiling held delivery at 4 msg/s with no session in use. (Database
 /// sessions no longer count it at all: a receive's connection shows at once.)
-pub const CEILING_SETTLE: Duration = Duration::from_millis(25);
+pub(crate) const CEILING_SETTLE: Duration = Duration::from_millis(25);
 /// Over how long the ceiling measures what the latest messages added.
-pub const CEILING_MARGINAL_WINDOW: Duration = Duration::from_millis(50);
+pub(crate) const CEILING_MARGINAL_WINDOW: Duration = Duration::from_millis(50);
 /// How long a measured margin stays in the estimate. While messages finish, what they free
 /// hides what the latest ones add: the value falls or holds still although each new message
 /// costs as much as before, and the average over the messages in process (cheap ones among
 /// them) made room for a burst that carried `mixed` to 1.16-1.21 x. So the estimate is the
 /// largest margin measured this long back, and a cost that really fell is forgotten after it.
-pub const CEILING_MARGIN_MEMORY: Duration = Duration::from_secs(1);
+pub(crate) const CEILING_MARGIN_MEMORY: Duration = Duration::from_secs(1);
 /// The longest pause between reads while the host is quiet (nothing in process, nothing
 /// admitted since the last read): reading every 5 ms cost an idle host 1.4 % of a core.
-pub const CEILING_QUIET_INTERVAL: Duration = Duration::from_millis(40);
+pub(crate) const CEILING_QUIET_INTERVAL: Duration = Duration::from_millis(40);
 
 /// The guarded resources' values at one read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// Process RSS, bytes.
     pub process_memory: u64,
     /// The machine's used memory, bytes.
@@ -94,7 +94,7 @@ impl Usage {
 
 /// What the ceiling sees of delivery's admission at one read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AdmissionCounts {
+pub(crate) struct AdmissionCounts {
     /// Receives let through so far: messages handed to handlers, plus receives out now
     /// ([`super::admission::Admission::started`]).
     pub started: u64,
@@ -272,7 +272,7 @@ impl Guard {
 
 /// The delivery ceiling (see the module documentation).
 #[derive(Debug, Default)]
-pub struct Ceiling {
+pub(crate) struct Ceiling {
     /// The resources guarded until the next tick, each with its threshold.
     guards: Vec<Guard>,
     /// The queues' limits together at the last tick: the most receives that can be in
@@ -296,7 +296,7 @@ impl Ceiling {
     /// Arms the guards for the time until the next tick: every guarded resource with a
     /// threshold, while delivery throttling applies. `limits_total` is the queues' limits
     /// together.
-    pub fn arm(&mut self, thresholds: &Thresholds, applies: bool, limits_total: u64) {
+    pub(crate) fn arm(&mut self, thresholds: &Thresholds, applies: bool, limits_total: u64) {
         self.limits_total = limits_total;
         // Always, not only once a value is near its threshold: what each message costs can
         // jump at once (a new payload), and from a sixth of the threshold, the receives
@@ -314,37 +314,37 @@ impl Ceiling {
     }
 
     /// Whether any resource is guarded (the service then reads every [`CEILING_INTERVAL`]).
-    pub fn is_armed(&self) -> bool {
+    pub(crate) fn is_armed(&self) -> bool {
         !self.guards.is_empty()
     }
 
     /// How long until the next read: [`CEILING_INTERVAL`] while messages come, longer while
     /// the host is quiet.
-    pub fn next_read_in(&self) -> Duration {
+    pub(crate) fn next_read_in(&self) -> Duration {
         (CEILING_INTERVAL * 2u32.pow(self.quiet_reads.min(3))).min(CEILING_QUIET_INTERVAL)
     }
 
     /// Whether the ceiling guards `condition` now (the service reads only what it needs).
-    pub fn guards(&self, condition: Condition) -> bool {
+    pub(crate) fn guards(&self, condition: Condition) -> bool {
         self.guards.iter().any(|g| g.condition == condition)
     }
 
     /// Where the ceiling held receives back since the last call.
-    pub fn take_holds(&mut self) -> CeilingHolds {
+    pub(crate) fn take_holds(&mut self) -> CeilingHolds {
         std::mem::take(&mut self.held)
     }
 
     /// The database sessions in use, averaged over the reads since the last call, when it
     /// guards them. A tick's one count is a sample of a value that moves by several within
     /// milliseconds (a receive takes a connection as it starts, a send for its insert).
-    pub fn take_sessions_mean(&mut self) -> Option<f64> {
+    pub(crate) fn take_sessions_mean(&mut self) -> Option<f64> {
         let (sum, reads) = std::mem::take(&mut self.sessions_read);
         (reads > 0).then(|| sum as f64 / reads as f64)
     }
 
     /// One read: returns how many more receives may start until the next read (`None`: no
     /// limit).
-    pub fn enforce(
+    pub(crate) fn enforce(
         &mut self,
         now: Instant,
         usage: Usage,

@@ -59,7 +59,7 @@ impl Condition {
 }
 
 /// A value in the condition's unit: "312 MiB", "1 200 messages", "95 msg/s".
-pub fn format_value(measure: Measure, value: f64) -> String {
+pub(crate) fn format_value(measure: Measure, value: f64) -> String {
     match measure {
         Measure::Bytes => format_byte_size(value.max(0.0) as u64),
         Measure::Count(unit) => format!("{:.0} {unit}", value),
@@ -69,7 +69,7 @@ pub fn format_value(measure: Measure, value: f64) -> String {
 }
 
 /// One condition against its threshold, in words.
-pub fn describe_condition(c: &ConditionStatus, resume_ratio: f64) -> String {
+pub(crate) fn describe_condition(c: &ConditionStatus, resume_ratio: f64) -> String {
     let measure = c.condition.measure();
     match measure {
         Measure::Switch => "the throttling override is set to throttle".to_string(),
@@ -109,7 +109,7 @@ pub struct Explanation {
 
 /// Explains `decision`. `limits` holds each queue's (max, effective limit); only delivery
 /// reduces limits, so publishing ignores them.
-pub fn explain(
+pub(crate) fn explain(
     decision: &DirectionDecision,
     resume_ratio: f64,
     limits: &BTreeMap<String, (u32, u32)>,
@@ -179,7 +179,7 @@ pub fn explain(
 }
 
 /// "120 ms", "2.5 s", "5 min".
-pub fn format_duration(d: Duration) -> String {
+pub(crate) fn format_duration(d: Duration) -> String {
     let s = d.as_secs_f64();
     if s < 1.0 {
         format!("{:.0} ms", s * 1000.0)

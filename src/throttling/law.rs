@@ -14,58 +14,58 @@
 use std::time::Duration;
 
 /// Delay per unit of overage at severity 100 (the proportional gain).
-pub const PROPORTIONAL_GAIN: Duration = Duration::from_millis(100);
+pub(crate) const PROPORTIONAL_GAIN: Duration = Duration::from_millis(100);
 /// Delay per unit of overage-second at severity 100 (the integral gain).
-pub const INTEGRAL_GAIN: Duration = Duration::from_millis(100);
+pub(crate) const INTEGRAL_GAIN: Duration = Duration::from_millis(100);
 /// Below the threshold the integral unwinds by half every second (on top of the negative
 /// overage it integrates), so a condition that is being held does not keep an old delay.
 const INTEGRAL_HALF_LIFE_SECS: f64 = 1.0;
 /// While relaxing after the cause cleared, the delay shrinks to this share per sample.
-pub const RELAX_FACTOR: f64 = 0.25;
+pub(crate) const RELAX_FACTOR: f64 = 0.25;
 /// Delays below this are zero.
-pub const DELAY_FLOOR: Duration = Duration::from_millis(1);
+pub(crate) const DELAY_FLOOR: Duration = Duration::from_millis(1);
 /// The deepest single cut of a concurrency limit: never below this share of what is in flight.
-pub const DEEPEST_CUT: f64 = 0.25;
+pub(crate) const DEEPEST_CUT: f64 = 0.25;
 /// While relaxing, a pace's rate grows by this factor per sample.
-pub const PACE_RELAX_GROWTH: f64 = 1.5;
+pub(crate) const PACE_RELAX_GROWTH: f64 = 1.5;
 /// A relaxing pace whose recent admissions reach this share of it is in use: its senders want
 /// at least what it lets in (see `Controller::relaxed_pace`).
-pub const PACE_USED_SHARE: f64 = 0.8;
+pub(crate) const PACE_USED_SHARE: f64 = 0.8;
 /// ...and stays in use while they send at least this share of it.
-pub const PACE_STILL_USED_SHARE: f64 = 0.5;
+pub(crate) const PACE_STILL_USED_SHARE: f64 = 0.5;
 /// Publishing paced against the drain rate: admitted = drain x (1 - this x overage).
-pub const PACE_GAIN: f64 = 2.0;
+pub(crate) const PACE_GAIN: f64 = 2.0;
 /// Bounds of the pacing factor: at most this share of the drain rate above the threshold
 /// (never fully closed while the backlog drains)...
-pub const PACE_FACTOR_MIN: f64 = 0.25;
+pub(crate) const PACE_FACTOR_MIN: f64 = 0.25;
 /// ...and at most this share below it (the backlog may grow back to the threshold).
-pub const PACE_FACTOR_MAX: f64 = 1.25;
+pub(crate) const PACE_FACTOR_MAX: f64 = 1.25;
 /// Where database size is held while the sends that waited out its episode are let in, as a
 /// share of its resume line: far enough below it that the condition clears meanwhile.
-pub const RELEASE_SETPOINT: f64 = 0.97;
+pub(crate) const RELEASE_SETPOINT: f64 = 0.97;
 /// ...approached this many times as steeply as the threshold is held: the depth falls
 /// through the resume line within a few seconds, so the condition's `resume_after` and the
 /// state's `min_dwell` pass while the waiting sends still go in...
-pub const RELEASE_GAIN: f64 = 15.0;
+pub(crate) const RELEASE_GAIN: f64 = 15.0;
 /// ...with the pace nearly closed while far above it (never fully: a pace of 0 is none).
-pub const RELEASE_FACTOR_MIN: f64 = 0.05;
+pub(crate) const RELEASE_FACTOR_MIN: f64 = 0.05;
 
 /// Above this share of its threshold a shrinking resource is approaching it: the limit may
 /// not let the messages in flight grow past what would take the resource to its resume line.
-pub const APPROACH_SHARE: f64 = 0.5;
+pub(crate) const APPROACH_SHARE: f64 = 0.5;
 
 /// The most a queue's limit may be while a resource approaches its threshold: the messages
 /// in flight times `room` (how far the part of the value the messages add may grow before
 /// the value reaches the resume line), at least `in_flight + step`. A step change
 /// in what each message costs then shows up as a crossing of at most one tick's growth,
 /// instead of the limit letting every waiting message in at once.
-pub fn approach_cap(in_flight: u32, room: f64, step: u32) -> u32 {
+pub(crate) fn approach_cap(in_flight: u32, room: f64, step: u32) -> u32 {
     let by_room = (in_flight as f64 * room).floor() as u32;
     by_room.max(in_flight.saturating_add(step)).max(1)
 }
 
 /// `value / threshold - 1`.
-pub fn overage(value: f64, threshold: f64) -> f64 {
+pub(crate) fn overage(value: f64, threshold: f64) -> f64 {
     if threshold <= 0.0 {
         return 0.0;
     }
@@ -76,7 +76,7 @@ pub fn overage(value: f64, threshold: f64) -> f64 {
 /// overage while above the threshold, unwinds (halving every second, plus the negative
 /// overage) below it, never goes negative, and stops growing where it alone would reach
 /// `cap_secs` (anti-windup).
-pub fn integrate(integral: f64, e: f64, dt: f64, cap_secs: f64, severity: u32) -> f64 {
+pub(crate) fn integrate(integral: f64, e: f64, dt: f64, cap_secs: f64, severity: u32) -> f64 {
     let next = if e >= 0.0 {
         integral + e * dt
     } else {
@@ -98,7 +98,13 @@ pub fn integrate(integral: f64, e: f64, dt: f64, cap_secs: f64, severity: u32) -
 /// With the default gains (100 ms each) a memory condition (severity 500) 10 % over its
 /// threshold gives 10 ms + 50 ms at once and 50 ms more per second it persists; database size
 /// (severity 1) at 10 % gives 11 ms. A small overage gives a small delay.
-pub fn delay(initial: Duration, severity: u32, e: f64, integral: f64, max: Duration) -> Duration {
+pub(crate) fn delay(
+    initial: Duration,
+    severity: u32,
+    e: f64,
+    integral: f64,
+    max: Duration,
+) -> Duration {
     let scale = severity as f64 / 100.0;
     let secs = initial.as_secs_f64()
         + scale
@@ -108,7 +114,7 @@ pub fn delay(initial: Duration, severity: u32, e: f64, integral: f64, max: Durat
 }
 
 /// One relaxing step of a delay after its cause cleared: a quarter per sample, then zero.
-pub fn relax_delay(current: Duration) -> Duration {
+pub(crate) fn relax_delay(current: Duration) -> Duration {
     let next = current.mul_f64(RELAX_FACTOR);
     if next < DELAY_FLOOR {
         Duration::ZERO
@@ -125,7 +131,7 @@ fn clamp_duration(secs: f64, max: Duration) -> Duration {
 }
 
 /// Where a cut aims, as a share of the threshold: midway between resume line and threshold.
-pub fn target_share(resume_ratio: f64) -> f64 {
+pub(crate) fn target_share(resume_ratio: f64) -> f64 {
     (1.0 + resume_ratio) / 2.0
 }
 
@@ -134,7 +140,7 @@ pub fn target_share(resume_ratio: f64) -> f64 {
 /// target), never gentler than `gentlest` and never deeper than [`DEEPEST_CUT`]; at least 1.
 ///
 /// `ratio` is the worst `value / threshold` among the conditions above their threshold.
-pub fn cut(in_flight: u32, limit: u32, ratio: f64, resume_ratio: f64, gentlest: f64) -> u32 {
+pub(crate) fn cut(in_flight: u32, limit: u32, ratio: f64, resume_ratio: f64, gentlest: f64) -> u32 {
     let base = in_flight.min(limit) as f64;
     let factor = (target_share(resume_ratio) / ratio.max(f64::MIN_POSITIVE))
         .min(gentlest)
@@ -148,7 +154,7 @@ pub fn cut(in_flight: u32, limit: u32, ratio: f64, resume_ratio: f64, gentlest: 
 /// far below the line the limit nearly doubles per sample (slow start); near it, it grows by
 /// `step`. If the resource scales with the limit, `value x (1 + headroom)` never passes the
 /// resume line, so growth approaches the line from below instead of overshooting.
-pub fn grow(limit: u32, max: u32, headroom: f64, step: u32) -> u32 {
+pub(crate) fn grow(limit: u32, max: u32, headroom: f64, step: u32) -> u32 {
     let proportional = (limit as f64 * headroom.clamp(0.0, 1.0)).floor() as u32;
     limit.saturating_add(proportional.max(step)).min(max).max(1)
 }
@@ -157,7 +163,7 @@ pub fn grow(limit: u32, max: u32, headroom: f64, step: u32) -> u32 {
 /// rate of the backlog times `1 - PACE_GAIN x overage`, bounded. At the threshold publishing
 /// matches the drain, so the stored backlog stops growing; above it, less (it shrinks back);
 /// between resume line and threshold, a little more (it settles at the threshold).
-pub fn paced_rate(drain_per_sec: f64, e: f64) -> f64 {
+pub(crate) fn paced_rate(drain_per_sec: f64, e: f64) -> f64 {
     drain_per_sec * (1.0 - PACE_GAIN * e).clamp(PACE_FACTOR_MIN, PACE_FACTOR_MAX)
 }
 
@@ -166,7 +172,12 @@ pub fn paced_rate(drain_per_sec: f64, e: f64) -> f64 {
 /// distance above [`RELEASE_SETPOINT`] of the resume line as a share of the threshold,
 /// bounded. The depth falls at nearly the drain rate while far above the setpoint and
 /// settles at it; the pace ends once what still waits would pass within a sample.
-pub fn release_rate(drain_per_sec: f64, value: f64, threshold: f64, resume_ratio: f64) -> f64 {
+pub(crate) fn release_rate(
+    drain_per_sec: f64,
+    value: f64,
+    threshold: f64,
+    resume_ratio: f64,
+) -> f64 {
     if threshold <= 0.0 {
         return drain_per_sec;
     }
@@ -180,14 +191,14 @@ pub fn release_rate(drain_per_sec: f64, value: f64, threshold: f64, resume_ratio
 /// for the time of its insert), so its peaks stand well above its mean: at 0.75 of the line
 /// they still reached the threshold in one release run of `database-sessions` in four, the
 /// ceiling held receives, and the condition engaged again; at 0.6, in none of six.
-pub const SESSION_RELEASE_SHARE: f64 = 0.6;
+pub(crate) const SESSION_RELEASE_SHARE: f64 = 0.6;
 
 /// The pace the sends that waited out a database-sessions episode are let in at, from the
 /// pace so far, once its cause has cleared: that pace times the ratio of
 /// [`SESSION_RELEASE_SHARE`] of the resume line to the sessions' mean since the last tick
 /// (the sessions in use grow in proportion to what is let in, by Little's law), bounded by
 /// [`PACE_FACTOR_MIN`] below and the relaxing pace's own growth above.
-pub fn session_release_rate(pace: f64, mean: f64, threshold: f64, resume_ratio: f64) -> f64 {
+pub(crate) fn session_release_rate(pace: f64, mean: f64, threshold: f64, resume_ratio: f64) -> f64 {
     let setpoint = threshold * resume_ratio * SESSION_RELEASE_SHARE;
     let ratio = if mean > 0.0 {
         setpoint / mean
@@ -198,7 +209,7 @@ pub fn session_release_rate(pace: f64, mean: f64, threshold: f64, resume_ratio: 
 }
 
 /// The spacing of admissions for a rate, capped by `max`; None for no usable rate.
-pub fn pace_interval(rate_per_sec: f64, max: Duration) -> Option<Duration> {
+pub(crate) fn pace_interval(rate_per_sec: f64, max: Duration) -> Option<Duration> {
     if !(rate_per_sec.is_finite() && rate_per_sec > 0.0) {
         return None;
     }

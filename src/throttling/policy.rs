@@ -21,14 +21,14 @@ use crate::config::{OverrideMode, ThrottlingConfig};
 
 /// The controller and the delivery ceiling it arms, as one policy.
 #[derive(Debug)]
-pub struct Policy {
+pub(crate) struct Policy {
     controller: Controller,
     ceiling: Ceiling,
 }
 
 impl Policy {
     /// A policy with these settings and thresholds; the ceiling is armed by the first tick.
-    pub fn new(config: ThrottlingConfig, thresholds: Thresholds) -> Self {
+    pub(crate) fn new(config: ThrottlingConfig, thresholds: Thresholds) -> Self {
         Policy {
             controller: Controller::new(config, thresholds),
             ceiling: Ceiling::default(),
@@ -39,7 +39,7 @@ impl Policy {
     /// readings (the controller shows that condition as acting and cuts the limits to the
     /// room measured), the controller decides, and its decision arms the ceiling for the
     /// time until the next tick. Returns the decision and the readings it was made from.
-    pub fn tick(
+    pub(crate) fn tick(
         &mut self,
         now: Duration,
         readings: Readings,
@@ -60,7 +60,7 @@ impl Policy {
     /// resource with a threshold, while delivery throttling applies (enabled, and not
     /// overridden to "never"). A tick does this itself; before the first one, a caller that
     /// knows its queues may.
-    pub fn arm(&mut self, limits_total: u64) {
+    pub(crate) fn arm(&mut self, limits_total: u64) {
         let config = self.controller.config();
         let applies = config.enabled && config.delivery.override_mode != OverrideMode::Never;
         let thresholds = *self.controller.thresholds();
@@ -69,7 +69,7 @@ impl Policy {
 
     /// Between ticks: how many more receives delivery may start now, given what the guarded
     /// resources use and what the admission has let through; None when nothing is guarded.
-    pub fn between_ticks(
+    pub(crate) fn between_ticks(
         &mut self,
         now: Instant,
         usage: Usage,
@@ -82,37 +82,37 @@ impl Policy {
     }
 
     /// Whether the ceiling guards anything (then it is read every few milliseconds).
-    pub fn ceiling_armed(&self) -> bool {
+    pub(crate) fn ceiling_armed(&self) -> bool {
         self.ceiling.is_armed()
     }
 
     /// Whether the ceiling guards `condition` (what the next read must sense).
-    pub fn guards(&self, condition: Condition) -> bool {
+    pub(crate) fn guards(&self, condition: Condition) -> bool {
         self.ceiling.guards(condition)
     }
 
     /// When the ceiling wants its next read: sooner while receives press against it.
-    pub fn next_read_in(&self) -> Duration {
+    pub(crate) fn next_read_in(&self) -> Duration {
         self.ceiling.next_read_in()
     }
 
     /// Replaces the settings (hot reload); delays and limits carry over.
-    pub fn reconfigure(&mut self, config: ThrottlingConfig, thresholds: Thresholds) {
+    pub(crate) fn reconfigure(&mut self, config: ThrottlingConfig, thresholds: Thresholds) {
         self.controller.reconfigure(config, thresholds);
     }
 
     /// Sets a direction's override until the next reload.
-    pub fn set_override(&mut self, direction: Direction, mode: OverrideMode) {
+    pub(crate) fn set_override(&mut self, direction: Direction, mode: OverrideMode) {
         self.controller.set_override(direction, mode);
     }
 
     /// The settings in force (overrides included).
-    pub fn config(&self) -> &ThrottlingConfig {
+    pub(crate) fn config(&self) -> &ThrottlingConfig {
         self.controller.config()
     }
 
     /// The thresholds in force.
-    pub fn thresholds(&self) -> &Thresholds {
+    pub(crate) fn thresholds(&self) -> &Thresholds {
         self.controller.thresholds()
     }
 }

@@ -77,7 +77,7 @@ pub struct RateReading {
 }
 
 /// The short window pacing is computed over.
-pub const RECENT: Duration = Duration::from_secs(2);
+pub(crate) const RECENT: Duration = Duration::from_secs(2);
 
 /// Snapshots of counter totals covering the sampling window.
 #[derive(Debug, Default)]
@@ -149,13 +149,13 @@ const DRAIN_WINDOW: Duration = Duration::from_secs(3);
 /// Estimates how fast the stored backlog drains: messages published minus growth of the
 /// backlog, over the last few seconds. It covers consumers in other hosts too.
 #[derive(Debug, Default)]
-pub struct DrainMeter {
+pub(crate) struct DrainMeter {
     history: VecDeque<(Duration, u64, u64)>,
 }
 
 impl DrainMeter {
     /// `published`: publishing's outgoing total; `size`: the database size now.
-    pub fn record(&mut self, now: Duration, published: u64, size: u64) -> Option<f64> {
+    pub(crate) fn record(&mut self, now: Duration, published: u64, size: u64) -> Option<f64> {
         self.history.push_back((now, published, size));
         while self.history.len() > 2 && self.history[1].0 + DRAIN_WINDOW <= now {
             self.history.pop_front();

@@ -51,7 +51,7 @@ pub struct QueueReading {
 /// What the host tells the controller each tick: its counters, read without waiting for I/O
 /// (the database size asks for stale depths to be peeked in the background and answers from
 /// the last known ones, so a slow database never delays a tick).
-pub trait HostProbe: Send + Sync + 'static {
+pub(crate) trait HostProbe: Send + Sync + 'static {
     /// Messages handed to handlers and not done.
     fn in_process(&self) -> u64;
     /// Database connections in use.
@@ -69,7 +69,7 @@ pub trait HostProbe: Send + Sync + 'static {
 }
 
 /// Where the controller's queue limits go.
-pub trait LimitSink: Send + Sync + 'static {
+pub(crate) trait LimitSink: Send + Sync + 'static {
     /// Sets one queue's throttling limit.
     fn set_limit(&self, queue: &str, limit: u32);
 }
@@ -95,7 +95,7 @@ pub struct Snapshot {
 const DECISION_BUFFER: usize = 4096;
 
 /// The host's handle on its throttling: settings, overrides, the latest snapshot.
-pub struct ThrottleControl {
+pub(crate) struct ThrottleControl {
     policy: Mutex<Policy>,
     machine: MachineFacts,
     snapshot: ArcSwapOption<Snapshot>,
@@ -105,7 +105,7 @@ pub struct ThrottleControl {
 
 impl ThrottleControl {
     /// Control for a machine with these facts.
-    pub fn new(config: ThrottlingConfig, machine: MachineFacts) -> Self {
+    pub(crate) fn new(config: ThrottlingConfig, machine: MachineFacts) -> Self {
         let thresholds = Thresholds::resolve(&config, machine);
         ThrottleControl {
             policy: Mutex::new(Policy::new(config, thresholds)),
@@ -121,36 +121,36 @@ impl ThrottleControl {
     }
 
     /// Replaces the settings (hot reload); delays and limits carry over.
-    pub fn reconfigure(&self, config: ThrottlingConfig) {
+    pub(crate) fn reconfigure(&self, config: ThrottlingConfig) {
         let thresholds = Thresholds::resolve(&config, self.machine);
         self.policy().reconfigure(config, thresholds);
         self.reconfigured.notify_waiters();
     }
 
     /// Sets a direction's override until the next reload.
-    pub fn set_override(&self, direction: Direction, mode: OverrideMode) {
+    pub(crate) fn set_override(&self, direction: Direction, mode: OverrideMode) {
         self.policy().set_override(direction, mode);
         self.reconfigured.notify_waiters();
     }
 
     /// The settings in force (overrides included).
-    pub fn config(&self) -> ThrottlingConfig {
+    pub(crate) fn config(&self) -> ThrottlingConfig {
         self.policy().config().clone()
     }
 
     /// The latest snapshot (None before the first tick).
-    pub fn snapshot(&self) -> Option<Arc<Snapshot>> {
+    pub(crate) fn snapshot(&self) -> Option<Arc<Snapshot>> {
         self.snapshot.load_full()
     }
 
     /// Every snapshot from now on, one per tick.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Snapshot>> {
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<Snapshot>> {
         self.decisions.subscribe()
     }
 }
 
 /// Everything the loop reads and writes.
-pub struct ServiceParts {
+pub(crate) struct ServiceParts {
     /// Settings, overrides, snapshot.
     pub control: Arc<ThrottleControl>,
     /// Process and system sensor.
@@ -171,7 +171,7 @@ pub struct ServiceParts {
 const FRESH_DEPTH_SHARE: f64 = 0.8;
 
 /// Runs the loop until `stop` is cancelled.
-pub async fn run(mut parts: ServiceParts, stop: CancellationToken) {
+pub(crate) async fn run(mut parts: ServiceParts, stop: CancellationToken) {
     let host_metrics = parts.metrics.host();
     let mut loop_state = LoopState::starting(parts.clock.now());
     let mut last_upkeep = parts.clock.now();

@@ -334,7 +334,9 @@ fn memory_under_its_threshold_at_full_load_is_not_pressure() {
     for share in [0.5, 0.7, 0.9] {
         // 16 MiB base + 80 messages to `share` of 64 MiB.
         let per_message = (share * 64.0 - 16.0) / 80.0;
-        let phase = Phase::new(30.0, 80.0).latency(1.0).memory(per_message * MIB);
+        let phase = Phase::new(30.0, 80.0)
+            .latency(1.0)
+            .memory(per_message * MIB);
         let outcome = simulate(config(0.25), 200, &[phase]);
         let shown: Vec<_> = outcome
             .ticks

@@ -23,14 +23,14 @@ use crate::throttling::policy::Policy;
 use crate::throttling::rates::{DrainMeter, RateWindow};
 use crate::throttling::{Condition, Direction};
 
-pub const MIB: f64 = 1048576.0;
+pub(super) const MIB: f64 = 1048576.0;
 const STEP: f64 = 0.01;
 /// What the rest of the machine uses: the simulated system memory is this plus the host's.
-pub const OTHERS_MEMORY: f64 = 64.0 * MIB;
+pub(super) const OTHERS_MEMORY: f64 = 64.0 * MIB;
 
 /// What the simulated world does in one phase.
 #[derive(Debug, Clone, Copy)]
-pub struct Phase {
+pub(super) struct Phase {
     pub seconds: f64,
     /// Sends offered per second to publishing (counted when offered, as the host counts them).
     pub offered_per_sec: f64,
@@ -57,7 +57,7 @@ pub struct Phase {
 
 impl Phase {
     /// `seconds` of `offered_per_sec` sends, a fast store and 50 ms handlers holding nothing.
-    pub fn new(seconds: f64, offered_per_sec: f64) -> Self {
+    pub(super) fn new(seconds: f64, offered_per_sec: f64) -> Self {
         Phase {
             seconds,
             offered_per_sec,
@@ -73,7 +73,7 @@ impl Phase {
     }
 
     /// The sends come from `senders` that each wait for their last send's admission.
-    pub fn closed_loop(self, senders: usize) -> Self {
+    pub(super) fn closed_loop(self, senders: usize) -> Self {
         Phase {
             closed_loop: Some(senders),
             ..self
@@ -81,18 +81,18 @@ impl Phase {
     }
 
     /// Marks the phase as causing `causes`.
-    pub fn causes(self, causes: &'static [Condition]) -> Self {
+    pub(super) fn causes(self, causes: &'static [Condition]) -> Self {
         Phase { causes, ..self }
     }
 
-    pub fn threads(self, threads_per_message: f64) -> Self {
+    pub(super) fn threads(self, threads_per_message: f64) -> Self {
         Phase {
             threads_per_message,
             ..self
         }
     }
 
-    pub fn sessions(self, sessions_per_message: f64) -> Self {
+    pub(super) fn sessions(self, sessions_per_message: f64) -> Self {
         Phase {
             sessions_per_message,
             ..self
@@ -100,25 +100,25 @@ impl Phase {
     }
 
     /// Each insert holds a connection for `insert_seconds`.
-    pub fn inserts(self, insert_seconds: f64) -> Self {
+    pub(super) fn inserts(self, insert_seconds: f64) -> Self {
         Phase {
             insert_seconds,
             ..self
         }
     }
 
-    pub fn latency(self, latency: f64) -> Self {
+    pub(super) fn latency(self, latency: f64) -> Self {
         Phase { latency, ..self }
     }
 
-    pub fn memory(self, memory_per_message: f64) -> Self {
+    pub(super) fn memory(self, memory_per_message: f64) -> Self {
         Phase {
             memory_per_message,
             ..self
         }
     }
 
-    pub fn store(self, store_per_sec: f64) -> Self {
+    pub(super) fn store(self, store_per_sec: f64) -> Self {
         Phase {
             store_per_sec,
             ..self
@@ -128,7 +128,7 @@ impl Phase {
 
 /// Settings for the simulated host: 64 MiB process memory threshold, no in-process or
 /// database size threshold, the sample interval given.
-pub fn config(sample: f64) -> ThrottlingConfig {
+pub(super) fn config(sample: f64) -> ThrottlingConfig {
     ThrottlingConfig {
         sample_interval: Duration::from_secs_f64(sample),
         process_memory: MemoryThreshold::Bytes((64.0 * MIB) as u64),
@@ -139,7 +139,7 @@ pub fn config(sample: f64) -> ThrottlingConfig {
 }
 
 /// A run's record.
-pub struct Outcome {
+pub(super) struct Outcome {
     pub ticks: Vec<Tick>,
     /// Handler completions per phase.
     pub completed: Vec<f64>,
@@ -158,12 +158,12 @@ pub struct Outcome {
 
 impl Outcome {
     /// Every episode, scored as `throttlehost load` scores a run.
-    pub fn episodes(&self, resume_ratio: f64) -> Vec<Episode> {
+    pub(super) fn episodes(&self, resume_ratio: f64) -> Vec<Episode> {
         quality::episodes(&self.ticks, resume_ratio, &self.causes)
     }
 
     /// Episodes judged in `direction`.
-    pub fn episodes_in(&self, direction: Direction, resume_ratio: f64) -> Vec<Episode> {
+    pub(super) fn episodes_in(&self, direction: Direction, resume_ratio: f64) -> Vec<Episode> {
         self.episodes(resume_ratio)
             .into_iter()
             .filter(|e| e.direction == direction)
@@ -172,7 +172,7 @@ impl Outcome {
 
     /// Messages started over messages done between the ticks at `from` and `to` seconds:
     /// delivery's incoming over outgoing.
-    pub fn delivery_ratio(&self, from: f64, to: f64) -> f64 {
+    pub(super) fn delivery_ratio(&self, from: f64, to: f64) -> f64 {
         let at = |s: f64| {
             let i = self
                 .ticks
@@ -290,18 +290,23 @@ impl World {
 }
 
 /// Runs `phases` on a host with one queue of `max`.
-pub fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Outcome {
+pub(super) fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Outcome {
     simulate_noisy(cfg, max, phases, 0.0)
 }
 
 /// [`simulate`] with a memory sensor that reads up to `noise` bytes off either way (the
 /// allocator's caches, other threads), from a fixed seed.
-pub fn simulate_noisy(cfg: ThrottlingConfig, max: u32, phases: &[Phase], noise: f64) -> Outcome {
+pub(super) fn simulate_noisy(
+    cfg: ThrottlingConfig,
+    max: u32,
+    phases: &[Phase],
+    noise: f64,
+) -> Outcome {
     run(cfg, max, 0, phases, noise)
 }
 
 /// [`simulate`] starting with `backlog` messages already stored.
-pub fn simulate_with_backlog(
+pub(super) fn simulate_with_backlog(
     cfg: ThrottlingConfig,
     max: u32,
     backlog: u64,
@@ -544,7 +549,7 @@ fn ready(w: &World, admission: &Admission, t: f64) -> f64 {
 /// Every episode meets the control bounds: engaged within 2 samples, peak at most `peak` x
 /// its threshold (not for rate imbalance, whose value is the offered load), at most 2 state
 /// changes, state 0 within 10 s of the cause ending.
-pub fn assert_controlled(episodes: &[Episode], peak: f64) {
+pub(super) fn assert_controlled(episodes: &[Episode], peak: f64) {
     assert!(!episodes.is_empty(), "no episode");
     // What each run measured, for `-- --nocapture` (a test's output shows only then).
     for e in episodes {

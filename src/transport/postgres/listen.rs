@@ -47,7 +47,7 @@ pub(super) struct Listener {
 
 impl Listener {
     /// Listens until `stop`, connecting again after every failure.
-    pub async fn run(mut self) {
+    pub(super) async fn run(mut self) {
         self.config
             .keepalives(true)
             .keepalives_idle(KEEPALIVE_IDLE)

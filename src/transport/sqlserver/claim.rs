@@ -34,22 +34,22 @@ use tokio::time::Instant;
 use crate::transport::QueueName;
 
 /// The most claim attempts one receive makes before it answers empty.
-pub const CLAIM_ATTEMPTS: u32 = 16;
+pub(super) const CLAIM_ATTEMPTS: u32 = 16;
 /// The most held rows a look-up names to pass over; further ones it skips by count.
-pub const MAX_EXCLUDED: usize = 512;
+pub(super) const MAX_EXCLUDED: usize = 512;
 /// The fewest candidates one look-up asks for (more for a larger batch): one look-up per
 /// this many messages at most.
-pub const CANDIDATES: usize = 32;
+pub(super) const CANDIDATES: usize = 32;
 /// How long a look-up's candidates are handed out; older ones are dropped for a new look-up,
 /// so rows rolled back or sent meanwhile are not passed over for long.
-pub const CANDIDATE_LIFETIME: Duration = Duration::from_millis(250);
+pub(super) const CANDIDATE_LIFETIME: Duration = Duration::from_millis(250);
 /// How long look-ups pass over a row a claim found held by another transaction (another
 /// host's receive, which will most likely delete it): it is not aimed at again and again.
-pub const HELD_ELSEWHERE_FOR: Duration = Duration::from_secs(1);
+pub(super) const HELD_ELSEWHERE_FOR: Duration = Duration::from_secs(1);
 
 /// What this host's claiming receives hold on each queue, and the candidates they take next.
 #[derive(Debug, Default)]
-pub struct HeldRows {
+pub(super) struct HeldRows {
     queues: Mutex<HashMap<QueueName, Arc<QueueHeld>>>,
 }
 
@@ -98,7 +98,7 @@ impl HeldRows {
     /// Takes up to `n` of `queue`'s candidates, oldest first, each held until its guard
     /// drops (a receive keeps it while its transaction runs). Candidates older than
     /// [`CANDIDATE_LIFETIME`] are dropped instead.
-    pub fn take(&self, queue: &QueueName, n: usize) -> Vec<Held> {
+    pub(super) fn take(&self, queue: &QueueName, n: usize) -> Vec<Held> {
         let of = self.queue(queue);
         let taken: Vec<i64> = {
             let mut state = of.state();
@@ -122,7 +122,7 @@ impl HeldRows {
     /// Starts a look-up of `queue`'s candidates once no other is under way (the turn lasts
     /// while the [`LookingUp`] lives, so receives that find no candidate at once make one
     /// look-up, not one each): the rows it passes over by name, and how many more by count.
-    pub async fn look_up(&self, queue: &QueueName) -> LookingUp {
+    pub(super) async fn look_up(&self, queue: &QueueName) -> LookingUp {
         let of = self.queue(queue);
         let turn = of.lookup.clone().lock_owned().await;
         let (excluded, skip) = {
@@ -151,7 +151,7 @@ impl HeldRows {
 
 /// A look-up under way, in its queue's turn.
 #[derive(Debug)]
-pub struct LookingUp {
+pub(super) struct LookingUp {
     of: Arc<QueueHeld>,
     _turn: tokio::sync::OwnedMutexGuard<()>,
     /// Rows this host holds, then rows found held elsewhere, to pass over by name.
@@ -163,14 +163,14 @@ pub struct LookingUp {
 impl LookingUp {
     /// Whether candidates are there to take: another look-up found some while this one
     /// waited for its turn.
-    pub fn found_meanwhile(&self) -> bool {
+    pub(super) fn found_meanwhile(&self) -> bool {
         let state = self.of.state();
         !state.candidates.is_empty() && state.fresh()
     }
 
     /// The look-up found these rows free, oldest first: they become the candidates (but any
     /// a receive of this host has taken meanwhile). The turn ends.
-    pub fn found(self, row_versions: &[i64]) {
+    pub(super) fn found(self, row_versions: &[i64]) {
         let mut state = self.of.state();
         let fresh: VecDeque<i64> = row_versions
             .iter()
@@ -213,7 +213,7 @@ impl Held {
 }
 
 /// Releases the rows a connection's transaction held: `returned` when it did not commit.
-pub fn release(held: &mut Vec<Held>, returned: bool) {
+pub(super) fn release(held: &mut Vec<Held>, returned: bool) {
     for row in held.drain(..) {
         if returned {
             row.returned();
@@ -229,7 +229,7 @@ impl Drop for Held {
 
 /// What a failed claim attempt means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimFailure {
+pub(super) enum ClaimFailure {
     /// The row is held by another transaction: try the next one.
     Held,
     /// Anything else: the receive fails.
@@ -238,7 +238,7 @@ pub enum ClaimFailure {
 
 /// Classifies a server error of a claim attempt: SQL Server's lock timeout is error 1222;
 /// Babelfish reports PostgreSQL's `lock_not_available` as 1222 or, unmapped, by its text.
-pub fn classify(code: u32, message: &str) -> ClaimFailure {
+pub(super) fn classify(code: u32, message: &str) -> ClaimFailure {
     if code == 1222 || message.to_ascii_lowercase().contains("lock timeout") {
         ClaimFailure::Held
     } else {

@@ -78,8 +78,8 @@ pub struct DirectionStatus {
     pub pacing_interval_seconds: Option<f64>,
     /// Admissions per second allowed, if pacing.
     pub pace_messages_per_second: Option<f64>,
-    /// The cause has cleared and its actions are relaxing (the state stays on the cause
-    /// until they have).
+    /// No condition is active and the actions are relaxing (the state stays on its last
+    /// cause until they have; the value may be under its line because of them).
     pub recovering: bool,
     /// The state in words: cause in units, actions, what ends it. Absent at state 0.
     pub explanation: Option<Explanation>,

@@ -85,7 +85,7 @@ pub const METRICS: &[MetricDef] = &[
         G,
         None,
         &["direction"],
-        "1 while the cause has cleared and the direction's actions (delay, pace, reduced limits) are relaxing",
+        "1 while no condition is active and the direction's actions (delay, pace, reduced limits) are relaxing",
     ),
     def(
         "throttling_pace_messages_per_second",

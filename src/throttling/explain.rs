@@ -126,8 +126,11 @@ pub(crate) fn explain(
         Some(c) => describe_condition(c, resume_ratio),
         None => cause_condition.words().to_string(),
     };
+    // Recovering says what is measured, not that the cause is gone: the value under its
+    // resume line may be the actions' doing (handlers holding memory still run, fewer of
+    // them), and saying "the cause has cleared" then was wrong for 1-4 polls in 15-25.
     if decision.recovering {
-        cause = format!("cleared: {cause}");
+        cause = format!("under its resume line: {cause}");
     }
     let mut actions = Vec::new();
     if !decision.delay.is_zero() {
@@ -157,7 +160,14 @@ pub(crate) fn explain(
         }
     }
     let clears_when = if decision.recovering {
-        "the cause has cleared; back to 0 once the actions above have relaxed".to_string()
+        match status {
+            Some(c) if c.condition != Condition::Override && c.threshold > 0.0 => format!(
+                "the actions above relax while {} stays below {}; back to 0 once they have",
+                c.condition.words(),
+                format_value(c.condition.measure(), c.threshold * resume_ratio)
+            ),
+            _ => "the actions above relax; back to 0 once they have".to_string(),
+        }
     } else {
         match status {
             Some(c) if c.condition == Condition::Override => {
@@ -252,14 +262,20 @@ mod tests {
     }
 
     #[test]
-    fn recovering_says_the_cause_cleared() {
+    fn recovering_says_what_is_measured_not_that_the_cause_is_gone() {
         let e = explain(&decision(Direction::Delivery, true), 0.9, &BTreeMap::new()).unwrap();
         assert!(
-            e.cause.starts_with("cleared: process memory"),
+            e.cause.starts_with("under its resume line: process memory"),
             "{}",
             e.cause
         );
-        assert!(e.clears_when.contains("relaxed"), "{}", e.clears_when);
+        assert!(!e.cause.contains("cleared") && !e.clears_when.contains("cleared"));
+        assert!(
+            e.clears_when
+                .starts_with("the actions above relax while process memory stays below"),
+            "{}",
+            e.clears_when
+        );
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub struct DirectionDecision {
     pub state: u8,
     /// BizTalk state name.
     pub state_name: &'static str,
-    /// The cause has cleared and its actions are relaxing (the state shows the cause until
+    /// No condition is active and the actions are relaxing (the state shows the cause until
     /// no delay, no pace and no reduced limit is left).
     pub recovering: bool,
     /// The condition whose actions are in effect.

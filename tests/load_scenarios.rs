@@ -774,15 +774,6 @@ fn a_bad_scenario_is_rejected_with_its_line() {
 }
 
 #[test]
-fn a_scenario_without_expectations_is_rejected() {
-    let text = std::fs::read_to_string("load/in-process.toml").unwrap();
-    let start = text.find("[expect]").unwrap();
-    let end = start + text[start..].find("[[phases]]").unwrap();
-    let stderr = rejected(&format!("{}{}", &text[..start], &text[end..]));
-    assert!(stderr.contains("the scenario expects nothing"), "{stderr}");
-}
-
-#[test]
 fn an_unmet_state_expectation_fails_the_run() {
     // The in-process scenario expecting a state it cannot show (5, system memory) fails.
     let text = std::fs::read_to_string("load/in-process.toml")

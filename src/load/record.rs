@@ -102,4 +102,7 @@ pub struct RunResult {
     pub expect: super::scenario::Expect,
     /// Hysteresis ratio in force (the chart draws the resume line from it).
     pub resume_ratio: f64,
+    /// The directions the scenario overrides to `never`: their episodes are reported but not
+    /// held to any bound, since nothing throttles them by design.
+    pub uncontrolled: Vec<crate::throttling::Direction>,
 }

@@ -189,7 +189,12 @@ pub fn summarize(run: &RunResult) -> Summary {
         run.resume_ratio,
         &quality::cause_spans(&run.phases),
     );
-    let mut control_violations = control_violations(&run.expect, &episodes);
+    let controlled: Vec<Episode> = episodes
+        .iter()
+        .filter(|e| !run.uncontrolled.contains(&e.direction))
+        .cloned()
+        .collect();
+    let mut control_violations = control_violations(&run.expect, &controlled);
     control_violations.extend(fleet_violations(&run.expect, a.fleet_in_flight.as_ref()));
     Summary {
         scenario: run.scenario.clone(),
@@ -841,6 +846,7 @@ mod tests {
             cleared,
             expect,
             resume_ratio: 0.9,
+            uncontrolled: Vec::new(),
         }
     }
 

@@ -25,8 +25,9 @@ use super::options::{Display, LoadError, LoadOptions, host_config};
 use super::peer::Peers;
 use super::record::{Accounting, RunResult};
 use super::scenario::{Phase, Scenario};
-use crate::config::{Config, TransportKind};
+use crate::config::{Config, OverrideMode, TransportKind};
 use crate::host::HostBuilder;
+use crate::throttling::Direction;
 use crate::throttling::sensors::SystemSensor;
 use crate::transport::{self, QueueAdmin, QueueName, Transport};
 
@@ -93,6 +94,15 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     } = prepare(scenario, options).await?;
     let sample_interval = config.throttling.sample_interval;
     let resume_ratio = config.throttling.resume_ratio;
+    let throttling = &config.throttling;
+    let uncontrolled: Vec<Direction> = [
+        (Direction::Delivery, &throttling.delivery),
+        (Direction::Publishing, &throttling.publishing),
+    ]
+    .into_iter()
+    .filter(|(_, d)| d.override_mode == OverrideMode::Never)
+    .map(|(direction, _)| direction)
+    .collect();
     let host = HostBuilder::new(config)
         .transport(transport.clone())
         .observer(ledger.clone())
@@ -165,6 +175,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         cleared,
         expect: scenario.expect.clone(),
         resume_ratio,
+        uncontrolled,
     })
 }
 

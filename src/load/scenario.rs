@@ -20,8 +20,8 @@ pub struct Scenario {
     /// What it shows.
     #[serde(default)]
     pub description: String,
-    /// What the run must show: states, absent states and control-quality bounds. Required
-    /// (checked with the other problems): a scenario that expects nothing cannot fail.
+    /// What the run must show: states, absent states and control-quality bounds. Without
+    /// it, every episode is still held to the goals (see [`Expect`]), and nothing may be lost.
     #[serde(default)]
     pub expect: Expect,
     /// Where the queues are, in the host configuration's form.
@@ -139,8 +139,13 @@ fn default_settle() -> Duration {
     Duration::from_secs(30)
 }
 
-/// What the run must show.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// What the run must show. Every control episode is held to the goals unless the scenario
+/// says otherwise: engaged within [`GOAL_ENGAGE_SAMPLES`] ticks of its crossing, peaked at
+/// most at [`GOAL_PEAK_RATIO`] of its threshold ([`GOAL_DATABASE_SIZE_PEAK_RATIO`] for the
+/// database size), at most [`GOAL_FLIPS`] state changes, state 0 within
+/// [`GOAL_RECOVERY_SECONDS`] of its cause ending. A scenario loosens a bound by naming it
+/// (`max_recovery_seconds = inf` lifts it), and says why in its comment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Expect {
     /// Delivery state codes that must appear.
@@ -159,20 +164,20 @@ pub struct Expect {
     #[serde(default)]
     pub min_episodes: Option<u32>,
     /// Every episode engages within this many controller ticks of the crossing.
-    #[serde(default)]
+    #[serde(default = "goal_engage_samples")]
     pub max_engage_samples: Option<u32>,
     /// Every episode's resource peaks at most at this multiple of its threshold.
-    #[serde(default)]
+    #[serde(default = "goal_peak_ratio")]
     pub max_peak_ratio: Option<f64>,
     /// Database size episodes peak at most at this multiple (tighter: it is paced).
-    #[serde(default)]
+    #[serde(default = "goal_database_size_peak_ratio")]
     pub max_database_size_peak_ratio: Option<f64>,
     /// Every episode changes its direction's state at most this many times.
-    #[serde(default)]
+    #[serde(default = "goal_flips")]
     pub max_flips: Option<u32>,
     /// Every episode is back at state 0 (no delay, no pace, full limits) within this many
     /// seconds of its cause ending.
-    #[serde(default)]
+    #[serde(default = "goal_recovery_seconds")]
     pub max_recovery_seconds: Option<f64>,
     /// The messages in flight across every process (from the ledger's start and end times)
     /// never pass this (a queue's `fleet_max`).
@@ -184,21 +189,54 @@ pub struct Expect {
     pub max_refill_after_kill_seconds: Option<f64>,
 }
 
-impl Expect {
-    /// True when nothing is expected at all.
-    pub fn is_empty(&self) -> bool {
-        self.delivery_states.is_empty()
-            && self.publishing_states.is_empty()
-            && self.delivery_absent.is_empty()
-            && self.publishing_absent.is_empty()
-            && self.min_episodes.is_none()
-            && self.max_engage_samples.is_none()
-            && self.max_peak_ratio.is_none()
-            && self.max_database_size_peak_ratio.is_none()
-            && self.max_flips.is_none()
-            && self.max_recovery_seconds.is_none()
-            && self.max_fleet_in_flight.is_none()
-            && self.max_refill_after_kill_seconds.is_none()
+/// The goal for how soon an episode engages: ticks after its crossing.
+pub const GOAL_ENGAGE_SAMPLES: u32 = 2;
+/// The goal for an episode's peak: a multiple of its threshold.
+pub const GOAL_PEAK_RATIO: f64 = 1.15;
+/// The goal for a database size episode's peak (it is paced, so tighter).
+pub const GOAL_DATABASE_SIZE_PEAK_RATIO: f64 = 1.10;
+/// The goal for an episode's state changes.
+pub const GOAL_FLIPS: u32 = 2;
+/// The goal for state 0 after an episode's cause ends, seconds.
+pub const GOAL_RECOVERY_SECONDS: f64 = 10.0;
+
+fn goal_engage_samples() -> Option<u32> {
+    Some(GOAL_ENGAGE_SAMPLES)
+}
+
+fn goal_peak_ratio() -> Option<f64> {
+    Some(GOAL_PEAK_RATIO)
+}
+
+fn goal_database_size_peak_ratio() -> Option<f64> {
+    Some(GOAL_DATABASE_SIZE_PEAK_RATIO)
+}
+
+fn goal_flips() -> Option<u32> {
+    Some(GOAL_FLIPS)
+}
+
+fn goal_recovery_seconds() -> Option<f64> {
+    Some(GOAL_RECOVERY_SECONDS)
+}
+
+impl Default for Expect {
+    /// The goals, and no state required or refused.
+    fn default() -> Self {
+        Expect {
+            delivery_states: Vec::new(),
+            publishing_states: Vec::new(),
+            delivery_absent: Vec::new(),
+            publishing_absent: Vec::new(),
+            min_episodes: None,
+            max_engage_samples: goal_engage_samples(),
+            max_peak_ratio: goal_peak_ratio(),
+            max_database_size_peak_ratio: goal_database_size_peak_ratio(),
+            max_flips: goal_flips(),
+            max_recovery_seconds: goal_recovery_seconds(),
+            max_fleet_in_flight: None,
+            max_refill_after_kill_seconds: None,
+        }
     }
 }
 
@@ -490,12 +528,6 @@ impl Scenario {
                 "a scenario needs at least one phase".to_string(),
             ));
         }
-        if scenario.expect.is_empty() {
-            problems.push((
-                "expect".to_string(),
-                "the scenario expects nothing: list states that must (or must not) appear, or control bounds such as max_peak_ratio".to_string(),
-            ));
-        }
         problems.extend(scenario.prefill_keys_problem());
         problems.extend(scenario.prefill_stages_problem());
         if scenario.rounds == 0 {
@@ -545,6 +577,29 @@ mod tests {
     use super::*;
 
     const BASE: &str = "name = 't'\n\n[expect]\nmin_episodes = 1\n[[queues]]\nname = 'q'\n";
+
+    #[test]
+    fn every_episode_is_held_to_the_goals_unless_the_scenario_says_otherwise() {
+        let phase = "[[phases]]\nname = 'p'\nduration = '1s'\n";
+        let without = format!("name = 't'\n[[queues]]\nname = 'q'\n{phase}");
+        let e = Scenario::parse(&without, "t.toml").unwrap().expect;
+        assert_eq!(e.max_engage_samples, Some(2));
+        assert_eq!(e.max_peak_ratio, Some(1.15));
+        assert_eq!(e.max_database_size_peak_ratio, Some(1.10));
+        assert_eq!(e.max_flips, Some(2));
+        assert_eq!(e.max_recovery_seconds, Some(10.0));
+        let loosened = format!(
+            "name = 't'\n[expect]\nmax_flips = 4\nmax_recovery_seconds = inf\n[[queues]]\nname = 'q'\n{phase}"
+        );
+        let e = Scenario::parse(&loosened, "t.toml").unwrap().expect;
+        assert_eq!(e.max_flips, Some(4));
+        assert_eq!(e.max_recovery_seconds, Some(f64::INFINITY));
+        assert_eq!(
+            e.max_engage_samples,
+            Some(2),
+            "the others stay at the goals"
+        );
+    }
 
     #[test]
     fn a_ramp_goes_from_the_start_rate_to_the_end_rate() {

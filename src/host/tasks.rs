@@ -39,7 +39,11 @@ pub(super) fn message_path(
     ));
     let publisher = Arc::new(
         Publisher::new(transport.clone(), throttle.clone(), metrics.clone())
-            .with_subscription_cache(config.transport.subscription_cache),
+            .with_subscription_cache(config.transport.subscription_cache)
+            .with_pool(
+                config.transport.pool_size,
+                config.queues.iter().map(|q| q.concurrency.max).sum(),
+            ),
     );
     let dispatcher = Arc::new(Dispatcher::new(
         publisher.clone(),

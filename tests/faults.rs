@@ -495,7 +495,10 @@ async fn sqlserver_a_claim_passing_over_a_held_row_is_counted() {
     let first = schema.transport(TransactionMode::ReceiveOnly, 2).await;
     let second = schema.transport(TransactionMode::ReceiveOnly, 4).await;
     let sink = Arc::new(Sink::default());
-    second.report_conflicts_to(sink.clone());
+    second
+        .host_hooks()
+        .expect("SQL Server counts its conflicts")
+        .report_conflicts_to(sink.clone());
     first.create_queue(&q("in")).await.unwrap();
     // Three connections open before the rows come: a look-up's candidates are handed out
     // for 250 ms, and a Babelfish login can take longer than that.

@@ -128,9 +128,11 @@ impl HostBuilder {
         );
 
         prepare_transport(&config, transport.as_ref(), &to_create, &queues).await?;
-        transport.report_conflicts_to(Arc::new(ConflictCounters::of(&queues)));
-        let names: Vec<QueueName> = queues.iter().map(|q| q.name().clone()).collect();
-        transport.wake_on_arrival(&names, Arc::new(ArrivalWakes::of(&queues)));
+        if let Some(hooks) = transport.host_hooks() {
+            hooks.report_conflicts_to(Arc::new(ConflictCounters::of(&queues)));
+            let names: Vec<QueueName> = queues.iter().map(|q| q.name().clone()).collect();
+            hooks.wake_on_arrival(&names, Arc::new(ArrivalWakes::of(&queues)));
+        }
 
         let adapter = Arc::new(probe::HostAdapter::new(
             &config,

@@ -81,7 +81,11 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
         uptime_seconds: host.started.elapsed().as_secs_f64(),
         receiving: host.is_receiving(),
         in_process: host.in_process(),
-        database_silent_seconds: host.transport.silent_for().map(|d| d.as_secs_f64()),
+        database_silent_seconds: host
+            .transport
+            .host_hooks()
+            .and_then(|hooks| hooks.silent_for())
+            .map(|d| d.as_secs_f64()),
         throttling,
         queues: host.queues.iter().map(|q| queue_status(q)).collect(),
     }

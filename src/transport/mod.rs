@@ -20,6 +20,7 @@ pub mod delayed;
 pub mod failed;
 pub mod fleet;
 pub mod headers;
+mod hooks;
 pub mod memory;
 pub mod ordering;
 pub mod postgres;
@@ -28,8 +29,6 @@ pub mod silence;
 pub mod sqlserver;
 pub mod subscriptions;
 mod unit_of_work;
-
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use uuid::Uuid;
@@ -44,6 +43,7 @@ pub use fleet::{
     BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry,
     ShareClaim, ShareRow,
 };
+pub use hooks::{ArrivalSink, ConflictSink, HostHooks};
 pub use ordering::{HeldKey, HeldStatements, KeyOrdering};
 pub use subscriptions::{Subscription, Subscriptions};
 
@@ -362,30 +362,6 @@ pub trait Received: Send {
     }
 }
 
-/// Where a transport reports the lock conflicts it handled itself (a row passed over because
-/// another transaction holds it, a deadlock victim retried), so they are counted by queue
-/// instead of logged one by one.
-pub trait ConflictSink: Send + Sync {
-    /// A statement on `queue`'s tables gave up on a row another transaction holds.
-    fn lock_timeout(&self, queue: &QueueName);
-    /// A statement on `queue`'s tables was chosen as a deadlock victim and retried.
-    fn deadlock(&self, queue: &QueueName);
-}
-
-/// Where a transport says that messages may have arrived on a queue this host receives (the
-/// database notified it, or this process sent them), so idle receivers look at once instead
-/// of at their next peek. A hint, never the only way to find messages: receivers still peek.
-pub trait ArrivalSink: Send + Sync {
-    /// Messages may have arrived on `queue`.
-    fn arrived(&self, queue: &QueueName);
-
-    /// From now on every arrival on `queue` is told of (`notified`), or some may be missed
-    /// (the listening connection failed). Idle receivers of a notified queue peek rarely.
-    fn listening(&self, queue: &QueueName, notified: bool) {
-        let _ = (queue, notified);
-    }
-}
-
 /// What [`Received::commit_and_receive`] did.
 pub struct CommitAndReceive {
     /// The commit of the current receive.
@@ -558,21 +534,12 @@ pub trait Transport: QueueAdmin {
         None
     }
 
-    /// How long the database has not answered while statements waited, once that is at
-    /// least [`silence::SILENT_AFTER`]; None while it answers (or when the transport cannot
-    /// tell).
-    fn silent_for(&self) -> Option<std::time::Duration> {
+    /// What it tells its host beyond the message path (silence, conflicts, arrivals); None
+    /// when it tells nothing: the host then sees no silence, counts no conflicts and finds
+    /// messages by peeking.
+    fn host_hooks(&self) -> Option<&dyn HostHooks> {
         None
     }
-
-    /// From now on, reports the lock conflicts this transport handles itself to `sink`
-    /// (default: a transport that has none ignores it).
-    fn report_conflicts_to(&self, _sink: Arc<dyn ConflictSink>) {}
-
-    /// From now on, tells `sink` when messages arrive on `queues` (default: a transport that
-    /// cannot tell says nothing, and its receivers find messages by peeking). Call it inside
-    /// the runtime: a transport may start a task that listens; it ends with the transport.
-    fn wake_on_arrival(&self, _queues: &[QueueName], _sink: Arc<dyn ArrivalSink>) {}
 }
 
 impl From<crate::names::InvalidName> for TransportError {

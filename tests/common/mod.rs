@@ -263,14 +263,8 @@ impl Transport for Counting {
     fn key_ordering(&self) -> Option<&dyn throttlehost::transport::KeyOrdering> {
         self.inner.key_ordering().filter(|_| !self.bare)
     }
-    fn wake_on_arrival(
-        &self,
-        queues: &[QueueName],
-        sink: Arc<dyn throttlehost::transport::ArrivalSink>,
-    ) {
-        if self.abilities {
-            self.inner.wake_on_arrival(queues, sink);
-        }
+    fn host_hooks(&self) -> Option<&dyn throttlehost::transport::HostHooks> {
+        self.inner.host_hooks().filter(|_| self.abilities)
     }
 }
 

@@ -213,12 +213,6 @@ impl Transport for MemoryTransport {
         "memory (in-process; messages are lost when the process exits)".into()
     }
 
-    /// Every message stored ready in a queue (sent, committed with a receive, moved when
-    /// due) wakes its receivers: an in-process queue needs no peek to know.
-    fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn ArrivalSink>) {
-        *lock(&self.shared.arrivals) = Some(sink);
-    }
-
     async fn send(
         &self,
         queue: &QueueName,
@@ -313,6 +307,18 @@ impl Transport for MemoryTransport {
 
     async fn ping(&self) -> Result<(), TransportError> {
         Ok(())
+    }
+
+    fn host_hooks(&self) -> Option<&dyn super::HostHooks> {
+        Some(self)
+    }
+}
+
+impl super::HostHooks for MemoryTransport {
+    /// Every message stored ready in a queue (sent, committed with a receive, moved when
+    /// due) wakes its receivers: an in-process queue needs no peek to know.
+    fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn ArrivalSink>) {
+        *lock(&self.shared.arrivals) = Some(sink);
     }
 }
 

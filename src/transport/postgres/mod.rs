@@ -464,38 +464,6 @@ impl Transport for PostgresTransport {
         depths
     }
 
-    fn silent_for(&self) -> Option<Duration> {
-        self.inner.silence.silent_for(self.inner.silent_after())
-    }
-
-    /// One listening connection for all of `queues` (outside the pool), woken by the
-    /// tables' insert trigger (see `listen`).
-    fn wake_on_arrival(&self, queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) {
-        if !self.inner.notify_on_insert {
-            return;
-        }
-        let channels: HashMap<String, QueueName> = queues
-            .iter()
-            .filter_map(|queue| {
-                let st = self.inner.statements(queue).ok()?;
-                Some((st.notify_channel.clone(), queue.clone()))
-            })
-            .collect();
-        if channels.is_empty() {
-            return;
-        }
-        let (config, tls) = self.inner.listen_with.clone();
-        let listener = listen::Listener {
-            config,
-            tls,
-            channels,
-            sink,
-            stop: self.inner.stop_listening.clone(),
-            schema: self.inner.schema.clone(),
-        };
-        tokio::spawn(listener.run());
-    }
-
     fn connections_in_use(&self) -> u64 {
         let s = self.inner.pool.status();
         s.size.saturating_sub(s.available) as u64
@@ -541,5 +509,43 @@ impl Transport for PostgresTransport {
 
     fn resolve_address(&self, address: &str) -> Option<QueueName> {
         super::address::parse(address, &self.inner.schema, None)
+    }
+
+    fn host_hooks(&self) -> Option<&dyn super::HostHooks> {
+        Some(self)
+    }
+}
+
+impl super::HostHooks for PostgresTransport {
+    fn silent_for(&self) -> Option<Duration> {
+        self.inner.silence.silent_for(self.inner.silent_after())
+    }
+
+    /// One listening connection for all of `queues` (outside the pool), woken by the
+    /// tables' insert trigger (see `listen`).
+    fn wake_on_arrival(&self, queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) {
+        if !self.inner.notify_on_insert {
+            return;
+        }
+        let channels: HashMap<String, QueueName> = queues
+            .iter()
+            .filter_map(|queue| {
+                let st = self.inner.statements(queue).ok()?;
+                Some((st.notify_channel.clone(), queue.clone()))
+            })
+            .collect();
+        if channels.is_empty() {
+            return;
+        }
+        let (config, tls) = self.inner.listen_with.clone();
+        let listener = listen::Listener {
+            config,
+            tls,
+            channels,
+            sink,
+            stop: self.inner.stop_listening.clone(),
+            schema: self.inner.schema.clone(),
+        };
+        tokio::spawn(listener.run());
     }
 }

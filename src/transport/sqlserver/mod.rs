@@ -388,10 +388,6 @@ impl Transport for SqlServerTransport {
         self.inner.count(&mut conn, queue, &st.peek, &[]).await
     }
 
-    fn silent_for(&self) -> Option<Duration> {
-        self.inner.silence.silent_for(self.inner.silent_after)
-    }
-
     fn connections_in_use(&self) -> u64 {
         let s = self.inner.pool.state();
         s.connections.saturating_sub(s.idle_connections) as u64
@@ -413,24 +409,6 @@ impl Transport for SqlServerTransport {
         Some(self)
     }
 
-    /// SQL Server does not notify: only this process's own sends wake (when they commit);
-    /// messages of other senders are found at the next peek.
-    fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) {
-        *self
-            .inner
-            .arrivals
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Some(sink);
-    }
-
-    fn report_conflicts_to(&self, sink: Arc<dyn ConflictSink>) {
-        *self
-            .inner
-            .conflicts
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Some(sink);
-    }
-
     async fn ping(&self) -> Result<(), TransportError> {
         let mut conn = self.inner.conn().await?;
         conn.run_batch("SELECT 1").await.map_err(|e| {
@@ -449,6 +427,34 @@ impl Transport for SqlServerTransport {
             &self.inner.schema,
             self.inner.catalog.get().map(String::as_str),
         )
+    }
+
+    fn host_hooks(&self) -> Option<&dyn super::HostHooks> {
+        Some(self)
+    }
+}
+
+impl super::HostHooks for SqlServerTransport {
+    fn silent_for(&self) -> Option<Duration> {
+        self.inner.silence.silent_for(self.inner.silent_after)
+    }
+
+    /// SQL Server does not notify: only this process's own sends wake (when they commit);
+    /// messages of other senders are found at the next peek.
+    fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) {
+        *self
+            .inner
+            .arrivals
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    fn report_conflicts_to(&self, sink: Arc<dyn ConflictSink>) {
+        *self
+            .inner
+            .conflicts
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(sink);
     }
 }
 

@@ -16,9 +16,9 @@ use common::{Probe, ProbeHandler};
 /// 60 messages a second for 3 s into a queue of 2 receivers, then a flood of 2 000 sends
 /// issued at once, throttling off so nothing but the pool stands between them. Before sends
 /// were bounded, the flood queued for every connection and each receive waited behind it:
-/// delivery fell from 60 a second to none for the flood's 2.5 s. Now receives keep 2 of the 4
-/// connections and delivery drains the growing backlog at 332 a second while the flood takes
-/// 5 s to store.
+/// delivery fell from 60 a second to none for the flood's 2.5 s. Now receives keep 1 of the 4
+/// connections and delivery drains the growing backlog at 295 a second while the flood takes
+/// 4.5 s to store.
 #[tokio::test(start_paused = true)]
 async fn a_flood_of_sends_leaves_receives_their_connections() {
     let mut config = common::memory_config("orders");

@@ -371,6 +371,13 @@ mod tests {
         assert!(text.contains("sales\\u{1b}[2J/n1\\u{7}"), "{text}");
     }
 
+    /// The queue rows of a rendered status (the test's queues are named q00, q01...).
+    fn queue_lines(text: &str) -> Vec<&str> {
+        text.lines()
+            .filter(|l| l.starts_with('q') && !l.starts_with("queue"))
+            .collect()
+    }
+
     /// Past 20 queues, the busy ones come first and the rest are counted, not listed; with
     /// `--all` every queue is; up to 20 keep the host's order.
     #[test]
@@ -386,10 +393,7 @@ mod tests {
         queues[23] = queue(23, 0, 50);
         let status = serde_json::json!({ "queues": queues });
         let text = render(&status, false);
-        let rows: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with('q') && !l.starts_with("queue"))
-            .collect();
+        let rows = queue_lines(&text);
         assert_eq!(rows.len(), 20, "{text}");
         assert!(
             rows[0].starts_with("q24") && rows[1].starts_with("q23"),
@@ -398,20 +402,11 @@ mod tests {
         assert!(rows[2].starts_with("q07"), "an open breaker next: {text}");
         assert!(text.contains("... and 5 more queues"), "{text}");
         let every = render(&status, true);
-        assert_eq!(
-            every
-                .lines()
-                .filter(|l| l.starts_with('q') && !l.starts_with("queue"))
-                .count(),
-            25
-        );
+        assert_eq!(queue_lines(&every).len(), 25);
         assert!(!every.contains("more queues"), "{every}");
         let few = serde_json::json!({ "queues": [queue(0, 0, 0), queue(1, 5, 5)] });
         let text = render(&few, false);
-        let rows: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with('q') && !l.starts_with("queue"))
-            .collect();
+        let rows = queue_lines(&text);
         assert!(rows[0].starts_with("q00"), "the host's order: {text}");
     }
 

@@ -88,7 +88,7 @@ pub struct Readings {
     /// Messages in process in queues whose receives are at their limit (the gate full): the
     /// receives those queues make wait for handlers to finish, not for messages to arrive.
     /// Delivery's rate imbalance is judged only when most of what is in process is there (see
-    /// `Controller::rate_imbalance`).
+    /// `receives_wait_for_handlers` in `controller/conditions.rs`).
     pub in_process_at_limit: u64,
     /// How fast the stored backlog drains (messages/s over the last seconds), when known:
     /// what publishing is paced against under publishing pressure.

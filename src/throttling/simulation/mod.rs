@@ -200,12 +200,7 @@ fn a_steady_load_within_capacity_starts_no_episode() {
     for (latency, rate) in [(0.2, 150.0), (1.0, 40.0), (2.0, 25.0)] {
         let load = || Phase::new(20.0, rate).latency(latency);
         let outcome = simulate(rate_config(), 64, &[load(), Phase::new(10.0, 0.0), load()]);
-        let throttled: Vec<_> = outcome
-            .ticks
-            .iter()
-            .filter(|t| t.states != [0, 0])
-            .map(|t| (t.t, t.states))
-            .collect();
+        let throttled = outcome.throttled_ticks();
         assert!(throttled.is_empty(), "{latency} s handlers: {throttled:?}");
         assert!(outcome.episodes(0.9).is_empty());
         let offered = rate * 40.0;
@@ -338,12 +333,7 @@ fn memory_under_its_threshold_at_full_load_is_not_pressure() {
             .latency(1.0)
             .memory(per_message * MIB);
         let outcome = simulate(config(0.25), 200, &[phase]);
-        let shown: Vec<_> = outcome
-            .ticks
-            .iter()
-            .filter(|t| t.states != [0, 0])
-            .map(|t| (t.t, t.states))
-            .collect();
+        let shown = outcome.throttled_ticks();
         assert!(shown.is_empty(), "at {share} of the threshold: {shown:?}");
         let done: f64 = outcome.completed.iter().sum();
         assert!(done >= 80.0 * 29.0, "{done} done at {share}");

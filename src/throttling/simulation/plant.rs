@@ -162,6 +162,15 @@ impl Outcome {
         quality::episodes(&self.ticks, resume_ratio, &self.causes)
     }
 
+    /// The ticks at which either direction was not at state 0: (seconds, states).
+    pub(crate) fn throttled_ticks(&self) -> Vec<(f64, [u8; 2])> {
+        self.ticks
+            .iter()
+            .filter(|t| t.states != [0, 0])
+            .map(|t| (t.t, t.states))
+            .collect()
+    }
+
     /// Episodes judged in `direction`.
     pub(super) fn episodes_in(&self, direction: Direction, resume_ratio: f64) -> Vec<Episode> {
         self.episodes(resume_ratio)

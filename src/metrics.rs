@@ -7,7 +7,8 @@
 //! Each host owns its own Prometheus registry (no process-global recorder), so several hosts
 //! in one process (tests, load runs) do not mix their numbers.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, RwLock};
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString};
 use metrics_exporter_prometheus::{
@@ -39,6 +40,9 @@ pub struct Metrics {
     handle: PrometheusHandle,
     reloads_succeeded: Counter,
     reloads_failed: Counter,
+    /// Queues whose series are not exported (`metrics = false`): their handles record
+    /// nothing, and the failed-message census counts them as `other`.
+    unexported: Arc<RwLock<HashSet<String>>>,
 }
 
 impl Default for Metrics {
@@ -87,6 +91,7 @@ impl Metrics {
             reloads_failed: reload("error"),
             recorder,
             handle,
+            unexported: Arc::default(),
         }
     }
 
@@ -126,8 +131,28 @@ impl Metrics {
             .register_histogram(&Self::key(name, labels), &METADATA)
     }
 
+    /// Keeps `queue`'s series out of the export from now on: handles asked for later record
+    /// nothing. Called at start, before the queue's handles are made.
+    pub(crate) fn leave_out_queue(&self, queue: &str) {
+        self.unexported
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(queue.to_string());
+    }
+
+    fn exports(&self, queue: &str) -> bool {
+        !self
+            .unexported
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(queue)
+    }
+
     /// Handles for one receiving queue.
     pub fn queue(&self, queue: &str) -> QueueMetrics {
+        if !self.exports(queue) {
+            return QueueMetrics::unexported();
+        }
         let q = [("queue", queue)];
         let processed = |outcome: &str| {
             self.counter(
@@ -187,6 +212,9 @@ impl Metrics {
 
     /// Registers the published-messages counter of a destination queue (callers keep it).
     pub fn published(&self, queue: &str) -> Counter {
+        if !self.exports(queue) {
+            return Counter::noop();
+        }
         self.counter("messages_published_total", &[("queue", queue)])
     }
 
@@ -220,13 +248,21 @@ impl Metrics {
     pub fn failed_census(
         &self,
         queue: &str,
-        by_source: &std::collections::BTreeMap<String, u64>,
+        by_source: &BTreeMap<String, u64>,
         groups: u64,
         took: std::time::Duration,
     ) {
+        let mut labelled: BTreeMap<&str, u64> = BTreeMap::new();
         for (source, n) in by_source {
+            let label = match self.exports(source) {
+                true => source.as_str(),
+                false => "other",
+            };
+            *labelled.entry(label).or_default() += n;
+        }
+        for (source, n) in labelled {
             self.gauge("failed_messages", &[("queue", queue), ("source", source)])
-                .set(*n as f64);
+                .set(n as f64);
         }
         self.gauge("failed_message_groups", &[("queue", queue)])
             .set(groups as f64);

@@ -173,3 +173,41 @@ async fn requests_held_in_an_admission_show_as_waiting() {
     let host = Arc::into_inner(host).expect("the sends are done");
     host.shutdown().await;
 }
+
+/// A queue set to `metrics = false` exports no series of its own, while its messages are
+/// handled and counted in `status` as any other queue's: with many queues, an operator keeps
+/// the series to the queues charted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_with_metrics_off_has_no_series_and_is_still_counted() {
+    let mut config = common::memory_config("charted");
+    config.queues[0].handler = Some(HandlerConfig::Noop);
+    let mut quiet = config.queues[0].clone();
+    quiet.name = "quiet".into();
+    quiet.metrics = false;
+    config.queues.push(quiet);
+    let host = HostBuilder::new(config).start().await.unwrap();
+    for queue in ["charted", "quiet"] {
+        for i in 0..5 {
+            host.send(queue, OutgoingMessage::new(format!("m{i}")))
+                .await
+                .unwrap();
+        }
+    }
+    common::wait_until(Duration::from_secs(20), "both queues drained", || {
+        let status = host.status();
+        status.queues.iter().all(|q| q.succeeded_total == 5)
+    })
+    .await;
+    let url = format!("http://{}/metrics", host.admin_address().unwrap());
+    let (status, text, _) =
+        tokio::task::spawn_blocking(move || common::http("GET", &url, b"", &[]))
+            .await
+            .unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("throttlehost_messages_received_total{queue=\"charted\"} 5"),
+        "{text}"
+    );
+    assert!(!text.contains("queue=\"quiet\""), "{text}");
+    host.shutdown().await;
+}

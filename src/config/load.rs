@@ -6,11 +6,11 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use super::Config;
 use super::validate::validate;
-
+use super::{Config, QueueConfig, defaults};
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -127,7 +127,7 @@ pub fn exposed_secrets(path: &Path, config: &Config) -> Option<String> {
 
 /// Parses and validates configuration text; `origin` names it in error messages.
 pub fn parse_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
-    let config: Config = deserialize_located(text, origin)?;
+    let config = deserialize_config(text, origin)?;
     let problems: Vec<Problem> = validate(&config)
         .into_iter()
         .map(|(key, message)| Problem {
@@ -152,29 +152,83 @@ pub fn deserialize_located<T: serde::de::DeserializeOwned>(
     text: &str,
     origin: &str,
 ) -> Result<T, ConfigError> {
-    let invalid = |problem: Problem| ConfigError::Invalid {
+    let deserializer = toml::de::Deserializer::parse(text).map_err(|e| syntax(text, origin, e))?;
+    deserialize_from(deserializer, text, origin, "")
+}
+
+/// A host configuration: [`deserialize_located`] with `[queue_defaults]` merged into every
+/// `[[queues]]` entry first (see [`super::defaults`]); the defaults are also checked on their
+/// own, so a mistake in them is named once, under their own key.
+fn deserialize_config(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    let mut root = DeTable::parse(text).map_err(|e| syntax(text, origin, e))?;
+    let span = root.span();
+    if let Some(defaults) = defaults::apply(root.get_mut()) {
+        let table = match defaults.get_ref() {
+            DeValue::Table(table) => table.clone(),
+            _ => DeTable::new(),
+        };
+        if !defaults.get_ref().is_table() || table.contains_key("name") {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                problems: vec![Problem {
+                    line: Some(line_of(text, defaults.span().start)),
+                    key: defaults::SECTION.to_string(),
+                    message: "expected a table of queue settings without `name` (each \
+                              [[queues]] entry names its queue)"
+                        .to_string(),
+                }],
+            });
+        }
+        let alone = toml::de::Deserializer::from(Spanned::new(defaults.span(), table));
+        deserialize_from::<QueueConfig>(alone, text, origin, defaults::SECTION)?;
+    }
+    deserialize_from(
+        toml::de::Deserializer::from(Spanned::new(span, root.into_inner())),
+        text,
+        origin,
+        "",
+    )
+}
+
+/// The parser's own error: the document is not TOML.
+fn syntax(text: &str, origin: &str, e: toml::de::Error) -> ConfigError {
+    ConfigError::Invalid {
         origin: origin.to_string(),
-        problems: vec![problem],
-    };
-    let deserializer = toml::de::Deserializer::parse(text).map_err(|e| {
-        invalid(Problem {
+        problems: vec![Problem {
             line: e.span().map(|s| line_of(text, s.start)),
             key: String::new(),
             message: first_line(e.message()),
-        })
-    })?;
+        }],
+    }
+}
+
+/// Deserializes a parsed document (or a part of it under the key `under`), naming the key and
+/// the line of the first value that does not fit.
+fn deserialize_from<T: serde::de::DeserializeOwned>(
+    deserializer: toml::de::Deserializer<'_>,
+    text: &str,
+    origin: &str,
+    under: &str,
+) -> Result<T, ConfigError> {
     serde_path_to_error::deserialize(deserializer).map_err(|e| {
-        let key = clean_path(&e.path().to_string());
+        let key = match (under, clean_path(&e.path().to_string())) {
+            ("", key) => key,
+            (under, key) if key.is_empty() => under.to_string(),
+            (under, key) => format!("{under}.{key}"),
+        };
         let inner = e.inner();
         let line = inner
             .span()
             .map(|s| line_of(text, s.start))
             .or_else(|| locate(text, &key));
-        invalid(Problem {
-            line,
-            key,
-            message: first_line(inner.message()),
-        })
+        ConfigError::Invalid {
+            origin: origin.to_string(),
+            problems: vec![Problem {
+                line,
+                key,
+                message: first_line(inner.message()),
+            }],
+        }
     })
 }
 
@@ -282,6 +336,52 @@ mod tests {
     fn syntax_error_has_a_line() {
         let err = parse_str("[host\nname = 1", "t.toml").unwrap_err();
         assert_eq!(err.problems()[0].line, Some(1), "{err}");
+    }
+
+    #[test]
+    fn queue_defaults_apply_to_every_queue_and_a_queues_own_setting_wins_key_by_key() {
+        let text = "[queue_defaults]\nimmediate_retries = 2\n[queue_defaults.concurrency]\n\
+                    model = \"fixed\"\nmax = 4\n\n[[queues]]\nname = \"a\"\n\n\
+                    [[queues]]\nname = \"b\"\nimmediate_retries = 0\n\
+                    [queues.concurrency]\nmax = 64\n";
+        let config = parse_str(text, "t").unwrap();
+        let [a, b] = &config.queues[..] else {
+            panic!("{:?}", config.queues)
+        };
+        assert_eq!(
+            (a.immediate_retries, a.concurrency.model, a.concurrency.max),
+            (2, crate::config::ConcurrencyModel::Fixed, 4)
+        );
+        assert_eq!(
+            (b.immediate_retries, b.concurrency.model, b.concurrency.max),
+            (0, crate::config::ConcurrencyModel::Fixed, 64),
+            "b sets retries and max, and takes the model"
+        );
+        assert_eq!(
+            a.error_queue, "error",
+            "what neither sets keeps its default"
+        );
+    }
+
+    #[test]
+    fn a_mistake_in_the_queue_defaults_is_named_under_their_key_at_its_line() {
+        let text = "[[queues]]\nname = \"a\"\n\n[queue_defaults.concurrency]\nmax = \"lots\"\n";
+        let err = parse_str(text, "t").unwrap_err();
+        let p = &err.problems()[0];
+        assert_eq!(p.key, "queue_defaults.concurrency.max", "{err}");
+        assert_eq!(p.line, Some(5), "{err}");
+        let unknown = parse_str("[queue_defaults]\nretries = 1\n", "t").unwrap_err();
+        assert_eq!(
+            unknown.problems()[0].key,
+            "queue_defaults.retries",
+            "{unknown}"
+        );
+        assert_eq!(unknown.problems()[0].line, Some(2), "{unknown}");
+        let named = parse_str("[queue_defaults]\nname = \"a\"\n", "t").unwrap_err();
+        assert_eq!(named.problems()[0].key, "queue_defaults", "{named}");
+        assert!(named.to_string().contains("without `name`"), "{named}");
+        let scalar = parse_str("queue_defaults = 3\n", "t").unwrap_err();
+        assert_eq!(scalar.problems()[0].line, Some(1), "{scalar}");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! [`load`], checks across fields in [`validate`], live reloading in [`reload`]. The sections
 //! live in `host` (host, admin, fleet, failed messages), `transport`, `queue` and `throttling`.
 
+mod defaults;
 mod host;
 pub mod load;
 mod queue;

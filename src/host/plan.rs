@@ -54,6 +54,9 @@ pub(super) fn plan_queues(
         let receivers = receivers_of(qc, &name, instance, mode)?;
         to_create.extend(receivers.iter().map(|(queue, _)| queue.clone()));
         for (queue_name, settings) in receivers {
+            if !qc.metrics {
+                metrics.leave_out_queue(queue_name.as_str());
+            }
             let runtime = QueueRuntime::new(
                 queue_name.clone(),
                 error_queue.clone(),

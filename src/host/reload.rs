@@ -117,6 +117,9 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<String> {
                 qc.name
             ));
         }
+        if before.metrics != qc.metrics {
+            needs_restart.push(format!("queue `{}` metrics", qc.name));
+        }
     }
     needs_restart
 }

@@ -78,6 +78,49 @@ pub struct QueueMetrics {
     pub circuit_breaker_open: Gauge,
 }
 
+impl QueueMetrics {
+    /// Handles that record nothing: for a queue whose series are not exported
+    /// (`metrics = false`), so a host of many queues keeps its series to those it charts.
+    pub(crate) fn unexported() -> Self {
+        QueueMetrics {
+            received: Counter::noop(),
+            success: Counter::noop(),
+            retry: Counter::noop(),
+            error: Counter::noop(),
+            delayed_retry: Counter::noop(),
+            forwarded: Counter::noop(),
+            delayed_messages: Gauge::noop(),
+            delayed_next_due: Gauge::noop(),
+            delayed_moved: Counter::noop(),
+            delayed_moves_failing: Gauge::noop(),
+            delayed_unmoved: Gauge::noop(),
+            lock_timeouts: Counter::noop(),
+            deadlocks: Counter::noop(),
+            downstream_state: Gauge::noop(),
+            consecutive_failures: Gauge::noop(),
+            outage_pause: Gauge::noop(),
+            latency_limit: Gauge::noop(),
+            latency_baseline: Gauge::noop(),
+            expired: Counter::noop(),
+            poison: Counter::noop(),
+            receive_message: Counter::noop(),
+            receive_empty: Counter::noop(),
+            receive_error: Counter::noop(),
+            handler_duration: Histogram::noop(),
+            concurrency_limit: Gauge::noop(),
+            concurrency_max: Gauge::noop(),
+            fleet_share: Gauge::noop(),
+            in_flight: Gauge::noop(),
+            receive_loops: Gauge::noop(),
+            queue_depth: Gauge::noop(),
+            ordered_keys_in_flight: Gauge::noop(),
+            ordered_waiting: Gauge::noop(),
+            ordered_held_keys: Gauge::noop(),
+            circuit_breaker_open: Gauge::noop(),
+        }
+    }
+}
+
 /// Handles for one throttling direction.
 #[derive(Clone)]
 pub struct DirectionMetrics {

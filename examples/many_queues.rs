@@ -12,7 +12,9 @@
 //!
 //! `cargo run --release --example many_queues -- [SIZES] [IDLE_SECONDS] [MESSAGES]`
 //! (SIZES comma-separated, default `10,100,1000`; IDLE_SECONDS 20; MESSAGES 20 000;
-//! DATABASE_URL, default the local server's `test` database). Needs Linux (`/proc`) and a
+//! DATABASE_URL, default the local server's `test` database; QUEUE_METRICS=off runs the
+//! queues with `metrics = false`). The idle host runs in a child process, so its RSS is its
+//! own; the spread drain also prints the CPU of both processes while it ran. Needs Linux (`/proc`) and a
 //! database nobody else is busy with: the transactions are counted database-wide.
 
 use std::collections::HashMap;
@@ -66,6 +68,9 @@ fn config(url: &str, schema: &str, queues: &[String], max: u32) -> Config {
         pool_size: 40,
         ..TransportConfig::default()
     };
+    if std::env::var("THROTTLING").as_deref() == Ok("off") {
+        config.throttling.enabled = false;
+    }
     config.queues = queues
         .iter()
         .map(|name| QueueConfig {
@@ -75,6 +80,7 @@ fn config(url: &str, schema: &str, queues: &[String], max: u32) -> Config {
                 max,
                 ..ConcurrencyConfig::default()
             },
+            metrics: std::env::var("QUEUE_METRICS").as_deref() != Ok("off"),
             ..QueueConfig::default()
         })
         .collect();
@@ -163,10 +169,17 @@ async fn fill(transport: &PostgresTransport, queues: &[String], messages: usize)
     }
 }
 
-/// Starts a host over messages already waiting; returns messages per second and the worst
-/// queue's wait for its first message, in seconds from the start.
-async fn drain(config: Config, messages: usize) -> (f64, f64) {
+/// Starts a host over messages already waiting; returns messages per second, the worst
+/// queue's wait for its first message, in seconds from the start, and the CPU of this process
+/// and of PostgreSQL while it ran (per cent of one core).
+async fn drain(config: Config, messages: usize) -> (f64, f64, (f64, f64)) {
     let recorder = Arc::new(Recorder::default());
+    let me = std::process::id();
+    // PostgreSQL's CPU is read before the host stops: its backends end with their connections.
+    let (host0, pg0) = (
+        cpu_seconds(|pid, _| pid == me),
+        cpu_seconds(|_, name| name == "postgres"),
+    );
     let started = Instant::now();
     let (host, _) = start(config.clone(), &recorder).await;
     while recorder.handled.load(Ordering::Relaxed) < messages as u64 {
@@ -180,8 +193,12 @@ async fn drain(config: Config, messages: usize) -> (f64, f64) {
         .values()
         .map(|t| t.duration_since(started).as_secs_f64())
         .fold(0.0, f64::max);
+    let cpu = (
+        100.0 * (cpu_seconds(|pid, _| pid == me) - host0) / took,
+        100.0 * (cpu_seconds(|_, name| name == "postgres") - pg0) / took,
+    );
     host.shutdown().await;
-    (messages as f64 / took, worst)
+    (messages as f64 / took, worst, cpu)
 }
 
 /// Drops `schema`, its tables a few hundred per transaction first: one DROP of thousands of
@@ -210,9 +227,86 @@ async fn drop_schema(db: &tokio_postgres::Client, schema: &str) {
         .expect("dropped");
 }
 
+/// What an idle host of a given size cost.
+struct Idle {
+    ready: f64,
+    transactions: f64,
+    host_cpu: f64,
+    database_cpu: f64,
+    rss: f64,
+}
+
+/// Runs an idle host of `n` queues whose tables exist in a child process (this program with
+/// `host SCHEMA N SECONDS`), and measures it from here: transactions at the database and CPU
+/// over `idle_seconds` after it settled; its ready time and RSS as it says them.
+async fn idle_host(
+    db: &tokio_postgres::Client,
+    schema: &str,
+    n: usize,
+    idle_seconds: u64,
+) -> Result<Idle, Box<dyn std::error::Error>> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["host", schema, &n.to_string(), &idle_seconds.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().expect("the child runs");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut said = async |what: &str| -> Result<f64, Box<dyn std::error::Error>> {
+        let line = lines.next_line().await?.ok_or("the host process ended")?;
+        let value = line.strip_prefix(what).ok_or(line.clone())?;
+        Ok(value.trim().parse()?)
+    };
+    let ready = said("ready").await?;
+    // Settle: a start peeks every queue a few times (before the listener is up, and once
+    // when it is) and reads every depth and delayed table; idle is what comes after.
+    tokio::time::sleep(Duration::from_secs(SETTLE_SECONDS)).await;
+    let (tx0, host0, pg0) = (
+        transactions(db).await,
+        cpu_seconds(|p, _| p == pid),
+        cpu_seconds(|_, name| name == "postgres"),
+    );
+    let window = Instant::now();
+    tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
+    let seconds = window.elapsed().as_secs_f64();
+    // The two reads of the count are this program's own.
+    let transactions = (transactions(db).await - tx0 - 2) as f64 / seconds;
+    let host_cpu = 100.0 * (cpu_seconds(|p, _| p == pid) - host0) / seconds;
+    let database_cpu = 100.0 * (cpu_seconds(|_, name| name == "postgres") - pg0) / seconds;
+    let rss = said("rss").await?;
+    child.wait().await?;
+    Ok(Idle {
+        ready,
+        transactions,
+        host_cpu,
+        database_cpu,
+        rss,
+    })
+}
+
+/// The child of [`idle_host`]: starts the host, says `ready SECONDS`, stays idle for the
+/// settling time and `idle_seconds`, says `rss MIB` and stops.
+async fn run_idle_host(url: &str, schema: &str, n: usize, idle_seconds: u64) {
+    let recorder = Arc::new(Recorder::default());
+    let (host, ready) = start(config(url, schema, &queue_names(n), 8), &recorder).await;
+    println!("ready {ready}");
+    tokio::time::sleep(Duration::from_secs(SETTLE_SECONDS + idle_seconds)).await;
+    println!("rss {}", rss_mib());
+    host.shutdown().await;
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if let [mode, schema, n, idle] = &args[..]
+        && mode == "host"
+    {
+        run_idle_host(&url, schema, n.parse()?, idle.parse()?).await;
+        return Ok(());
+    }
     let sizes: Vec<usize> = args
         .first()
         .map_or("10,100,1000", String::as_str)
@@ -221,13 +315,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let idle_seconds: u64 = args.get(1).map_or(20, |s| s.parse().expect("IDLE_SECONDS"));
     let messages: usize = args.get(2).map_or(20_000, |s| s.parse().expect("MESSAGES"));
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
     let me = std::process::id();
     println!(
-        "{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>7} {:>11} {:>11} {:>7} {:>10}",
+        "{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>7} {:>11} {:>11} {:>7} {:>10} spread cpu% host/pg",
         "queues",
         "create s",
         "ready s",
@@ -238,7 +330,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "spread m/s",
         "one m/s",
         "ratio",
-        "worst 1st s"
+        "worst 1st s",
     );
     for n in sizes {
         let schema = format!("th_many_{me}_{n}");
@@ -247,40 +339,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let recorder = Arc::new(Recorder::default());
         let (host, create) = start(config(&url, &schema, &queues, 8), &recorder).await;
         host.shutdown().await;
-        let (host, ready) = start(config(&url, &schema, &queues, 8), &recorder).await;
-        // Settle: a start peeks every queue a few times (before the listener is up, and once
-        // when it is) and reads every depth and delayed table; idle is what comes after.
-        tokio::time::sleep(Duration::from_secs(SETTLE_SECONDS)).await;
-        let (tx0, host0, pg0) = (
-            transactions(&db).await,
-            cpu_seconds(|pid, _| pid == me),
-            cpu_seconds(|_, name| name == "postgres"),
-        );
-        let window = Instant::now();
-        tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
-        let seconds = window.elapsed().as_secs_f64();
-        // The two reads of the count are this program's own.
-        let tx = (transactions(&db).await - tx0 - 2) as f64 / seconds;
-        let host_cpu = 100.0 * (cpu_seconds(|pid, _| pid == me) - host0) / seconds;
-        let pg_cpu = 100.0 * (cpu_seconds(|_, name| name == "postgres") - pg0) / seconds;
-        let rss = rss_mib();
-        host.shutdown().await;
+        // The idle host runs in a process of its own, so its RSS is its own (not what this
+        // process's allocator kept of the host started above).
+        let idle = idle_host(&db, &schema, n, idle_seconds).await?;
 
         let mut spread_config = config(&url, &schema, &queues, 8);
         spread_config.host.create_queues = false;
         let transport = PostgresTransport::connect(&spread_config.transport).await?;
         fill(&transport, &queues, messages).await;
-        let (spread, worst) = drain(spread_config, messages).await;
+        let (spread, worst, spread_cpu) = drain(spread_config, messages).await;
         let one = vec!["single".to_string()];
         let one_config = config(&url, &schema, &one, 32);
         transport.create_queue(&QueueName::new("single")?).await?;
         fill(&transport, &one, messages).await;
-        let (alone, _) = drain(one_config, messages).await;
+        let (alone, _, _) = drain(one_config, messages).await;
         drop(transport);
         drop_schema(&db, &schema).await;
         println!(
-            "{n:>6} {create:>10.2} {ready:>9.2} {tx:>8.1} {host_cpu:>9.1} {pg_cpu:>8.1} {rss:>7.1} {spread:>11.0} {alone:>11.0} {:>7.2} {worst:>10.2}",
-            spread / alone
+            "{n:>6} {create:>10.2} {:>9.2} {:>8.1} {:>9.1} {:>8.1} {:>7.1} {spread:>11.0} {alone:>11.0} {:>7.2} {worst:>10.2} {:>4.0}/{:<4.0}",
+            idle.ready,
+            idle.transactions,
+            idle.host_cpu,
+            idle.database_cpu,
+            idle.rss,
+            spread / alone,
+            spread_cpu.0,
+            spread_cpu.1,
         );
     }
     Ok(())

@@ -71,3 +71,40 @@ async fn idle_delayed_tables_cost_one_sweep_not_a_poll_each() {
     );
     host.shutdown().await;
 }
+
+/// A start over tables that stand already creates none of them: it looks them up in a few
+/// reads of the catalogs. Creating a queue runs about eight statements (a transaction, a
+/// lock, the table, the trigger, its layout) and its delayed table five, so a start that
+/// created twenty queues again sent some 260; this one sends the look-ups, the checks and the
+/// receivers' first peeks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_over_existing_tables_looks_them_up_and_creates_none() {
+    let schema = PgSchema::new();
+    let (proxy, transport) =
+        CommitCutter::for_postgres(&schema, TransactionMode::ReceiveOnly, 8).await;
+    let mut config = common::host_config(transport, "stand00", ConcurrencyModel::Monitor, 1);
+    config.queues[0].handler = Some(HandlerConfig::Noop);
+    let first = config.queues[0].clone();
+    for i in 1..20 {
+        let mut queue = first.clone();
+        queue.name = format!("stand{i:02}");
+        config.queues.push(queue);
+    }
+    let created_by = proxy.statements.load(Ordering::SeqCst);
+    let host = HostBuilder::new(config.clone()).start().await.unwrap();
+    let creating = proxy.statements.load(Ordering::SeqCst) - created_by;
+    host.shutdown().await;
+    let before = proxy.statements.load(Ordering::SeqCst);
+    let host = HostBuilder::new(config).start().await.unwrap();
+    let again = proxy.statements.load(Ordering::SeqCst) - before;
+    host.shutdown().await;
+    eprintln!("a start creating 20 queues: {creating} statements; over them: {again}");
+    assert!(
+        creating >= 200,
+        "{creating} statements creating 20 queues: this test no longer measures a creation"
+    );
+    assert!(
+        again <= 40,
+        "{again} statements to start over 20 queues whose tables stand"
+    );
+}

@@ -49,6 +49,12 @@ pub(super) async fn prepare_delayed_tables(
         .filter(|q| q.delayed_delivery.enabled)
         .map(|q| QueueName::new(&q.name))
         .collect::<Result<_, _>>()?;
+    // What stands already needs nothing; a failed look-up leaves every table to its own step.
+    let in_place = delayed.delayed_in_place(&names).await.unwrap_or_default();
+    let names = names
+        .into_iter()
+        .filter(|q| !in_place.contains(q))
+        .collect();
     at_once(names, async |name| {
         if config.host.create_queues {
             delayed.create_delayed(&name).await.map_err(preparing(
@@ -118,7 +124,14 @@ pub(super) async fn prepare_transport(
         tracing::warn!("{warning}");
     }
     if config.host.create_queues {
-        at_once(to_create.to_vec(), async |q| {
+        // Only the tables not there as creating leaves them (two catalog reads for all); a
+        // failed look-up creates them all, as before.
+        let in_place = transport
+            .queues_in_place(to_create)
+            .await
+            .unwrap_or_default();
+        let missing = to_create.iter().filter(|q| !in_place.contains(q));
+        at_once(missing.cloned().collect(), async |q| {
             transport.create_queue(&q).await.map_err(preparing(
                 &q,
                 "create its table",

@@ -73,6 +73,18 @@ pub trait DelayedDelivery: Send + Sync {
 
     /// Whether `queue`'s delayed table exists (a catalog look-up, whatever its size).
     async fn delayed_table_exists(&self, queue: &QueueName) -> Result<bool, TransportError>;
+
+    /// Of `queues`, those whose delayed tables already stand as
+    /// [`DelayedDelivery::create_delayed`] leaves them (nothing left to create or adopt), in
+    /// as few statements as the transport can: a start creates or looks for only the rest.
+    /// Default: none.
+    async fn delayed_in_place(
+        &self,
+        queues: &[QueueName],
+    ) -> Result<std::collections::HashSet<QueueName>, TransportError> {
+        let _ = queues;
+        Ok(Default::default())
+    }
 }
 
 /// The headers a delayed message is stored with: its own plus the forward destination (the

@@ -406,6 +406,18 @@ pub trait QueueAdmin: Send + Sync + 'static {
         self.purge(queue).await.map(|_| ())
     }
 
+    /// Of `queues`, those whose tables already stand as [`QueueAdmin::create_queue`] leaves
+    /// them: a start creates only the rest, so a host of a thousand queues whose tables exist
+    /// does not run a thousand creations. Default: none (creating an existing queue is safe,
+    /// only slower).
+    async fn queues_in_place(
+        &self,
+        queues: &[QueueName],
+    ) -> Result<std::collections::HashSet<QueueName>, TransportError> {
+        let _ = queues;
+        Ok(Default::default())
+    }
+
     /// Names of the queue tables in the transport's schema.
     async fn list_queues(&self) -> Result<Vec<String>, TransportError>;
 

@@ -1,6 +1,8 @@
 //! Queue administration: creating tables and indexes under a lock, checking their layout, purging,
 //! listing.
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
 use deadpool_postgres::Object;
 use tokio_postgres::error::SqlState;
@@ -278,8 +280,80 @@ pub(super) fn is_concurrent_creation(e: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// The relations of `wanted` (schema, name) that exist, of any kind (tables, indexes), in one
+/// read of the catalogs.
+pub(super) async fn existing_relations(
+    client: &tokio_postgres::Client,
+    wanted: &[(String, String)],
+) -> Result<HashSet<(String, String)>, tokio_postgres::Error> {
+    let (schemas, names) = schemas_and_names(wanted);
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text \
+             FROM unnest($1::text[], $2::text[]) AS t(s, n) \
+             JOIN pg_namespace n ON n.nspname = t.s \
+             JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.n",
+            &[&schemas, &names],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
+/// The tables of `tables` that carry the insert notification's trigger.
+async fn notifying(
+    client: &tokio_postgres::Client,
+    tables: &[(String, String)],
+) -> Result<HashSet<(String, String)>, tokio_postgres::Error> {
+    let (schemas, names) = schemas_and_names(tables);
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text \
+             FROM unnest($1::text[], $2::text[]) AS t(s, n) \
+             JOIN pg_namespace n ON n.nspname = t.s \
+             JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.n \
+             JOIN pg_trigger g ON g.tgrelid = c.oid AND g.tgname = 'throttlehost_notify'",
+            &[&schemas, &names],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
 #[async_trait]
 impl QueueAdmin for PostgresTransport {
+    /// Tables of the right layout that, where arrivals are announced, carry the trigger: two
+    /// reads of the catalogs for all of them. (A notify function an older version of this host
+    /// wrote stays as it was: its body has not changed.)
+    async fn queues_in_place(
+        &self,
+        queues: &[QueueName],
+    ) -> Result<HashSet<QueueName>, TransportError> {
+        let client = self.inner.client().await?;
+        let tables: Vec<(String, String)> = queues
+            .iter()
+            .map(|q| (self.inner.schema_of(q).to_string(), q.table().to_string()))
+            .collect();
+        let columns = columns_of(&client, &tables)
+            .await
+            .map_err(|e| map_error(e, None))?;
+        let notifying = match self.inner.notify_on_insert {
+            true => Some(
+                notifying(&client, &tables)
+                    .await
+                    .map_err(|e| map_error(e, None))?,
+            ),
+            false => None,
+        };
+        Ok(queues
+            .iter()
+            .zip(&tables)
+            .filter(|(queue, table)| {
+                layout_of(queue, columns.get(*table)).is_ok()
+                    && notifying.as_ref().is_none_or(|n| n.contains(*table))
+            })
+            .map(|(queue, _)| queue.clone())
+            .collect())
+    }
+
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
         let st = self.inner.statements(queue)?;
         let mut client = self.inner.client().await?;

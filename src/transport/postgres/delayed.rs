@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use crate::transport::delayed::{DelayedDelivery, DelayedReading, Moved, TABLES_PER_SWEEP};
 use crate::transport::{QueueName, TransportError};
 
-use super::admin::is_concurrent_creation;
+use super::admin::{existing_relations, is_concurrent_creation};
 use super::connection::map_error;
 use super::statements::quote_ident;
+use super::statements::{DelayedRelations, delayed_relations};
 use super::{PostgresTransport, QueueStatements};
 
 /// Turns a driver error into a transport error that says what happened.
@@ -179,6 +180,35 @@ impl DelayedDelivery for PostgresTransport {
         row.map_err(|e| map_error(e, Some(queue)))?
             .try_get(0)
             .map_err(|e| TransportError::database(e.to_string()))
+    }
+
+    /// The table and its index there, and no table of the old name left to adopt: one read
+    /// of the catalogs for all of them.
+    async fn delayed_in_place(
+        &self,
+        queues: &[QueueName],
+    ) -> Result<std::collections::HashSet<QueueName>, TransportError> {
+        let client = self.inner.client().await?;
+        let relations: Vec<DelayedRelations> = queues
+            .iter()
+            .map(|q| delayed_relations(self.inner.schema_of(q), q, &self.inner.delayed_suffix))
+            .collect();
+        let wanted: Vec<(String, String)> = relations
+            .iter()
+            .flat_map(|r| r.present.iter().chain(&r.absent).cloned())
+            .collect();
+        let existing = existing_relations(&client, &wanted)
+            .await
+            .map_err(|e| map_error(e, None))?;
+        Ok(queues
+            .iter()
+            .zip(&relations)
+            .filter(|(_, r)| {
+                r.present.iter().all(|p| existing.contains(p))
+                    && r.absent.iter().all(|a| !existing.contains(a))
+            })
+            .map(|(queue, _)| queue.clone())
+            .collect())
     }
 
     fn delayed_table(&self, queue: &QueueName) -> String {

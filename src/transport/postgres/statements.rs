@@ -147,6 +147,26 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (Due)"
     }
 }
 
+/// The catalog names (schema, name) that say whether a queue's delayed table stands as
+/// [`DelayedStatements::create`] and [`DelayedStatements::adopt_old`] leave it.
+pub(super) struct DelayedRelations {
+    /// The table and its index on Due.
+    pub present: [(String, String); 2],
+    /// The table of the old name, while there is one to adopt.
+    pub absent: Option<(String, String)>,
+}
+
+/// The [`DelayedRelations`] of `queue`'s delayed table in `schema`.
+pub(super) fn delayed_relations(schema: &str, queue: &QueueName, suffix: &str) -> DelayedRelations {
+    let name = format!("{}.{suffix}", queue.table());
+    let at = |name: String| (schema.to_string(), name);
+    DelayedRelations {
+        present: [at(format!("{name}_Due")), at(name)],
+        absent: (suffix != OLD_DELAYED_SUFFIX)
+            .then(|| at(format!("{}.{OLD_DELAYED_SUFFIX}", queue.table()))),
+    }
+}
+
 /// The suffix this host gave delayed tables before it followed NServiceBus (`"<queue>.delayed"`).
 const OLD_DELAYED_SUFFIX: &str = "delayed";
 

@@ -533,3 +533,36 @@ async fn a_row_that_comes_unannounced_is_found_by_the_next_depth_read() {
     .await;
     host.shutdown().await;
 }
+
+/// A transport that cannot tell of arrivals (here PostgreSQL with `notify_on_insert = false`;
+/// SQL Server always): the host reads its idle queues' depths once a second, all of them in
+/// one statement, and wakes the queue found holding a message. With a peek interval of 30 s,
+/// a message another process sends is still handled within a few seconds, and twenty idle
+/// queues are not each peeked every interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_notifications_the_host_reads_its_idle_queues_once_a_second() {
+    let schema = PgSchema::new();
+    let mut config = pg_config(&schema, "scan00", ConcurrencyModel::Monitor, 2);
+    config.transport.notify_on_insert = false;
+    config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
+    let first = config.queues[0].clone();
+    for i in 1..20 {
+        let mut queue = first.clone();
+        queue.name = format!("scan{i:02}");
+        queue.handler = Some(throttlehost::config::HandlerConfig::Noop);
+        config.queues.push(queue);
+    }
+    let (host, probe) = probed_host(config, None).await;
+    // Every receiver has peeked once and found its queue empty.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sender = schema.transport(TransactionMode::ReceiveOnly, 1).await;
+    let (queue, message) = (q("scan00"), OutgoingMessage::new(vec![1]));
+    picked_up_within(
+        Duration::from_secs(5),
+        &probe,
+        1,
+        sender.send(&queue, &message),
+    )
+    .await;
+    host.shutdown().await;
+}

@@ -498,3 +498,77 @@ fn the_console_shows_retries_and_deletes_failed_messages() {
     assert_eq!(status["queues"][0]["succeeded_total"], 4, "{status:#}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Thirty queues, configured through `[queue_defaults]`: the table shows twenty, the busy
+/// queue first although the host lists it last, and counts the rest; a filter shows the
+/// queues whose names hold it, and "all" shows every queue. Only the queues shown first are
+/// charted.
+#[test]
+fn with_many_queues_the_console_shows_the_busy_ones_first_and_filters() {
+    let dir = std::env::temp_dir().join(format!("throttlehost-many-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = common::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut text = format!(
+        "[host]\nname = \"console-many\"\nadmin_address = \"127.0.0.1:{port}\"\n\
+         [admin]\ntoken = \"many-token\"\n[transport]\nkind = \"memory\"\n\
+         [queue_defaults.handler]\nkind = \"noop\"\n"
+    );
+    for i in 0..29 {
+        text.push_str(&format!("[[queues]]\nname = \"quiet{i:02}\"\n"));
+    }
+    text.push_str(
+        "[[queues]]\nname = \"busy\"\n[queues.handler]\nkind = \"simulate\"\nlatency = \"60s\"\n",
+    );
+    let config = dir.join("host.toml");
+    std::fs::write(&config, text).unwrap();
+    let _host = Process(
+        Command::new(env!("CARGO_BIN_EXE_throttlehost"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_healthy(&base);
+    for _ in 0..2 {
+        let (status, _, _) = common::http(
+            "POST",
+            &format!("{base}/queues/busy/messages"),
+            b"slow",
+            &[("Authorization", "Bearer many-token")],
+        );
+        assert_eq!(status, 202);
+    }
+    let mut browser = Browser::launch(1280, 800);
+    browser.navigate(&format!("{base}/"));
+    let first_row = "document.querySelector('#queues tbody tr td')?.textContent";
+    browser.wait_for(&format!("{first_row} === 'busy'"), Duration::from_secs(20));
+    let rows = "document.querySelectorAll('#queues tbody tr').length";
+    assert_eq!(browser.eval(rows).as_u64(), Some(20));
+    let note = browser.eval("document.getElementById('queue-note').textContent");
+    assert!(
+        note.as_str()
+            .is_some_and(|n| n.contains("30 queues") && n.contains("10 quieter")),
+        "{note}"
+    );
+    assert_eq!(
+        browser
+            .eval("document.querySelectorAll('#queue-charts figure').length")
+            .as_u64(),
+        Some(6),
+        "charts for the first six shown"
+    );
+    browser.eval(
+        "{ const f = document.getElementById('queue-filter'); f.value = 'quiet1'; \
+         f.dispatchEvent(new Event('input')); }",
+    );
+    assert_eq!(browser.eval(rows).as_u64(), Some(10), "quiet10 to quiet19");
+    browser.eval(
+        "{ const f = document.getElementById('queue-filter'); f.value = ''; \
+         f.dispatchEvent(new Event('input')); document.getElementById('queue-all').click(); }",
+    );
+    assert_eq!(browser.eval(rows).as_u64(), Some(30));
+    let _ = std::fs::remove_dir_all(&dir);
+}

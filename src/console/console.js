@@ -163,13 +163,25 @@ function resumeLine(resources, condition, format) {
   return sensor && sensor.resume_below !== null ? format(sensor.resume_below) : "–";
 }
 
+// A sample's queues by name, built once per sample: with a thousand queues, a search of the
+// list for each queue of each row was a million comparisons a second.
+const queueIndex = new WeakMap();
+function queueOf(sample, name) {
+  let index = queueIndex.get(sample);
+  if (!index) {
+    index = new Map(sample.queues.map((q) => [q.name, q]));
+    queueIndex.set(sample, index);
+  }
+  return index.get(name);
+}
+
 function rate(queue, field) {
   const s = view.samples;
   if (s.length < 2) return null;
   const last = s[s.length - 1];
   const prev = s[s.length - 2];
-  const a = last.queues.find((q) => q.name === queue);
-  const b = prev.queues.find((q) => q.name === queue);
+  const a = queueOf(last, queue);
+  const b = queueOf(prev, queue);
   const dt = (last.unix_ms - prev.unix_ms) / 1000;
   if (!a || !b || dt <= 0) return null;
   return Math.max(0, (a[field] - b[field]) / dt);
@@ -197,10 +209,46 @@ function delayedMoves(moves) {
   return "";
 }
 
+// Past this many queues the table shows the busiest this many (unless "all" is ticked or a
+// filter is typed), as `throttlehost status` does; up to it, every queue in the host's order.
+const QUEUES_SHOWN = 20;
+// Charts drawn for queues: the first this many the table shows.
+const QUEUE_CHARTS = 6;
+
+// Busy first: in flight, then depth, then a breaker not closed; the host's order otherwise.
+function busier(a, b) {
+  return (
+    b.q.in_flight - a.q.in_flight ||
+    b.q.depth - a.q.depth ||
+    Number(b.q.circuit_breaker !== "closed") - Number(a.q.circuit_breaker !== "closed") ||
+    a.i - b.i
+  );
+}
+
+// The queues the table shows, each with its index in /status: filtered by the text typed
+// (part of the name), the busy ones first and the rest counted when there are many.
+function shownQueues(queues) {
+  const filter = document.getElementById("queue-filter").value.trim().toLowerCase();
+  const all = document.getElementById("queue-all").checked;
+  let shown = queues.map((q, i) => ({ q, i }));
+  if (filter) shown = shown.filter(({ q }) => q.name.toLowerCase().includes(filter));
+  const matching = shown.length;
+  if (queues.length > QUEUES_SHOWN) shown.sort(busier);
+  if (!all && shown.length > QUEUES_SHOWN) shown = shown.slice(0, QUEUES_SHOWN);
+  const hidden = matching - shown.length;
+  document.getElementById("queue-note").textContent =
+    `${queues.length} queues` +
+    (filter ? `, ${matching} matching` : "") +
+    (hidden > 0 ? `; ${hidden} quieter not shown (tick "all" or type a filter)` : "");
+  return shown;
+}
+
 function renderQueues(queues) {
   const body = document.querySelector("#queues tbody");
+  const shown = shownQueues(queues);
+  view.chartedQueues = shown.slice(0, QUEUE_CHARTS).map(({ q }) => q.name);
   body.replaceChildren(
-    ...queues.map((q, i) => {
+    ...shown.map(({ q, i }) => {
       const at = `queues.${i}`;
       const processed = rate(q.name, "succeeded_total");
       const failed = rate(q.name, "failed_total");
@@ -237,6 +285,7 @@ function renderStatus(status) {
     renderSensors(t.resources);
     for (const name of DIRECTIONS) renderDirection(name, t[name], t.resources);
   }
+  view.status = status;
   renderQueues(status.queues);
 }
 
@@ -368,10 +417,18 @@ function drawCharts() {
   drawQueueCharts(now);
 }
 
+// Charts of the queues the table shows first (the busiest, with many queues); the charts of
+// queues that left that set go.
 function drawQueueCharts(now) {
   const container = document.getElementById("queue-charts");
-  const last = view.samples[view.samples.length - 1];
-  for (const q of last.queues) {
+  const names = view.chartedQueues || [];
+  const ids = new Set(names.map((name) => `chart-queue-${name.replace(/[^A-Za-z0-9_-]/g, "_")}`));
+  for (const figure of [...container.children]) {
+    const svg = figure.querySelector("svg");
+    if (!svg || !ids.has(svg.id)) figure.remove();
+  }
+  for (const name of names) {
+    const q = { name };
     const id = `chart-queue-${q.name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
     let svg = document.getElementById(id);
     if (!svg) {
@@ -380,7 +437,7 @@ function drawQueueCharts(now) {
       container.append(figure);
     }
     const pick = (field) => (s) => {
-      const x = s.queues.find((y) => y.name === q.name);
+      const x = queueOf(s, q.name);
       return x ? x[field] : null;
     };
     const lines = [series("limit", pick("limit")), series("in flight", pick("in_flight")), series("depth", pick("depth"))];
@@ -704,6 +761,12 @@ function start() {
       );
     });
   }
+  // The queue table follows the filter at once, not at the next poll.
+  const redrawQueues = () => {
+    if (view.status) renderQueues(view.status.queues);
+  };
+  document.getElementById("queue-filter").addEventListener("input", redrawQueues);
+  document.getElementById("queue-all").addEventListener("change", redrawQueues);
   const pause = document.getElementById("pause");
   pause.addEventListener("click", () => {
     view.paused = !view.paused;

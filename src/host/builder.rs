@@ -128,10 +128,11 @@ impl HostBuilder {
         );
 
         prepare_transport(&config, transport.as_ref(), &to_create, &queues).await?;
+        let mut arrivals_told = false;
         if let Some(hooks) = transport.host_hooks() {
             hooks.report_conflicts_to(Arc::new(ConflictCounters::of(&queues)));
             let names: Vec<QueueName> = queues.iter().map(|q| q.name().clone()).collect();
-            hooks.wake_on_arrival(&names, Arc::new(ArrivalWakes::of(&queues)));
+            arrivals_told = hooks.wake_on_arrival(&names, Arc::new(ArrivalWakes::of(&queues)));
         }
 
         let adapter = Arc::new(probe::HostAdapter::new(
@@ -169,6 +170,13 @@ impl HostBuilder {
             overrides: Default::default(),
         });
 
+        if !arrivals_told {
+            inner.receive_ctx.tasks.spawn(super::arrival_scan::run(
+                inner.queues.clone(),
+                inner.transport.clone(),
+                inner.receive_ctx.stop.clone(),
+            ));
+        }
         let admin = announce(&inner, self.serve_admin)?;
         Ok(Host {
             inner,

@@ -19,6 +19,7 @@
 //! ```
 
 mod admin_state;
+mod arrival_scan;
 mod builder;
 mod fleet_orders;
 mod handle;

@@ -49,6 +49,11 @@ impl QueueRuntime {
             && self.last_peek_empty.load(Ordering::Relaxed)
     }
 
+    /// Whether the last peek found no message this host could take.
+    pub(crate) fn last_seen_empty(&self) -> bool {
+        self.last_peek_empty.load(Ordering::Relaxed)
+    }
+
     /// The longest an idle receiver waits between peeks: the queue's `peek_interval`, or
     /// [`NOTIFIED_PEEK_INTERVAL`] while it peeks rarely ([`QueueRuntime::peeks_rarely`]), so a
     /// thousand idle queues do not cost a thousand statements a second.

@@ -22,10 +22,14 @@ pub trait HostHooks: Send + Sync {
     /// (default: a transport that has none ignores it).
     fn report_conflicts_to(&self, _sink: Arc<dyn ConflictSink>) {}
 
-    /// From now on, tells `sink` when messages arrive on `queues` (default: a transport that
-    /// cannot tell says nothing, and its receivers find messages by peeking). Call it inside
-    /// the runtime: a transport may start a task that listens; it ends with the transport.
-    fn wake_on_arrival(&self, _queues: &[QueueName], _sink: Arc<dyn ArrivalSink>) {}
+    /// From now on, tells `sink` when messages arrive on `queues`. Returns whether it tells
+    /// of every arrival, other processes' sends included; a transport that cannot (the
+    /// default, which tells of none) leaves the host to look for them, reading its idle
+    /// queues' depths every second. Call it inside the runtime: a transport may start a task
+    /// that listens; it ends with the transport.
+    fn wake_on_arrival(&self, _queues: &[QueueName], _sink: Arc<dyn ArrivalSink>) -> bool {
+        false
+    }
 }
 
 /// Where a transport reports the lock conflicts it handled itself (a row passed over because

@@ -317,8 +317,9 @@ impl Transport for MemoryTransport {
 impl super::HostHooks for MemoryTransport {
     /// Every message stored ready in a queue (sent, committed with a receive, moved when
     /// due) wakes its receivers: an in-process queue needs no peek to know.
-    fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn ArrivalSink>) {
+    fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn ArrivalSink>) -> bool {
         *lock(&self.shared.arrivals) = Some(sink);
+        true
     }
 }
 

@@ -529,9 +529,9 @@ impl super::HostHooks for PostgresTransport {
 
     /// One listening connection for all of `queues` (outside the pool), woken by the
     /// tables' insert trigger (see `listen`).
-    fn wake_on_arrival(&self, queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) {
+    fn wake_on_arrival(&self, queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) -> bool {
         if !self.inner.notify_on_insert {
-            return;
+            return false;
         }
         let channels: HashMap<String, QueueName> = queues
             .iter()
@@ -541,7 +541,7 @@ impl super::HostHooks for PostgresTransport {
             })
             .collect();
         if channels.is_empty() {
-            return;
+            return false;
         }
         let (config, tls) = self.inner.listen_with.clone();
         let listener = listen::Listener {
@@ -553,5 +553,7 @@ impl super::HostHooks for PostgresTransport {
             schema: self.inner.schema.clone(),
         };
         tokio::spawn(listener.run());
+        // The listener marks each queue as told of while it listens (`ArrivalSink::listening`).
+        true
     }
 }

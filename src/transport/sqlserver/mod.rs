@@ -296,6 +296,40 @@ impl Inner {
     }
 
     /// Runs a batch whose first result's first value is a bigint count.
+    /// The depths of `queues` (at most [`super::DEPTHS_PER_STATEMENT`]) in one statement,
+    /// in their order.
+    async fn peek_chunk(&self, queues: &[QueueName]) -> Result<Vec<u64>, TransportError> {
+        let sql = queues
+            .iter()
+            .enumerate()
+            .map(|(i, queue)| {
+                let st = self.statements(queue);
+                format!("SELECT CAST({i} AS bigint), {}", st.peek_value)
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        let mut conn = self.conn().await?;
+        let rows = async {
+            conn.query(sql.as_str(), &[])
+                .await?
+                .into_first_result()
+                .await
+        }
+        .await
+        .map_err(|e| {
+            conn.broken |= !is_server_error(&e);
+            map_error(e, None)
+        })?;
+        let mut depths = vec![0; queues.len()];
+        for row in rows {
+            let i = int_at(&row, 0).unwrap_or(-1);
+            if let Some(depth) = usize::try_from(i).ok().and_then(|i| depths.get_mut(i)) {
+                *depth = int_at(&row, 1).unwrap_or(0).max(0) as u64;
+            }
+        }
+        Ok(depths)
+    }
+
     async fn count(
         &self,
         conn: &mut Connection,
@@ -388,6 +422,24 @@ impl Transport for SqlServerTransport {
         self.inner.count(&mut conn, queue, &st.peek, &[]).await
     }
 
+    /// [`super::DEPTHS_PER_STATEMENT`] queues per statement (a UNION ALL of their peeks); a
+    /// statement that fails (a table gone) is read again queue by queue, so only that queue's
+    /// depth fails.
+    async fn peek_depths(&self, queues: &[QueueName]) -> Vec<Result<u64, TransportError>> {
+        let mut depths = Vec::with_capacity(queues.len());
+        for chunk in queues.chunks(super::DEPTHS_PER_STATEMENT) {
+            match self.inner.peek_chunk(chunk).await {
+                Ok(read) => depths.extend(read.into_iter().map(Ok)),
+                Err(_) => {
+                    for queue in chunk {
+                        depths.push(self.peek_depth(queue).await);
+                    }
+                }
+            }
+        }
+        depths
+    }
+
     fn connections_in_use(&self) -> u64 {
         let s = self.inner.pool.state();
         s.connections.saturating_sub(s.idle_connections) as u64
@@ -440,13 +492,14 @@ impl super::HostHooks for SqlServerTransport {
     }
 
     /// SQL Server does not notify: only this process's own sends wake (when they commit);
-    /// messages of other senders are found at the next peek.
-    fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) {
+    /// messages of other senders are found by the host's reads of its idle queues.
+    fn wake_on_arrival(&self, _queues: &[QueueName], sink: Arc<dyn super::ArrivalSink>) -> bool {
         *self
             .inner
             .arrivals
             .write()
             .unwrap_or_else(|e| e.into_inner()) = Some(sink);
+        false
     }
 
     fn report_conflicts_to(&self, sink: Arc<dyn ConflictSink>) {

@@ -59,6 +59,8 @@ pub struct QueueStatements {
     pub commit_and_receive: String,
     /// max(RowVersion) - min(RowVersion) + 1 over committed rows not locked by receivers.
     pub peek: String,
+    /// The same depth as a scalar subquery, for reading many queues in one statement.
+    pub peek_value: String,
     /// How many rows have id `@P1`, read with locks (`READCOMMITTEDLOCK`, so a transaction
     /// deleting the row is waited for even under read-committed snapshot): asked after a
     /// commit reported an error. Scans the table (Id has no index), which only such errors
@@ -407,6 +409,16 @@ impl QueueStatements {
         // DATEADD's int argument.
         let expires = "CASE WHEN @P2 IS NULL THEN NULL ELSE DATEADD(ms, @P2 % 1000, DATEADD(s, @P2 / 1000, GETUTCDATE())) END";
         let receive = receive(&table, dialect);
+        let peek_query = match dialect {
+            Dialect::Sqlserver => format!(
+                "SELECT ISNULL(CAST(MAX(RowVersion) - MIN(RowVersion) + 1 AS bigint), 0) FROM {table} WITH (READPAST, READCOMMITTEDLOCK)"
+            ),
+            // Babelfish reads committed data under MVCC and ignores READPAST: rows locked by
+            // in-flight receives are counted (an overestimate).
+            Dialect::Babelfish => format!(
+                "SELECT ISNULL(CAST(MAX(RowVersion) - MIN(RowVersion) + 1 AS bigint), 0) FROM {table}"
+            ),
+        };
         let end_if_empty = "IF @@ROWCOUNT = 0 AND @@TRANCOUNT > 0 COMMIT TRAN;";
         QueueStatements {
             create: created_under_lock(
@@ -443,16 +455,8 @@ END"
             still_queued: format!(
                 "SELECT COUNT(*) FROM {table} WITH (READCOMMITTEDLOCK) WHERE Id = @P1;"
             ),
-            peek: match dialect {
-                Dialect::Sqlserver => format!(
-                    "SELECT ISNULL(CAST(MAX(RowVersion) - MIN(RowVersion) + 1 AS bigint), 0) FROM {table} WITH (READPAST, READCOMMITTEDLOCK);"
-                ),
-                // Babelfish reads committed data under MVCC and ignores READPAST: rows
-                // locked by in-flight receives are counted (an overestimate).
-                Dialect::Babelfish => format!(
-                    "SELECT ISNULL(CAST(MAX(RowVersion) - MIN(RowVersion) + 1 AS bigint), 0) FROM {table};"
-                ),
-            },
+            peek: format!("{peek_query};"),
+            peek_value: format!("({peek_query})"),
             purge_expired_batch: format!(
                 "DELETE FROM {table} WHERE RowVersion IN (SELECT TOP(@P1) RowVersion FROM {table} WITH (READPAST) WHERE Expires < GETUTCDATE());
 SELECT CAST(@@ROWCOUNT AS bigint);"

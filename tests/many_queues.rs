@@ -108,3 +108,88 @@ async fn a_start_over_existing_tables_looks_them_up_and_creates_none() {
         "{again} statements to start over 20 queues whose tables stand"
     );
 }
+
+/// SQL Server tells of no arrival: twenty idle queues are read together once a second, and
+/// their receivers peek by themselves only as the safety net (before, each peeked every
+/// second: some 100 peeks in this window); a message another process sends is found by the
+/// next read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQLSERVER_URL"]
+async fn sqlserver_idle_queues_are_read_together_not_peeked_each() {
+    use std::sync::Arc;
+    use throttlehost::transport::sqlserver::SqlServerTransport;
+    const WINDOW: Duration = Duration::from_secs(5);
+    let schema = common::mssql::Schema::new();
+    let transport_config = schema.transport_config(TransactionMode::ReceiveOnly, 8);
+    let inner: Arc<dyn Transport> = Arc::new(
+        SqlServerTransport::connect(&transport_config)
+            .await
+            .unwrap(),
+    );
+    let counting = common::Counting::with_abilities(inner);
+    let mut config = common::host_config(
+        transport_config.clone(),
+        "idle00",
+        ConcurrencyModel::Monitor,
+        2,
+    );
+    config.queues[0].delayed_delivery.enabled = false;
+    let first = config.queues[0].clone();
+    for i in 1..20 {
+        let mut queue = first.clone();
+        queue.name = format!("idle{i:02}");
+        queue.handler = Some(HandlerConfig::Noop);
+        config.queues.push(queue);
+    }
+    let probe = Probe::new(Duration::ZERO);
+    let host = HostBuilder::new(config)
+        .transport(counting.clone())
+        .handler("idle00", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    // Settled once three seconds pass without a peek: the first peeks and the follow-ups
+    // after them (1 s, 1 s, 2 s apart before the long safety interval) are over.
+    let mut last = counting.peeks.load(Ordering::SeqCst);
+    let mut quiet = 0;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = counting.peeks.load(Ordering::SeqCst);
+        quiet = if now == last { quiet + 1 } else { 0 };
+        last = now;
+        if quiet == 3 {
+            break;
+        }
+    }
+    let (peeks, reads) = (
+        counting.peeks.load(Ordering::SeqCst),
+        counting.depth_reads.load(Ordering::SeqCst),
+    );
+    tokio::time::sleep(WINDOW).await;
+    let peeks = counting.peeks.load(Ordering::SeqCst) - peeks;
+    let reads = counting.depth_reads.load(Ordering::SeqCst) - reads;
+    eprintln!("in {WINDOW:?}: {peeks} peeks, {reads} reads of many depths");
+    assert!(
+        peeks <= 4,
+        "{peeks} peeks of twenty idle queues in {WINDOW:?}"
+    );
+    assert!(
+        (3..=12).contains(&reads),
+        "{reads} reads of the idle queues' depths in {WINDOW:?}"
+    );
+    let sender = SqlServerTransport::connect(&transport_config)
+        .await
+        .unwrap();
+    let (queue, message) = (
+        QueueName::new("idle00").unwrap(),
+        OutgoingMessage::new(vec![1]),
+    );
+    let sent = Instant::now();
+    sender.send(&queue, &message).await.unwrap();
+    wait_until(Duration::from_secs(5), "the message handled", || {
+        probe.handled() == 1
+    })
+    .await;
+    eprintln!("handled {:?} after it was sent", sent.elapsed());
+    host.shutdown().await;
+}

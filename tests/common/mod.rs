@@ -169,6 +169,8 @@ pub struct Counting {
     pub inner: Arc<dyn Transport>,
     pub receives: AtomicU64,
     pub peeks: AtomicU64,
+    /// Reads of many queues' depths at once (a statement per 200 queues on SQL databases).
+    pub depth_reads: AtomicU64,
     pub sends: AtomicU64,
     /// Messages taken by each batch receive that found any.
     pub batches: std::sync::Mutex<Vec<usize>>,
@@ -185,6 +187,7 @@ impl Counting {
             inner,
             receives: AtomicU64::new(0),
             peeks: AtomicU64::new(0),
+            depth_reads: AtomicU64::new(0),
             sends: AtomicU64::new(0),
             batches: Default::default(),
             abilities: false,
@@ -238,6 +241,10 @@ impl Transport for Counting {
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
         self.peeks.fetch_add(1, Ordering::Relaxed);
         self.inner.peek_depth(queue).await
+    }
+    async fn peek_depths(&self, queues: &[QueueName]) -> Vec<Result<u64, TransportError>> {
+        self.depth_reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.peek_depths(queues).await
     }
     fn connections_in_use(&self) -> u64 {
         self.inner.connections_in_use()

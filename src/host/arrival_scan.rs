@@ -18,16 +18,22 @@ use crate::transport::{QueueName, Transport};
 /// peek by itself at its own interval.
 pub(super) const SCAN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Whether the scan covers `q`: its peek interval is not shorter than the scan's, and it has
+/// no fleet-wide limit. Fleet-limited queues keep peeking by themselves: scanned, three hosts
+/// sharing `fleet_max = 4` on the TDS engine handled 139 of 200 messages in 15 s (all of them
+/// in under 5 s without), and why is not understood yet.
+fn scanned(q: &QueueRuntime) -> bool {
+    let settings = q.settings();
+    settings.peek_interval >= SCAN_INTERVAL && settings.fleet_max.is_none()
+}
+
 /// Reads the idle queues of `queues` every [`SCAN_INTERVAL`] until `stop`.
 pub(super) async fn run(
     queues: Vec<Arc<QueueRuntime>>,
     transport: Arc<dyn Transport>,
     stop: CancellationToken,
 ) {
-    let scanned: Vec<Arc<QueueRuntime>> = queues
-        .into_iter()
-        .filter(|q| q.settings().peek_interval >= SCAN_INTERVAL)
-        .collect();
+    let scanned: Vec<Arc<QueueRuntime>> = queues.into_iter().filter(|q| scanned(q)).collect();
     if scanned.is_empty() {
         return;
     }

@@ -18,13 +18,9 @@ use crate::transport::{QueueName, Transport};
 /// peek by itself at its own interval.
 pub(super) const SCAN_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Whether the scan covers `q`: its peek interval is not shorter than the scan's, and it has
-/// no fleet-wide limit. Fleet-limited queues keep peeking by themselves: scanned, three hosts
-/// sharing `fleet_max = 4` on the TDS engine handled 139 of 200 messages in 15 s (all of them
-/// in under 5 s without), and why is not understood yet.
+/// Whether the scan covers `q`: its peek interval is not shorter than the scan's.
 fn scanned(q: &QueueRuntime) -> bool {
-    let settings = q.settings();
-    settings.peek_interval >= SCAN_INTERVAL && settings.fleet_max.is_none()
+    q.settings().peek_interval >= SCAN_INTERVAL
 }
 
 /// Reads the idle queues of `queues` every [`SCAN_INTERVAL`] until `stop`.

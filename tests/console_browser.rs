@@ -193,9 +193,15 @@ sample_interval = "4s"
         ),
     )
     .unwrap();
+    run_host(&config, port)
+}
+
+/// Runs `throttlehost run` on the configuration at `config`, whose admin endpoint listens on
+/// `port`; returns once it answers.
+fn run_host(config: &std::path::Path, port: u16) -> Process {
     let child = Command::new(env!("CARGO_BIN_EXE_throttlehost"))
         .args(["run", "--config"])
-        .arg(&config)
+        .arg(config)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -426,16 +432,7 @@ fn the_console_shows_retries_and_deletes_failed_messages() {
     let base = format!("http://127.0.0.1:{port}");
     let config = dir.join("host.toml");
     std::fs::write(&config, failed_host_config(port, 1.0)).unwrap();
-    let _host = Process(
-        Command::new(env!("CARGO_BIN_EXE_throttlehost"))
-            .args(["run", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_healthy(&base);
+    let _host = run_host(&config, port);
     for _ in 0..6 {
         let (status, _, _) = common::http(
             "POST",
@@ -522,16 +519,7 @@ fn with_many_queues_the_console_shows_the_busy_ones_first_and_filters() {
     );
     let config = dir.join("host.toml");
     std::fs::write(&config, text).unwrap();
-    let _host = Process(
-        Command::new(env!("CARGO_BIN_EXE_throttlehost"))
-            .args(["run", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_healthy(&base);
+    let _host = run_host(&config, port);
     for _ in 0..2 {
         let (status, _, _) = common::http(
             "POST",

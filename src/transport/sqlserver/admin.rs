@@ -108,17 +108,10 @@ impl QueueAdmin for SqlServerTransport {
     async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
         let mut conn = self.inner.conn().await?;
         let schema = self.inner.schema.as_str();
-        let rows = async {
-            conn.query(statements::LIST_QUEUES, &[&schema])
-                .await?
-                .into_first_result()
-                .await
-        }
-        .await
-        .map_err(|e| {
-            conn.broken |= !is_server_error(&e);
-            map_error(e, None)
-        })?;
+        let rows = conn
+            .rows(statements::LIST_QUEUES, &[&schema])
+            .await
+            .map_err(|e| map_error(e, None))?;
         Ok(rows
             .iter()
             .filter_map(|r| r.get::<&str, _>(0).map(str::to_string))

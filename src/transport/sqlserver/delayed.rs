@@ -109,14 +109,7 @@ impl DelayedDelivery for SqlServerTransport {
                 .collect::<Vec<_>>()
                 .join(" UNION ALL ");
             let mut conn = self.inner.conn().await?;
-            let rows = async {
-                conn.query(sql.as_str(), &[])
-                    .await?
-                    .into_first_result()
-                    .await
-            }
-            .await
-            .map_err(|e| map_error(e, None))?;
+            let rows = conn.rows(&sql, &[]).await.map_err(|e| map_error(e, None))?;
             let mut chunk_readings = vec![DelayedReading::default(); chunk.len()];
             for row in rows {
                 let i = int_at(&row, 0).unwrap_or(0).max(0) as usize;

@@ -309,17 +309,7 @@ impl Inner {
             .collect::<Vec<_>>()
             .join(" UNION ALL ");
         let mut conn = self.conn().await?;
-        let rows = async {
-            conn.query(sql.as_str(), &[])
-                .await?
-                .into_first_result()
-                .await
-        }
-        .await
-        .map_err(|e| {
-            conn.broken |= !is_server_error(&e);
-            map_error(e, None)
-        })?;
+        let rows = conn.rows(&sql, &[]).await.map_err(|e| map_error(e, None))?;
         let mut depths = vec![0; queues.len()];
         for row in rows {
             let i = int_at(&row, 0).unwrap_or(-1);

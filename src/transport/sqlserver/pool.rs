@@ -166,6 +166,20 @@ impl Connection {
         }
     }
 
+    /// Runs `sql` with `params` and returns the rows of its first result set; an error that is
+    /// not the server's own (a broken stream) marks the connection broken.
+    pub async fn rows(
+        &mut self,
+        sql: &str,
+        params: &[&dyn tiberius::ToSql],
+    ) -> Result<Vec<tiberius::Row>, tiberius::error::Error> {
+        let rows = async { self.query(sql, params).await?.into_first_result().await }.await;
+        if let Err(e) = &rows {
+            self.broken |= !matches!(e, tiberius::error::Error::Server(_));
+        }
+        rows
+    }
+
     /// Runs a batch and returns the rows of its first result set.
     pub async fn first_result(
         &mut self,

@@ -54,26 +54,9 @@ pub(super) fn plan_queues(
         let receivers = receivers_of(qc, &name, instance, mode)?;
         to_create.extend(receivers.iter().map(|(queue, _)| queue.clone()));
         for (queue_name, settings) in receivers {
-            if !qc.metrics {
-                metrics.leave_out_queue(queue_name.as_str());
-            }
-            let runtime = QueueRuntime::new(
-                queue_name.clone(),
-                error_queue.clone(),
-                error_depths.entry(error_queue.clone()).or_default().clone(),
-                qc.concurrency.model,
-                settings,
-                metrics.queue(queue_name.as_str()),
-            )
-            .with_delayed_home(
-                qc.delayed_delivery.enabled.then(|| name.clone()),
-                qc.delayed_delivery.batch_size,
-            );
-            // Order applies to the queue itself; its instance queue carries replies.
-            let runtime = match queue_name.as_str() == qc.name {
-                true => runtime.with_ordering(&qc.ordering),
-                false => runtime,
-            };
+            let depth = error_depths.entry(error_queue.clone()).or_default().clone();
+            let error = (error_queue.clone(), depth);
+            let runtime = runtime_of(qc, &name, &queue_name, settings, error, metrics);
             queues.push(Arc::new(runtime));
             handlers.insert(queue_name.clone(), handler.clone());
             if let Some(sim) = &simulate {
@@ -91,6 +74,39 @@ pub(super) fn plan_queues(
         error_queues,
         simulated,
     })
+}
+
+/// The runtime of `queue` (`qc`'s queue `name` itself, or its instance queue) with these
+/// settings, its error queue with that queue's shared depth cell, and its metric handles
+/// (none exported when `qc` says `metrics = false`).
+fn runtime_of(
+    qc: &QueueConfig,
+    name: &QueueName,
+    queue: &QueueName,
+    settings: QueueSettings,
+    (error_queue, error_depth): (QueueName, Arc<DepthCell>),
+    metrics: &Metrics,
+) -> QueueRuntime {
+    if !qc.metrics {
+        metrics.leave_out_queue(queue.as_str());
+    }
+    let runtime = QueueRuntime::new(
+        queue.clone(),
+        error_queue,
+        error_depth,
+        qc.concurrency.model,
+        settings,
+        metrics.queue(queue.as_str()),
+    )
+    .with_delayed_home(
+        qc.delayed_delivery.enabled.then(|| name.clone()),
+        qc.delayed_delivery.batch_size,
+    );
+    // Order applies to the queue itself; its instance queue carries replies.
+    match queue == name {
+        true => runtime.with_ordering(&qc.ordering),
+        false => runtime,
+    }
 }
 
 /// A queue's handler, with the knobs of a simulate handler.

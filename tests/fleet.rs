@@ -492,11 +492,11 @@ async fn one_instance_per_queue_reads_its_depth_and_polls_its_delayed_table() {
         [one] => one.clone(),
         other => panic!("one leader, not {other:?}"),
     };
-    let peeks: Vec<u64> = hosts.iter().map(|(_, c)| c.peeks()).collect();
+    let peeks: Vec<u64> = hosts.iter().map(|(_, c)| c.depth_looks()).collect();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     for ((host, counting), before) in hosts.iter().zip(peeks) {
         let name = host.handle().config().host.instance_id.clone();
-        let peeked = counting.peeks() - before;
+        let peeked = counting.depth_looks() - before;
         match name == leader {
             true => assert!(
                 peeked >= 4,

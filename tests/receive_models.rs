@@ -149,9 +149,9 @@ async fn queue_statements(
         .unwrap();
     // Let start-up polling settle, then count a clean window.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (r0, p0) = (counting.receives(), counting.peeks());
+    let (r0, p0) = (counting.receives(), counting.depth_looks());
     tokio::time::sleep(Duration::from_secs(seconds)).await;
-    let counts = (counting.receives() - r0, counting.peeks() - p0);
+    let counts = (counting.receives() - r0, counting.depth_looks() - p0);
     host.shutdown().await;
     counts
 }

@@ -57,6 +57,8 @@ async fn scan(queues: &[Arc<QueueRuntime>], transport: &dyn Transport) {
     for (q, depth) in idle.into_iter().zip(depths) {
         match depth {
             Ok(depth) => {
+                // Fresh for the database size too: the probe need not read it again.
+                q.depth().set(depth);
                 q.set_arrivals_notified(true);
                 q.depth_read(depth);
             }

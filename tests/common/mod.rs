@@ -216,6 +216,11 @@ impl Counting {
     pub fn peeks(&self) -> u64 {
         self.peeks.load(Ordering::Relaxed)
     }
+
+    /// Looks at depths: single peeks and reads of many queues' depths at once.
+    pub fn depth_looks(&self) -> u64 {
+        self.peeks() + self.depth_reads.load(Ordering::Relaxed)
+    }
 }
 
 #[async_trait]

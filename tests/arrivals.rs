@@ -545,16 +545,18 @@ async fn without_notifications_the_host_reads_its_idle_queues_once_a_second() {
     let mut config = pg_config(&schema, "scan00", ConcurrencyModel::Monitor, 2);
     config.transport.notify_on_insert = false;
     config.queues[0].concurrency.peek_interval = PEEK_INTERVAL;
-    let first = config.queues[0].clone();
-    for i in 1..20 {
-        let mut queue = first.clone();
-        queue.name = format!("scan{i:02}");
-        queue.handler = Some(throttlehost::config::HandlerConfig::Noop);
-        config.queues.push(queue);
-    }
-    let (host, probe) = probed_host(config, None).await;
-    // Every receiver has peeked once and found its queue empty.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    common::add_noop_queues(&mut config, "scan", 20);
+    let transport =
+        throttlehost::transport::postgres::PostgresTransport::connect(&config.transport)
+            .await
+            .unwrap();
+    let counting = common::Counting::with_abilities(std::sync::Arc::new(transport));
+    let (host, probe) = probed_host(config, Some(counting.clone())).await;
+    // Every receiver has peeked once and found its queue empty: its next peek is 30 s away.
+    wait_until(Duration::from_secs(10), "every queue peeked", || {
+        counting.peeks() >= 20
+    })
+    .await;
     let sender = schema.transport(TransactionMode::ReceiveOnly, 1).await;
     let (queue, message) = (q("scan00"), OutgoingMessage::new(vec![1]));
     picked_up_within(

@@ -26,13 +26,7 @@ async fn idle_delayed_tables_cost_one_sweep_not_a_poll_each() {
     let (proxy, transport) =
         CommitCutter::for_postgres(&schema, TransactionMode::ReceiveOnly, 8).await;
     let mut config = common::host_config(transport, "idle00", ConcurrencyModel::Monitor, 1);
-    let first = config.queues[0].clone();
-    for i in 1..20 {
-        let mut queue = first.clone();
-        queue.name = format!("idle{i:02}");
-        queue.handler = Some(HandlerConfig::Noop);
-        config.queues.push(queue);
-    }
+    common::add_noop_queues(&mut config, "idle", 20);
     let probe = Probe::new(Duration::ZERO);
     let host = HostBuilder::new(config)
         .handler("idle00", ProbeHandler(probe.clone()))
@@ -84,12 +78,7 @@ async fn a_start_over_existing_tables_looks_them_up_and_creates_none() {
         CommitCutter::for_postgres(&schema, TransactionMode::ReceiveOnly, 8).await;
     let mut config = common::host_config(transport, "stand00", ConcurrencyModel::Monitor, 1);
     config.queues[0].handler = Some(HandlerConfig::Noop);
-    let first = config.queues[0].clone();
-    for i in 1..20 {
-        let mut queue = first.clone();
-        queue.name = format!("stand{i:02}");
-        config.queues.push(queue);
-    }
+    common::add_noop_queues(&mut config, "stand", 20);
     let created_by = proxy.statements.load(Ordering::SeqCst);
     let host = HostBuilder::new(config.clone()).start().await.unwrap();
     let creating = proxy.statements.load(Ordering::SeqCst) - created_by;
@@ -134,13 +123,7 @@ async fn sqlserver_idle_queues_are_read_together_not_peeked_each() {
         2,
     );
     config.queues[0].delayed_delivery.enabled = false;
-    let first = config.queues[0].clone();
-    for i in 1..20 {
-        let mut queue = first.clone();
-        queue.name = format!("idle{i:02}");
-        queue.handler = Some(HandlerConfig::Noop);
-        config.queues.push(queue);
-    }
+    common::add_noop_queues(&mut config, "idle", 20);
     let probe = Probe::new(Duration::ZERO);
     let host = HostBuilder::new(config)
         .transport(counting.clone())

@@ -54,6 +54,17 @@ const DESIGN_METRICS: &[&str] = &[
     "throttling_wait_seconds_bucket{direction=",
 ];
 
+/// `host`'s `/metrics` text (the answer must be 200).
+async fn metrics_text(host: &throttlehost::Host) -> String {
+    let url = format!("http://{}/metrics", host.admin_address().unwrap());
+    let (status, text, _) =
+        tokio::task::spawn_blocking(move || common::http("GET", &url, b"", &[]))
+            .await
+            .unwrap();
+    assert_eq!(status, 200);
+    text
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_design_metric_is_exported() {
     let mut config = common::memory_config("orders");
@@ -78,12 +89,7 @@ async fn every_design_metric_is_exported() {
     }
     let _ = host.handle().reload_from(&path);
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let url = format!("http://{}/metrics", host.admin_address().unwrap());
-    let (status, text, _) =
-        tokio::task::spawn_blocking(move || common::http("GET", &url, b"", &[]))
-            .await
-            .unwrap();
-    assert_eq!(status, 200);
+    let text = metrics_text(&host).await;
     let missing: Vec<&&str> = DESIGN_METRICS
         .iter()
         .filter(|m| !text.contains(&format!("throttlehost_{m}")))
@@ -198,12 +204,7 @@ async fn a_queue_with_metrics_off_has_no_series_and_is_still_counted() {
         status.queues.iter().all(|q| q.succeeded_total == 5)
     })
     .await;
-    let url = format!("http://{}/metrics", host.admin_address().unwrap());
-    let (status, text, _) =
-        tokio::task::spawn_blocking(move || common::http("GET", &url, b"", &[]))
-            .await
-            .unwrap();
-    assert_eq!(status, 200);
+    let text = metrics_text(&host).await;
     assert!(
         text.contains("throttlehost_messages_received_total{queue=\"charted\"} 5"),
         "{text}"

@@ -164,21 +164,20 @@ fn deserialize_config(text: &str, origin: &str) -> Result<Config, ConfigError> {
     let span = root.span();
     if let Some(defaults) = defaults::apply(root.get_mut()) {
         let table = match defaults.get_ref() {
-            DeValue::Table(table) => table.clone(),
-            _ => DeTable::new(),
-        };
-        if !defaults.get_ref().is_table() || table.contains_key("name") {
-            return Err(ConfigError::Invalid {
-                origin: origin.to_string(),
-                problems: vec![Problem {
-                    line: Some(line_of(text, defaults.span().start)),
-                    key: defaults::SECTION.to_string(),
-                    message: "expected a table of queue settings without `name` (each \
+            DeValue::Table(table) if !table.contains_key("name") => table.clone(),
+            _ => {
+                return Err(ConfigError::Invalid {
+                    origin: origin.to_string(),
+                    problems: vec![Problem {
+                        line: Some(line_of(text, defaults.span().start)),
+                        key: defaults::SECTION.to_string(),
+                        message: "expected a table of queue settings without `name` (each \
                               [[queues]] entry names its queue)"
-                        .to_string(),
-                }],
-            });
-        }
+                            .to_string(),
+                    }],
+                });
+            }
+        };
         let alone = toml::de::Deserializer::from(Spanned::new(defaults.span(), table));
         deserialize_from::<QueueConfig>(alone, text, origin, defaults::SECTION)?;
     }

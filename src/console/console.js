@@ -417,27 +417,31 @@ function drawCharts() {
   drawQueueCharts(now);
 }
 
+// The id of a queue's chart element: its name with what an id cannot hold replaced.
+function chartId(name) {
+  return `chart-queue-${name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+}
+
 // Charts of the queues the table shows first (the busiest, with many queues); the charts of
 // queues that left that set go.
 function drawQueueCharts(now) {
   const container = document.getElementById("queue-charts");
   const names = view.chartedQueues || [];
-  const ids = new Set(names.map((name) => `chart-queue-${name.replace(/[^A-Za-z0-9_-]/g, "_")}`));
+  const ids = new Set(names.map(chartId));
   for (const figure of [...container.children]) {
     const svg = figure.querySelector("svg");
     if (!svg || !ids.has(svg.id)) figure.remove();
   }
   for (const name of names) {
-    const q = { name };
-    const id = `chart-queue-${q.name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+    const id = chartId(name);
     let svg = document.getElementById(id);
     if (!svg) {
-      svg = svgEl("svg", { id, viewBox: "0 0 720 140", role: "img", "aria-label": `queue ${q.name}` });
-      const figure = el("figure", {}, el("figcaption", {}, `Queue ${q.name}: limit, in flight, depth`), svg, el("div", { class: "legend", id: `${id}-legend` }));
+      svg = svgEl("svg", { id, viewBox: "0 0 720 140", role: "img", "aria-label": `queue ${name}` });
+      const figure = el("figure", {}, el("figcaption", {}, `Queue ${name}: limit, in flight, depth`), svg, el("div", { class: "legend", id: `${id}-legend` }));
       container.append(figure);
     }
     const pick = (field) => (s) => {
-      const x = queueOf(s, q.name);
+      const x = queueOf(s, name);
       return x ? x[field] : null;
     };
     const lines = [series("limit", pick("limit")), series("in flight", pick("in_flight")), series("depth", pick("depth"))];

@@ -330,6 +330,18 @@ pub fn pg_config(schema: &PgSchema, queue: &str, model: ConcurrencyModel, max: u
     host_config(transport, queue, model, max)
 }
 
+/// Adds copies of `config`'s first queue, with no-op handlers, until it has `count` queues
+/// named `<prefix>00` (the first, named so by the caller) to `<prefix>NN`.
+pub fn add_noop_queues(config: &mut Config, prefix: &str, count: usize) {
+    let first = config.queues[0].clone();
+    for i in 1..count {
+        let mut queue = first.clone();
+        queue.name = format!("{prefix}{i:02}");
+        queue.handler = Some(throttlehost::config::HandlerConfig::Noop);
+        config.queues.push(queue);
+    }
+}
+
 /// A host configuration for tests on any database: one queue, no admin endpoint.
 pub fn host_config(
     transport: TransportConfig,

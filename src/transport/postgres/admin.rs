@@ -281,10 +281,11 @@ pub(super) fn is_concurrent_creation(e: &tokio_postgres::Error) -> bool {
 }
 
 /// The relations of `wanted` (schema, name) that exist, of any kind (tables, indexes), in one
-/// read of the catalogs.
+/// read of the catalogs; with `trigger`, only those that carry a trigger of that name.
 pub(super) async fn existing_relations(
     client: &tokio_postgres::Client,
     wanted: &[(String, String)],
+    trigger: Option<&str>,
 ) -> Result<HashSet<(String, String)>, tokio_postgres::Error> {
     let (schemas, names) = schemas_and_names(wanted);
     let rows = client
@@ -292,27 +293,10 @@ pub(super) async fn existing_relations(
             "SELECT n.nspname::text, c.relname::text \
              FROM unnest($1::text[], $2::text[]) AS t(s, n) \
              JOIN pg_namespace n ON n.nspname = t.s \
-             JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.n",
-            &[&schemas, &names],
-        )
-        .await?;
-    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
-}
-
-/// The tables of `tables` that carry the insert notification's trigger.
-async fn notifying(
-    client: &tokio_postgres::Client,
-    tables: &[(String, String)],
-) -> Result<HashSet<(String, String)>, tokio_postgres::Error> {
-    let (schemas, names) = schemas_and_names(tables);
-    let rows = client
-        .query(
-            "SELECT n.nspname::text, c.relname::text \
-             FROM unnest($1::text[], $2::text[]) AS t(s, n) \
-             JOIN pg_namespace n ON n.nspname = t.s \
              JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.n \
-             JOIN pg_trigger g ON g.tgrelid = c.oid AND g.tgname = 'throttlehost_notify'",
-            &[&schemas, &names],
+             WHERE $3::text IS NULL OR EXISTS \
+             (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = c.oid AND g.tgname = $3)",
+            &[&schemas, &names, &trigger],
         )
         .await?;
     Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
@@ -337,7 +321,7 @@ impl QueueAdmin for PostgresTransport {
             .map_err(|e| map_error(e, None))?;
         let notifying = match self.inner.notify_on_insert {
             true => Some(
-                notifying(&client, &tables)
+                existing_relations(&client, &tables, Some("throttlehost_notify"))
                     .await
                     .map_err(|e| map_error(e, None))?,
             ),

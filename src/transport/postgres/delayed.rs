@@ -197,7 +197,7 @@ impl DelayedDelivery for PostgresTransport {
             .iter()
             .flat_map(|r| r.present.iter().chain(&r.absent).cloned())
             .collect();
-        let existing = existing_relations(&client, &wanted)
+        let existing = existing_relations(&client, &wanted, None)
             .await
             .map_err(|e| map_error(e, None))?;
         Ok(queues

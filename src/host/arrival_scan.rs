@@ -53,12 +53,14 @@ async fn scan(queues: &[Arc<QueueRuntime>], transport: &dyn Transport) {
         return;
     }
     let names: Vec<QueueName> = idle.iter().map(|q| q.name().clone()).collect();
+    let starts: Vec<_> = idle.iter().map(|q| q.depth().read_started()).collect();
     let depths = transport.peek_depths(&names).await;
-    for (q, depth) in idle.into_iter().zip(depths) {
+    for ((q, start), depth) in idle.into_iter().zip(starts).zip(depths) {
         match depth {
             Ok(depth) => {
-                // Fresh for the database size too: the probe need not read it again.
-                q.depth().set(depth);
+                // Fresh for the database size too, so the probe need not read it again; this
+                // process's sends during the read stay on top.
+                q.depth().set_read(depth, start);
                 q.set_arrivals_notified(true);
                 q.depth_read(depth);
             }

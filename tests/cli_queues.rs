@@ -170,8 +170,12 @@ fn held_keys_are_listed_and_released_from_the_command_line() {
             .await
             .unwrap();
         t.send(&queue, &message).await.unwrap();
-        let mut r = t.receive(&queue).await.unwrap().unwrap();
-        r.hold("a", "the order service is down").await.unwrap();
+        let r = t.receive(&queue).await.unwrap().unwrap();
+        t.key_ordering()
+            .unwrap()
+            .hold(&queue, r.payload().id(), "a", "the order service is down")
+            .await
+            .unwrap();
         r.rollback().await.unwrap();
     });
 

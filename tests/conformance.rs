@@ -980,9 +980,13 @@ pub async fn a_held_key_waits_until_released(h: &dyn Harness) {
         keyed(Some("b"), "b1"),
     ];
     t.send_batch(&q("in"), &messages).await.unwrap();
-    let mut a1 = t.receive(&q("in")).await.unwrap().expect("a1");
+    let a1 = t.receive(&q("in")).await.unwrap().expect("a1");
     assert_eq!(text_of(a1.as_ref()), "a1");
-    a1.hold("a", "boom: the handler failed").await.unwrap();
+    let a1_id = a1.payload().id();
+    keys(&t)
+        .hold(&q("in"), a1_id, "a", "boom: the handler failed")
+        .await
+        .unwrap();
     a1.rollback().await.unwrap();
     let b1 = t
         .receive(&q("in"))
@@ -1021,9 +1025,10 @@ pub async fn a_held_key_waits_until_released(h: &dyn Harness) {
     a2.commit().await.unwrap();
     // Holding twice is one hold; `None` releases every key.
     t.send(&q("in"), &keyed(Some("c"), "c1")).await.unwrap();
-    let mut c1 = t.receive(&q("in")).await.unwrap().expect("c1");
-    c1.hold("c", "first").await.unwrap();
-    c1.hold("c", "second").await.unwrap();
+    let c1 = t.receive(&q("in")).await.unwrap().expect("c1");
+    let c1_id = c1.payload().id();
+    keys(&t).hold(&q("in"), c1_id, "c", "first").await.unwrap();
+    keys(&t).hold(&q("in"), c1_id, "c", "second").await.unwrap();
     c1.rollback().await.unwrap();
     assert_eq!(keys(&t).held_keys(&q("in")).await.unwrap().len(), 1);
     assert_eq!(keys(&t).release_held(&q("in"), None).await.unwrap(), 1);

@@ -397,7 +397,7 @@ async fn commits_whose_answer_was_lost(
     fill(&transport, &queue, 2).await;
     let received = transport.receive(&queue).await.unwrap().unwrap();
     proxy.arm(Cut::AfterCommit);
-    let done = received.commit_and_receive(&*transport, &queue).await;
+    let done = received.commit_and_receive(&queue).await;
     done.committed.expect("the commit took effect");
     assert_eq!(proxy.cut.load(Ordering::SeqCst), 2);
     assert_eq!(

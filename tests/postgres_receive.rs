@@ -54,7 +54,7 @@ async fn chain_keeps_bodies_whole(transport: Arc<dyn Transport>) {
     let mut current = transport.receive(&queue).await.unwrap().expect("a message");
     for n in 0..5u8 {
         assert_eq!(body_of(current.as_ref()), every_byte(n), "message {n}");
-        let next = current.commit_and_receive(transport.as_ref(), &queue).await;
+        let next = current.commit_and_receive(&queue).await;
         next.committed.expect("the commit");
         current = next
             .next
@@ -63,7 +63,7 @@ async fn chain_keeps_bodies_whole(transport: Arc<dyn Transport>) {
             .expect("a message");
     }
     assert_eq!(body_of(current.as_ref()), Vec::<u8>::new());
-    let last = current.commit_and_receive(transport.as_ref(), &queue).await;
+    let last = current.commit_and_receive(&queue).await;
     last.committed.expect("the commit");
     assert!(
         last.next.expect("a follow-on receive").unwrap().is_none(),
@@ -112,7 +112,7 @@ async fn a_new_connection_prepares_the_receive_again_and_the_order_holds() {
         )
         .await
         .unwrap();
-    let next = first.commit_and_receive(transport.as_ref(), &queue).await;
+    let next = first.commit_and_receive(&queue).await;
     assert!(next.committed.is_err(), "the connection was killed");
     // The first message's transaction rolled back with its connection; a new connection
     // prepares the receive again and the order holds.

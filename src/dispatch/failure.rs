@@ -11,7 +11,7 @@ use crate::message::{
     RETRIES_TIMESTAMP_HEADER, format_wire_time,
 };
 use crate::queue::{QueueEvent, QueueRuntime};
-use crate::transport::{QueueName, Received};
+use crate::transport::{QueueName, Received, TransportError};
 
 use super::{Dispatcher, Outcome, send_and_commit};
 
@@ -98,13 +98,20 @@ impl Dispatcher {
     pub(super) async fn hold(
         &self,
         q: &QueueRuntime,
-        mut received: Box<dyn Received>,
+        received: Box<dyn Received>,
         id: Uuid,
         key: &str,
         error_message: &OutgoingMessage,
         failure: &Failure,
     ) -> Option<Outcome> {
-        if let Err(e) = received.hold(key, &failure.message).await {
+        let held = match self.store.key_ordering() {
+            Some(ordering) => ordering.hold(q.name(), id, key, &failure.message).await,
+            None => Err(TransportError::Unsupported {
+                what: "this transport cannot hold a key",
+                setting: "queues.ordering.failed_key",
+            }),
+        };
+        if let Err(e) = held {
             tracing::error!(queue = %q.name(), %id, %key, error = %e,
                 "could not hold the key of a failed message; moving it to the error queue instead");
             return self

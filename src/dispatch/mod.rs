@@ -140,7 +140,6 @@ impl<'a> Pending<'a> {
     /// waited for between the two. None when the commit failed (no receive was tried).
     pub(crate) async fn commit_and_receive(
         self,
-        transport: &dyn Transport,
     ) -> Option<Result<Option<Box<dyn Received>>, TransportError>> {
         let Pending {
             received,
@@ -149,7 +148,7 @@ impl<'a> Pending<'a> {
             q,
             ..
         } = self;
-        let both = received.commit_and_receive(transport, q.name()).await;
+        let both = received.commit_and_receive(q.name()).await;
         dispatcher.committed(q, done, both.committed);
         both.next
     }
@@ -185,6 +184,8 @@ pub(crate) struct Dispatcher {
     identity: HostIdentity,
     /// The handler of each receiving queue, fixed at start.
     handlers: HashMap<QueueName, Arc<dyn Handler>>,
+    /// Where a failed message's key is held ([`crate::transport::KeyOrdering::hold`]).
+    store: Arc<dyn Transport>,
     in_process: AtomicU64,
     observer: Option<Arc<dyn DispatchObserver>>,
 }
@@ -227,6 +228,7 @@ impl Dispatcher {
         mode: TransactionMode,
         identity: HostIdentity,
         handlers: HashMap<QueueName, Arc<dyn Handler>>,
+        store: Arc<dyn Transport>,
         observer: Option<Arc<dyn DispatchObserver>>,
     ) -> Self {
         Dispatcher {
@@ -235,6 +237,7 @@ impl Dispatcher {
             mode,
             identity,
             handlers,
+            store,
             in_process: AtomicU64::new(0),
             observer,
         }

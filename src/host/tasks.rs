@@ -51,6 +51,7 @@ pub(super) fn message_path(
         config.transport.transaction_mode,
         identity,
         handlers,
+        transport.clone(),
         observer,
     ));
     (throttle, publisher, dispatcher)

@@ -258,7 +258,7 @@ async fn dispatch_and_commit(
     match ctx.dispatcher.process(q, received).await {
         Dispatched::Ended => None,
         Dispatched::ToCommit(pending) if may_follow_on(q, ctx) => {
-            pending.commit_and_receive(ctx.transport.as_ref()).await
+            pending.commit_and_receive().await
         }
         Dispatched::ToCommit(pending) => {
             pending.commit().await;

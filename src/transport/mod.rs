@@ -334,31 +334,14 @@ pub trait Received: Send {
     /// Ends the receive: the message is back at its original position; sends are discarded.
     async fn rollback(self: Box<Self>) -> Result<(), TransportError>;
 
-    /// Holds the received message's key (`[queues.ordering] failed_key = "hold"`): records
-    /// in the store, outside this unit of work and while it still holds the message, that
-    /// the message with `key` failed (`reason`), so that once this receive rolls back no
-    /// receive on any host takes it again, nor (being its key's oldest) any later message of
-    /// its key, until [`KeyOrdering::release_held`]. The caller rolls back next. Default:
-    /// refused (a receive that cannot keep order cannot hold a key).
-    async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
-        let _ = (key, reason);
-        Err(TransportError::Unsupported {
-            what: "this receive cannot hold a key",
-            setting: "queues.ordering.failed_key",
-        })
-    }
-
     /// Commits, then receives the next message from `queue` on the same connection. A
-    /// transport that can pipelines both into one round trip (PostgreSQL does); the default
-    /// commits and then calls [`Transport::receive`]. The caller must be allowed to receive
-    /// right away (no throttling wait due): nothing may be waited for between the two.
-    async fn commit_and_receive(
-        self: Box<Self>,
-        transport: &dyn Transport,
-        queue: &QueueName,
-    ) -> CommitAndReceive {
-        let committed = self.commit().await;
-        CommitAndReceive::then_receive(committed, transport, queue).await
+    /// transport that can pipelines both into one round trip (PostgreSQL and SQL Server do);
+    /// the default commits only and leaves the next receive to the caller's own turn. The
+    /// caller must be allowed to receive right away (no throttling wait due): nothing may be
+    /// waited for between the two.
+    async fn commit_and_receive(self: Box<Self>, queue: &QueueName) -> CommitAndReceive {
+        let _ = queue;
+        CommitAndReceive::commit_only(self.commit().await)
     }
 }
 
@@ -366,23 +349,18 @@ pub trait Received: Send {
 pub struct CommitAndReceive {
     /// The commit of the current receive.
     pub committed: Result<(), TransportError>,
-    /// The next receive: `None` when it was not attempted (after a failed commit), which
-    /// says nothing of the queue's depth.
+    /// The next receive: `None` when it was not attempted (after a failed commit, or by a
+    /// receive that cannot bring the next one along), which says nothing of the queue's depth.
     pub next: Option<Result<Option<Box<dyn Received>>, TransportError>>,
 }
 
 impl CommitAndReceive {
-    /// The two-step form: after a commit, receive the next message if the commit worked.
-    pub async fn then_receive(
-        committed: Result<(), TransportError>,
-        transport: &dyn Transport,
-        queue: &QueueName,
-    ) -> Self {
-        let next = match committed {
-            Ok(()) => Some(transport.receive(queue).await),
-            Err(_) => None,
-        };
-        CommitAndReceive { committed, next }
+    /// A commit that brought no receive along.
+    pub fn commit_only(committed: Result<(), TransportError>) -> Self {
+        CommitAndReceive {
+            committed,
+            next: None,
+        }
     }
 }
 

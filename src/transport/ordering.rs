@@ -27,7 +27,7 @@ pub struct HeldStatements {
     pub release_all: String,
 }
 
-/// A key held by its failed message ([`Received::hold`](super::Received::hold)).
+/// A key held by its failed message ([`KeyOrdering::hold`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldKey {
     /// The key's value.
@@ -56,7 +56,21 @@ pub trait KeyOrdering: Send + Sync {
         ordering: &OrderingConfig,
     ) -> Result<(), TransportError>;
 
-    /// The keys of `queue` held by a failed message ([`Received::hold`](super::Received::hold)), oldest first.
+    /// Holds a failed message's key (`[queues.ordering] failed_key = "hold"`): records in the
+    /// store, outside the message's unit of work and while that receive still holds it, that
+    /// message `id` of `queue` failed with `key` (`reason`). Once the receive rolls back, no
+    /// receive on any host takes the message again, nor (it being its key's oldest) any
+    /// later message of its key, until [`KeyOrdering::release_held`]. Holding a message
+    /// already held changes nothing.
+    async fn hold(
+        &self,
+        queue: &QueueName,
+        id: Uuid,
+        key: &str,
+        reason: &str,
+    ) -> Result<(), TransportError>;
+
+    /// The keys of `queue` held by a failed message ([`KeyOrdering::hold`]), oldest first.
     async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError>;
 
     /// Lifts the holds of `queue` (of one key, or all): each held message is the next of its

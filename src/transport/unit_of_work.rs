@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::batch::BatchWork;
 use super::row::{RawRow, kept_row, payload_of};
-use super::{CommitAndReceive, Payload, QueueName, Received, Transport, TransportError};
+use super::{CommitAndReceive, Payload, QueueName, Received, TransportError};
 use crate::message::OutgoingMessage;
 
 /// What a SQL transport does on one of its pooled connections for an open receive.
@@ -78,7 +78,6 @@ pub(crate) trait SqlStore: Send + Sync + Sized + 'static {
     async fn commit_and_receive(
         self: Arc<Self>,
         conn: Self::Conn,
-        transport: &dyn Transport,
         queue: &QueueName,
     ) -> CommitAndReceive;
 
@@ -95,16 +94,6 @@ pub(crate) trait SqlStore: Send + Sync + Sized + 'static {
     /// a store whose server does not notify wakes the queue's receivers here (default:
     /// nothing, the server notifies).
     fn arrived(&self, _queue: &QueueName) {}
-
-    /// Records, on a connection of its own and committed at once, that message `id` of
-    /// `queue` holds its `key` ([`Received::hold`]).
-    async fn hold(
-        &self,
-        queue: &QueueName,
-        id: Uuid,
-        key: &str,
-        reason: &str,
-    ) -> Result<(), TransportError>;
 }
 
 /// What identifies a receive's commit for [`SqlStore::took_effect`].
@@ -360,37 +349,16 @@ impl<S: SqlStore> Received for SqlReceived<S> {
         settled
     }
 
-    async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
-        if self.conn.is_none() {
-            // Mode `none`: the row is gone already; there is nothing left to hold in place.
-            return Err(TransportError::Unsupported {
-                what: "a receive without a transaction cannot hold a key",
-                setting: "queues.ordering.failed_key",
-            });
-        }
-        self.store
-            .hold(&self.queue, self.payload.id(), key, reason)
-            .await
-    }
-
     async fn rollback(mut self: Box<Self>) -> Result<(), TransportError> {
         self.end(false).await
     }
 
-    async fn commit_and_receive(
-        mut self: Box<Self>,
-        transport: &dyn Transport,
-        queue: &QueueName,
-    ) -> CommitAndReceive {
+    async fn commit_and_receive(mut self: Box<Self>, queue: &QueueName) -> CommitAndReceive {
         // The one-round-trip form needs a clean transaction on a connection that receives
         // from the same queue (SQL Server's batch is per queue).
         match (self.failed || self.queue != *queue, self.conn.take()) {
             (false, Some(conn)) => {
-                let mut done = self
-                    .store
-                    .clone()
-                    .commit_and_receive(conn, transport, queue)
-                    .await;
+                let mut done = self.store.clone().commit_and_receive(conn, queue).await;
                 let receipt = self.receipt();
                 done.committed =
                     settle_commit(&*self.store, &self.queue, receipt, done.committed).await;
@@ -401,8 +369,7 @@ impl<S: SqlStore> Received for SqlReceived<S> {
             }
             (_, conn) => {
                 self.conn = conn;
-                let committed = self.commit().await;
-                CommitAndReceive::then_receive(committed, transport, queue).await
+                CommitAndReceive::commit_only(self.commit().await)
             }
         }
     }

@@ -57,6 +57,28 @@ impl crate::transport::KeyOrdering for MemoryTransport {
         Ok(())
     }
 
+    async fn hold(
+        &self,
+        queue: &QueueName,
+        id: uuid::Uuid,
+        key: &str,
+        reason: &str,
+    ) -> Result<(), TransportError> {
+        let state = self.shared.queue(queue)?;
+        let mut queue = lock(&state);
+        if !queue.held.iter().any(|h| h.message_id == id) {
+            queue.held.push(HeldKey {
+                key: key.to_string(),
+                message_id: id,
+                reason: reason.to_string(),
+                held_at: chrono::Utc::now()
+                    .format("%Y-%m-%d %H:%M:%S%.3f")
+                    .to_string(),
+            });
+        }
+        Ok(())
+    }
+
     async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
         let state = self.shared.queue(queue)?;
         let held = lock(&state).held.clone();

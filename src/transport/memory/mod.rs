@@ -244,7 +244,7 @@ impl Transport for MemoryTransport {
             })
         };
         let mut received = MemoryReceived {
-            shared: self.shared.clone(),
+            transport: self.clone(),
             queue_name: queue.clone(),
             queue: state,
             seq,

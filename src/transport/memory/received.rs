@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use crate::message::OutgoingMessage;
-use crate::transport::{HeldKey, Payload, QueueName, Received, TransportError};
+use crate::transport::{CommitAndReceive, Payload, QueueName, Received, Transport, TransportError};
 
 use super::queue::{Holds, QueueState, StoredMessage};
-use super::{Session, Shared, lock, stored_from};
+use super::{MemoryTransport, Session, lock, stored_from};
 
 pub(super) struct MemoryReceived {
-    pub(super) shared: Arc<Shared>,
+    /// The transport it came from: its store, and where the next receive comes from.
+    pub(super) transport: MemoryTransport,
     pub(super) queue_name: QueueName,
     pub(super) queue: Arc<Mutex<QueueState>>,
     pub(super) seq: u64,
@@ -36,7 +37,10 @@ impl MemoryReceived {
         let Some(mut stored) = self.stored.take() else {
             return;
         };
-        self.shared.open_receives.fetch_sub(1, Ordering::Relaxed);
+        self.transport
+            .shared
+            .open_receives
+            .fetch_sub(1, Ordering::Relaxed);
         self.session = None;
         let restored = restore && self.restore_on_drop;
         {
@@ -53,7 +57,7 @@ impl MemoryReceived {
         }
         // A message back in its queue, or a key or stage freed, is work for an idle receiver.
         if restored || self.holds.key.is_some() || self.holds.stage.is_some() {
-            self.shared.arrived(&self.queue_name);
+            self.transport.shared.arrived(&self.queue_name);
         }
     }
 }
@@ -76,7 +80,7 @@ impl Received for MemoryReceived {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
         let stored = match stored_from(message)
-            .and_then(|stored| self.shared.check(queue, &stored).map(|()| stored))
+            .and_then(|stored| self.transport.shared.check(queue, &stored).map(|()| stored))
         {
             Ok(stored) => stored,
             Err(e) => {
@@ -88,7 +92,7 @@ impl Received for MemoryReceived {
             self.pending_sends.push((queue.clone(), stored));
             Ok(())
         } else {
-            self.shared.insert(queue, stored)
+            self.transport.shared.insert(queue, stored)
         }
     }
 
@@ -101,7 +105,7 @@ impl Received for MemoryReceived {
         if let Payload::Message(m) = &self.payload {
             copy.body = m.body.clone();
         }
-        self.shared.queue(queue)?;
+        self.transport.shared.queue(queue)?;
         self.pending_sends.push((queue.clone(), copy));
         Ok(())
     }
@@ -113,7 +117,7 @@ impl Received for MemoryReceived {
             return Err(TransportError::aborted(&self.queue_name));
         }
         for (queue, message) in std::mem::take(&mut self.pending_sends) {
-            self.shared.insert(&queue, message)?;
+            self.transport.shared.insert(&queue, message)?;
         }
         self.finish(false);
         Ok(())
@@ -125,19 +129,15 @@ impl Received for MemoryReceived {
         Ok(())
     }
 
-    async fn hold(&mut self, key: &str, reason: &str) -> Result<(), TransportError> {
-        let id = self.payload.id();
-        let mut queue = lock(&self.queue);
-        if !queue.held.iter().any(|h| h.message_id == id) {
-            queue.held.push(HeldKey {
-                key: key.to_string(),
-                message_id: id,
-                reason: reason.to_string(),
-                held_at: chrono::Utc::now()
-                    .format("%Y-%m-%d %H:%M:%S%.3f")
-                    .to_string(),
-            });
-        }
-        Ok(())
+    /// No round trip to save here, but the next receive comes along as on the SQL stores,
+    /// so that memory hosts run the receive loop's follow-on path as production hosts do.
+    async fn commit_and_receive(self: Box<Self>, queue: &QueueName) -> CommitAndReceive {
+        let transport = self.transport.clone();
+        let committed = self.commit().await;
+        let next = match committed {
+            Ok(()) => Some(transport.receive(queue).await),
+            Err(_) => None,
+        };
+        CommitAndReceive { committed, next }
     }
 }

@@ -62,6 +62,24 @@ impl crate::transport::KeyOrdering for PostgresTransport {
         Ok(())
     }
 
+    /// On a connection of its own and committed at once: the receive still holds the row.
+    async fn hold(
+        &self,
+        queue: &QueueName,
+        id: uuid::Uuid,
+        key: &str,
+        reason: &str,
+    ) -> Result<(), TransportError> {
+        let st = self.inner.statements(queue)?;
+        let held = held_statements(&quote_ident(&self.inner.schema));
+        let client = self.inner.client().await?;
+        client
+            .execute(&held.insert, &[&st.table, &id, &key, &reason])
+            .await
+            .map(|_| ())
+            .map_err(|e| map_error(e, Some(queue)))
+    }
+
     async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
         let st = self.inner.statements(queue)?;
         let client = self.inner.client().await?;

@@ -11,12 +11,11 @@ use crate::message::OutgoingMessage;
 use crate::transport::delayed::{delay_millis, delayed_headers};
 use crate::transport::headers::serialize_headers;
 use crate::transport::unit_of_work::{Receipt, SqlStore};
-use crate::transport::{CommitAndReceive, QueueName, Transport, TransportError};
+use crate::transport::{CommitAndReceive, QueueName, TransportError};
 
 use super::connection::map_error;
 use super::delayed::map_delayed_error;
 use super::pipeline;
-use super::statements::{held_statements, quote_ident};
 use super::{Inner, QueueStatements, discard};
 
 impl Inner {
@@ -108,23 +107,6 @@ impl Inner {
 #[async_trait]
 impl SqlStore for Inner {
     type Conn = Object;
-
-    async fn hold(
-        &self,
-        queue: &QueueName,
-        id: Uuid,
-        key: &str,
-        reason: &str,
-    ) -> Result<(), TransportError> {
-        let st = self.statements(queue)?;
-        let held = held_statements(&quote_ident(&self.schema));
-        let client = self.client().await?;
-        client
-            .execute(&held.insert, &[&st.table, &id, &key, &reason])
-            .await
-            .map(|_| ())
-            .map_err(|e| map_error(e, Some(queue)))
-    }
 
     async fn insert(
         &self,
@@ -254,16 +236,15 @@ impl SqlStore for Inner {
     async fn commit_and_receive(
         self: Arc<Self>,
         client: Object,
-        transport: &dyn Transport,
         queue: &QueueName,
     ) -> CommitAndReceive {
         let st = match self.statements(queue) {
             Ok(st) if self.receive_prepared(&client, &st) => st,
-            // A receive that changed since (the queue began keeping order): commit, then
-            // receive as a first receive does.
+            // A receive that changed since (the queue began keeping order): commit alone; the
+            // next receive is a first receive again.
             _ => {
                 let committed = self.end(client, queue, true, false).await;
-                return CommitAndReceive::then_receive(committed, transport, queue).await;
+                return CommitAndReceive::commit_only(committed);
             }
         };
         // One round trip and one answer: `COMMIT; BEGIN; EXECUTE` (see `pipeline`).

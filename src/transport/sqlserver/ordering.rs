@@ -62,6 +62,26 @@ impl crate::transport::KeyOrdering for SqlServerTransport {
         Ok(())
     }
 
+    /// On a connection of its own and committed at once: the receive still holds the row.
+    async fn hold(
+        &self,
+        queue: &QueueName,
+        id: Uuid,
+        key: &str,
+        reason: &str,
+    ) -> Result<(), TransportError> {
+        let table = self.inner.statements(queue).table.clone();
+        let mut conn = self.inner.conn().await?;
+        let insert = self.inner.held().insert;
+        let result = conn
+            .execute(insert.as_str(), &[&table.as_str(), &id, &key, &reason])
+            .await;
+        result.map(|_| ()).map_err(|e| {
+            conn.broken |= !is_server_error(&e);
+            map_error(e, Some(queue))
+        })
+    }
+
     async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
         let table = self.inner.statements(queue).table.clone();
         let mut conn = self.inner.conn().await?;

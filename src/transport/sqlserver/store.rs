@@ -10,7 +10,7 @@ use crate::message::OutgoingMessage;
 use crate::transport::delayed::{delay_millis, delayed_headers};
 use crate::transport::headers::serialize_headers;
 use crate::transport::unit_of_work::{Receipt, SqlStore};
-use crate::transport::{CommitAndReceive, QueueName, Transport, TransportError};
+use crate::transport::{CommitAndReceive, QueueName, TransportError};
 
 use super::connection::{int_at, is_server_error, map_error};
 use super::delayed::delayed_table_named;
@@ -231,25 +231,6 @@ impl SqlStore for Inner {
 
     type Conn = Pooled;
 
-    async fn hold(
-        &self,
-        queue: &QueueName,
-        id: Uuid,
-        key: &str,
-        reason: &str,
-    ) -> Result<(), TransportError> {
-        let table = self.statements(queue).table.clone();
-        let mut conn = self.conn().await?;
-        let insert = self.held().insert;
-        let result = conn
-            .execute(insert.as_str(), &[&table.as_str(), &id, &key, &reason])
-            .await;
-        result.map(|_| ()).map_err(|e| {
-            conn.broken |= !is_server_error(&e);
-            map_error(e, Some(queue))
-        })
-    }
-
     async fn insert(
         &self,
         conn: &mut Pooled,
@@ -355,7 +336,6 @@ impl SqlStore for Inner {
     async fn commit_and_receive(
         self: Arc<Self>,
         conn: Pooled,
-        _transport: &dyn Transport,
         queue: &QueueName,
     ) -> CommitAndReceive {
         let st = self.statements(queue);

@@ -179,14 +179,8 @@ mod tests {
                     in_flight: value as u32,
                 }];
                 let at = Duration::from_millis(250 * i as u64);
-                Arc::new(Snapshot {
-                    enabled: true,
-                    decision: controller.tick(at, &readings, &loads),
-                    readings,
-                    thresholds,
-                    machine: MACHINE,
-                    queues: Vec::new(),
-                })
+                let decision = controller.tick(at, &readings, &loads);
+                Arc::new(Snapshot::of_tick(decision, readings, thresholds, MACHINE))
             })
             .collect()
     }

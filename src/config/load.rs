@@ -35,6 +35,7 @@ pub enum ConfigError {
 
 /// One thing wrong in a configuration file.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Problem {
     /// 1-based line, when the key could be found in the file.
     pub line: Option<usize>,

@@ -98,6 +98,7 @@ pub(crate) fn describe_condition(c: &ConditionStatus, resume_ratio: f64) -> Stri
 
 /// A direction's throttling explained; absent when the direction is not throttled.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Explanation {
     /// The condition behind the state, with its value, threshold and resume line.
     pub cause: String,

@@ -33,6 +33,7 @@ use crate::metrics::{HostMetrics, Metrics};
 
 /// A receiving queue at one tick.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct QueueReading {
     /// Max and in flight, as the controller sees them.
     #[serde(flatten)]
@@ -76,6 +77,7 @@ pub(crate) trait LimitSink: Send + Sync + 'static {
 
 /// One tick's full picture, for `/status`, the demo table and load-test timelines.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Snapshot {
     /// Throttling switched on.
     pub enabled: bool,
@@ -89,6 +91,26 @@ pub struct Snapshot {
     pub machine: MachineFacts,
     /// Every receiving queue at the tick (limit as decided).
     pub queues: Vec<QueueReading>,
+}
+
+impl Snapshot {
+    /// A tick of a throttling-enabled host without receiving queues: what tools that replay
+    /// or simulate decisions build (a host builds its own each tick).
+    pub fn of_tick(
+        decision: Decision,
+        readings: Readings,
+        thresholds: Thresholds,
+        machine: MachineFacts,
+    ) -> Self {
+        Snapshot {
+            enabled: true,
+            decision,
+            readings,
+            thresholds,
+            machine,
+            queues: Vec::new(),
+        }
+    }
 }
 
 /// Decisions kept for late subscribers.

@@ -18,6 +18,7 @@ pub struct MachineFacts {
 
 /// Resolved thresholds; None = condition off.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+#[non_exhaustive]
 pub struct Thresholds {
     /// Bytes of process RSS.
     pub process_memory: Option<u64>,
@@ -64,7 +65,8 @@ impl Thresholds {
     }
 }
 
-/// Sensor values for one tick.
+/// Sensor values for one tick. Not `#[non_exhaustive]`: whoever drives a [`Controller`](super::Controller)
+/// (a simulation, a benchmark) builds it, most fields left at their defaults.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Readings {
     /// Process resident memory, bytes.

@@ -12,7 +12,7 @@ pub(super) const POISON: &str = "poison (headers that are not a JSON object)";
 /// What a failed message's headers say of its failure.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Cause {
-    /// The exception type, or [`POISON`], or empty when the headers name none.
+    /// The exception type, or `POISON`, or empty when the headers name none.
     pub exception_type: String,
     /// The first line of the exception message.
     pub message: String,
@@ -29,7 +29,7 @@ impl Cause {
     /// The cause `headers` (the column's text) tell, resolving `FailedQ` with `resolve`.
     /// Only the five headers it needs are read out of the text (a scan of 100 000 failed
     /// messages reads each once and allocates for those five only); headers that are not a
-    /// JSON object, or whose fault headers are not strings, are [`POISON`]. (A retry parses
+    /// JSON object, or whose fault headers are not strings, are `POISON`. (A retry parses
     /// the whole map, and leaves a row whose other values are not strings as unreadable.)
     pub fn of(headers: &str, resolve: impl Fn(&str) -> Option<QueueName>) -> Cause {
         match serde_json::from_str::<FaultHeaders<'_>>(headers).ok() {

@@ -9,13 +9,13 @@
 //! 2. **limits** every queue (delivery): under memory, in-process or thread pressure the limit
 //!    is cut from what is *in flight*, aiming the resource at midway between resume line and
 //!    threshold; it is held while the resource is above the resume line and grows back below
-//!    it, fast when far below and by steps near it ([`law::cut`](super::law::cut), [`law::grow`](super::law::grow));
+//!    it, fast when far below and by steps near it (`law::cut`, `law::grow`);
 //! 3. **delays** each direction by a law proportional to the overage and integral over its
-//!    persistence, scaled by severity and capped ([`law::delay`](super::law::delay)); a cleared cause relaxes the
+//!    persistence, scaled by severity and capped (`law::delay`); a cleared cause relaxes the
 //!    delay over a few samples instead of keeping it;
 //! 4. **paces** publishing under database size, sessions or memory against the backlog's
 //!    measured drain rate, so an open-loop publisher settles the backlog at the threshold
-//!    ([`law::paced_rate`](super::law::paced_rate)), and paces a rate imbalance at the recent outgoing rate x
+//!    (`law::paced_rate`), and paces a rate imbalance at the recent outgoing rate x
 //!    overdrive; pacing needs a measured rate and relaxes gradually;
 //! 5. **reports the truth**: a direction shows the state of its cause while any action
 //!    (delay, pace, limit below max) is in effect, flagged `recovering` once the cause cleared.

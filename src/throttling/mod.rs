@@ -5,10 +5,10 @@
 //! * **delivery**: messages taken from queues and handed to handlers;
 //! * **publishing**: messages this host writes to queues.
 //!
-//! Data flow: [`sensors`] and [`rates`] -> [`controller`] (pure, clock injected) ->
-//! [`admission`] (the waits applied before each receive and each insert) and the queues'
-//! concurrency gates. [`service`] runs that loop inside a host; between ticks it runs the
-//! [`ceiling`], a hard bound on receives at the thresholds of the resources messages hold.
+//! Data flow: [`sensors`] and `rates` -> [`controller`] (pure, clock injected) ->
+//! `admission` (the waits applied before each receive and each insert) and the queues'
+//! concurrency gates. `service` runs that loop inside a host; between ticks it runs the
+//! `ceiling`, a hard bound on receives at the thresholds of the resources messages hold.
 
 pub(crate) mod admission;
 pub(crate) mod ceiling;

@@ -5,7 +5,7 @@
 //! it uses sysinfo for everything. Sampling every 500 ms costs well under 0.1 % of a core.
 //!
 //! The other inputs of the controller (in-process messages, database size and sessions) come
-//! from the host's own counters; see [`super::service`].
+//! from the host's own counters; see `throttling::service`.
 
 use sysinfo::{MemoryRefreshKind, Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 

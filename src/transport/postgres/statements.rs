@@ -14,7 +14,7 @@ use crate::transport::{HeldStatements, QueueName};
 const EXPIRES_TEXT: &str = "to_char(rs.Expires, 'YYYY-MM-DD HH24:MI:SS.USOF')";
 
 /// Quotes a validated identifier for PostgreSQL. Names reaching here passed
-/// [`crate::names`], which rejects `"`; quoting keeps case and dots intact.
+/// `crate::names`, which rejects `"`; quoting keeps case and dots intact.
 pub fn quote_ident(name: &str) -> String {
     debug_assert!(!name.contains('"'));
     format!("\"{name}\"")

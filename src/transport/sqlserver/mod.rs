@@ -12,7 +12,7 @@
 //! `SQLSERVER_DIALECT=babelfish`).
 //!
 //! This file is the face: the transport, its shared state and the message path's core. The
-//! rooms: [`connection`] (connection string, errors), `store` (sends and the unit of work),
+//! rooms: `connection` (connection string, errors), `store` (sends and the unit of work),
 //! `receive` (receives and claims), `ordering` (held keys), `admin` (tables and addresses),
 //! `delayed` (the delayed table), `failed` (the failed-messages store), [`fleet`] (instances
 //! and shares).

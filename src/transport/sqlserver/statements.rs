@@ -22,7 +22,7 @@ use crate::config::{Dialect, OrderingConfig};
 use crate::transport::{HeldStatements, QueueName};
 
 /// Quotes a validated identifier for SQL Server. Names reaching here passed
-/// [`crate::names`], which rejects `[` and `]`.
+/// `crate::names`, which rejects `[` and `]`.
 pub fn bracket(name: &str) -> String {
     debug_assert!(!name.contains(['[', ']']));
     format!("[{name}]")

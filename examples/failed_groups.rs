@@ -37,7 +37,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let transport: Arc<dyn Transport> = Arc::new(PostgresTransport::connect(&config).await?);
     let error = QueueName::new("error")?;
-    transport.create_queue(&error).await?;
+    transport.admin().create_queue(&error).await?;
     let trace = "   at Sales.Handlers.PlaceOrderHandler.Handle(PlaceOrder message, IMessageHandlerContext context)\n".repeat(6);
     let filled = Instant::now();
     let mut batch = Vec::with_capacity(1000);

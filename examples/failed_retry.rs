@@ -76,7 +76,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The error queue as a host leaves it after `Sales` failed N messages.
     let filler: Arc<dyn Transport> = Arc::new(PostgresTransport::connect(&transport_config).await?);
     let error = QueueName::new("error")?;
-    filler.create_queue(&error).await?;
+    filler.admin().create_queue(&error).await?;
     let mut batch = Vec::with_capacity(1000);
     for i in 0..n {
         batch.push(

@@ -54,7 +54,11 @@ async fn depth(transport: &Arc<dyn Transport>, queue: &str) -> u64 {
 
 async fn purge(transport: &Arc<dyn Transport>) {
     for q in SUBSCRIBERS.iter().chain(&["single"]) {
-        transport.purge(&QueueName::new(q).unwrap()).await.unwrap();
+        transport
+            .admin()
+            .purge(&QueueName::new(q).unwrap())
+            .await
+            .unwrap();
     }
 }
 
@@ -96,7 +100,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .expect("PostgreSQL keeps subscriptions");
     for (i, queue) in SUBSCRIBERS.iter().enumerate() {
         let name = QueueName::new(queue)?;
-        transport.create_queue(&name).await?;
+        transport.admin().create_queue(&name).await?;
         let topic = [
             "Sales.OrderAccepted",
             "Sales.OrderAccepted",
@@ -106,7 +110,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .subscribe(queue, topic, &transport.address(&name))
             .await?;
     }
-    transport.create_queue(&QueueName::new("single")?).await?;
+    transport
+        .admin()
+        .create_queue(&QueueName::new("single")?)
+        .await?;
     let types = Arc::new(EventTypes::parse(
         "Sales.OrderAccepted, Sales;Sales.IOrderEvent, Sales",
     )?);

@@ -446,7 +446,7 @@ mod tests {
         let transport: Arc<dyn Transport> =
             Arc::new(MemoryTransport::new(TransactionMode::ReceiveOnly));
         let queue = QueueName::new("out").unwrap();
-        transport.create_queue(&queue).await.unwrap();
+        transport.admin().create_queue(&queue).await.unwrap();
         let throttle = Arc::new(Throttle::default());
         let publisher = Publisher::new(transport.clone(), throttle.clone(), Metrics::new());
         let batch: Vec<OutgoingMessage> =

@@ -3,7 +3,7 @@
 //! `crate::<module>` path outside comments and unit-test modules is an edge), and neither do
 //! two files of one module directory (`super::x`, `crate::<module>::x`). No function outside
 //! unit tests is longer than 60 lines but those listed with a reason, and no file is longer
-//! than 800 lines before its unit tests.
+//! than 800 lines before its unit tests. The message path never administers tables.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -467,5 +467,41 @@ fn a_file_is_counted_up_to_its_unit_tests() {
     assert_eq!(
         lines_before_tests("fn a() {}\n\n#[cfg(test)]\nmod tests {\n}\n"),
         2
+    );
+}
+
+/// The modules a message passes through, from its receive to its commit and the sends it
+/// makes: none of them creates, purges or lists tables (`Transport::admin`), which set-up
+/// commands and start-up do.
+const MESSAGE_PATH: [&str; 6] = [
+    "src/receive",
+    "src/dispatch",
+    "src/publish.rs",
+    "src/queue",
+    "src/throttling",
+    "src/delayed",
+];
+
+#[test]
+fn the_message_path_never_administers_tables() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut scanned = 0;
+    let mut calls = Vec::new();
+    for module in MESSAGE_PATH {
+        for file in rust_files(&root.join(module)) {
+            scanned += 1;
+            let code = code_of(&std::fs::read_to_string(&file).unwrap());
+            if code.contains(".admin()") {
+                calls.push(file.display().to_string());
+            }
+        }
+    }
+    assert!(
+        scanned > 20,
+        "the message path's files are found ({scanned})"
+    );
+    assert!(
+        calls.is_empty(),
+        "these reach the tables' administration: {calls:#?}"
     );
 }

@@ -70,7 +70,7 @@ fn body_of(r: &dyn Received) -> Vec<u8> {
 async fn setup(h: &dyn Harness, queues: &[&str]) -> Arc<dyn Transport> {
     let t = h.transport(TransactionMode::ReceiveOnly, 20).await;
     for name in queues {
-        t.create_queue(&q(name)).await.unwrap();
+        t.admin().create_queue(&q(name)).await.unwrap();
     }
     t
 }
@@ -230,7 +230,7 @@ pub async fn expired_messages_are_flagged_and_purged(h: &dyn Harness) {
         .unwrap();
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(t.purge_expired(&q("in")).await.unwrap(), 3);
+    assert_eq!(t.admin().purge_expired(&q("in")).await.unwrap(), 3);
     assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 1);
 }
 
@@ -346,7 +346,7 @@ pub async fn a_killed_connection_fails_cleanly_and_the_next_receive_works(h: &dy
 
 pub async fn an_exhausted_pool_waits_instead_of_failing(h: &dyn Harness) {
     let t = h.transport(TransactionMode::ReceiveOnly, 2).await;
-    t.create_queue(&q("in")).await.unwrap();
+    t.admin().create_queue(&q("in")).await.unwrap();
     for _ in 0..3 {
         t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
     }
@@ -437,7 +437,7 @@ pub async fn a_failed_send_inside_a_receive_fails_its_commit(h: &dyn Harness) {
 
 pub async fn mode_none_deletes_before_the_handler(h: &dyn Harness) {
     let t = h.transport(TransactionMode::None, 5).await;
-    t.create_queue(&q("in")).await.unwrap();
+    t.admin().create_queue(&q("in")).await.unwrap();
     t.send(&q("in"), &OutgoingMessage::new("x")).await.unwrap();
     let r = t.receive(&q("in")).await.unwrap().unwrap();
     assert_eq!(t.peek_depth(&q("in")).await.unwrap(), 0);
@@ -467,15 +467,16 @@ pub async fn concurrent_creation_is_safe_and_listed(h: &dyn Harness) {
     for _ in 0..6 {
         let t = t.clone();
         creators.push(tokio::spawn(async move {
-            t.create_queue(&q("Sales.Node-1")).await
+            t.admin().create_queue(&q("Sales.Node-1")).await
         }));
     }
     for c in creators {
         c.await.unwrap().unwrap();
     }
-    t.create_queue(&q("Sales.Node-1")).await.unwrap();
+    t.admin().create_queue(&q("Sales.Node-1")).await.unwrap();
     assert!(
-        t.list_queues()
+        t.admin()
+            .list_queues()
             .await
             .unwrap()
             .contains(&"Sales.Node-1".to_string())
@@ -483,7 +484,7 @@ pub async fn concurrent_creation_is_safe_and_listed(h: &dyn Harness) {
     t.send(&q("Sales.Node-1"), &OutgoingMessage::new("x"))
         .await
         .unwrap();
-    assert_eq!(t.purge(&q("Sales.Node-1")).await.unwrap(), 1);
+    assert_eq!(t.admin().purge(&q("Sales.Node-1")).await.unwrap(), 1);
 }
 
 /// Ends every message of a batch at once (a batch ends when all its messages have): `how`
@@ -1068,7 +1069,7 @@ pub async fn an_ordered_queue_refuses_batches_and_mode_none(h: &dyn Harness) {
         refused.map(|v| v.len())
     );
     let none = h.transport(TransactionMode::None, 4).await;
-    none.create_queue(&q("in")).await.unwrap();
+    none.admin().create_queue(&q("in")).await.unwrap();
     let ordering = throttlehost::config::OrderingConfig {
         key_header: KEY.into(),
         ..Default::default()
@@ -1890,7 +1891,7 @@ conformance!(sqlserver, SqlServerHarness { schema: mssql::Schema::new() }, { #[i
 async fn sqlserver_startup_checks_warn_about_old_layouts() {
     let schema = mssql::Schema::new();
     let t = schema.transport(TransactionMode::ReceiveOnly, 5).await;
-    t.create_queue(&q("modern")).await.unwrap();
+    t.admin().create_queue(&q("modern")).await.unwrap();
     let mut c = mssql::client().await;
     let old = schema.table("old");
     c.simple_query(format!(
@@ -1903,7 +1904,11 @@ async fn sqlserver_startup_checks_warn_about_old_layouts() {
     .into_results()
     .await
     .unwrap();
-    let warnings = t.startup_checks(&[q("modern"), q("old")]).await.unwrap();
+    let warnings = t
+        .admin()
+        .startup_checks(&[q("modern"), q("old")])
+        .await
+        .unwrap();
     assert!(
         !warnings.iter().any(|w| w.contains("`modern`")),
         "{warnings:?}"

@@ -171,7 +171,7 @@ async fn poison_rows_reach_the_error_queue_unchanged_and_the_host_goes_on() {
     let schema = PgSchema::new();
     let transport: Arc<dyn Transport> =
         Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
-    transport.create_queue(&q("orders")).await.unwrap();
+    transport.admin().create_queue(&q("orders")).await.unwrap();
     let client = schema.client().await;
     let id = uuid::Uuid::new_v4();
     client
@@ -230,7 +230,7 @@ async fn expired_messages_are_dropped_and_counted() {
     let schema = PgSchema::new();
     let transport: Arc<dyn Transport> =
         Arc::new(schema.transport(TransactionMode::ReceiveOnly, 16).await);
-    transport.create_queue(&q("orders")).await.unwrap();
+    transport.admin().create_queue(&q("orders")).await.unwrap();
     for _ in 0..3 {
         transport
             .send(
@@ -293,7 +293,7 @@ async fn a_failed_attempt_sends_nothing_in_either_transactional_mode() {
     ] {
         let schema = PgSchema::new();
         let transport: Arc<dyn Transport> = Arc::new(schema.transport(mode, 16).await);
-        transport.create_queue(&q("out")).await.unwrap();
+        transport.admin().create_queue(&q("out")).await.unwrap();
         let mut config = common::pg_config(&schema, "orders", ConcurrencyModel::Monitor, 1);
         config.transport.transaction_mode = mode;
         let host = HostBuilder::new(config)

@@ -57,7 +57,7 @@ async fn the_tool_groups_shows_retries_and_deletes_on_postgres() {
     let schema = PgSchema::new();
     let t: Arc<dyn Transport> = Arc::new(schema.transport(TransactionMode::ReceiveOnly, 4).await);
     for queue in ["error", "Sales", "Billing"] {
-        t.create_queue(&q(queue)).await.unwrap();
+        t.admin().create_queue(&q(queue)).await.unwrap();
     }
     let address = |queue: &str| format!("\"{}\".\"{queue}\"", schema.name);
     let mut batch = Vec::new();
@@ -173,7 +173,7 @@ async fn a_stopped_retry_resumes_without_doubling() {
     let schema = PgSchema::new();
     let t: Arc<dyn Transport> = Arc::new(schema.transport(TransactionMode::ReceiveOnly, 4).await);
     for queue in ["error", "Sales"] {
-        t.create_queue(&q(queue)).await.unwrap();
+        t.admin().create_queue(&q(queue)).await.unwrap();
     }
     let batch: Vec<_> = (0..50).map(|i| failed("Sales", "T", "m", i % 60)).collect();
     t.send_batch(&q("error"), &batch).await.unwrap();
@@ -446,7 +446,7 @@ impl CliBed {
             let t: Arc<dyn Transport> =
                 Arc::new(schema.transport(TransactionMode::ReceiveOnly, 4).await);
             for queue in queues {
-                t.create_queue(&q(queue)).await.unwrap();
+                t.admin().create_queue(&q(queue)).await.unwrap();
             }
             for start in (0..n).step_by(1000) {
                 let batch: Vec<_> = (start..n.min(start + 1000))
@@ -542,7 +542,7 @@ async fn sqlserver_groups_retries_and_deletes_failed_messages() {
     let schema = common::mssql::Schema::new();
     let t = schema.transport(TransactionMode::ReceiveOnly, 4).await;
     for queue in ["error", "Sales", "Billing"] {
-        t.create_queue(&q(queue)).await.unwrap();
+        t.admin().create_queue(&q(queue)).await.unwrap();
     }
     let sales = t.address(&q("Sales"));
     let mut batch: Vec<_> = (0..25)

@@ -86,6 +86,7 @@ async fn a_table_of_another_layout_is_refused_naming_the_column() {
         .unwrap();
     let err = backlog
         .transport
+        .admin()
         .create_queue(&q("jsonb_headers"))
         .await
         .unwrap_err();
@@ -96,6 +97,7 @@ async fn a_table_of_another_layout_is_refused_naming_the_column() {
     );
     let err = backlog
         .transport
+        .admin()
         .create_queue(&q("orders"))
         .await
         .unwrap_err()
@@ -136,7 +138,12 @@ async fn start_up_checks_name_each_table_that_is_not_as_it_should_be() {
         .await
         .unwrap();
     let queues = [q("in"), q("unindexed")];
-    let warnings = backlog.transport.startup_checks(&queues).await.unwrap();
+    let warnings = backlog
+        .transport
+        .admin()
+        .startup_checks(&queues)
+        .await
+        .unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(
         warnings[0].contains("`unindexed` has no unique index on Seq"),
@@ -144,6 +151,7 @@ async fn start_up_checks_name_each_table_that_is_not_as_it_should_be() {
     );
     let err = backlog
         .transport
+        .admin()
         .startup_checks(&[q("in"), q("text_body")])
         .await
         .unwrap_err()
@@ -218,6 +226,7 @@ async fn a_queue_name_too_long_for_postgres_is_refused_naming_the_limit() {
     let backlog = PgBacklog::new("in", 0, 4).await;
     let err = backlog
         .transport
+        .admin()
         .create_queue(&q(&"q".repeat(60)))
         .await
         .unwrap_err();
@@ -225,6 +234,7 @@ async fn a_queue_name_too_long_for_postgres_is_refused_naming_the_limit() {
     assert!(err.to_string().contains("55"), "{err}");
     backlog
         .transport
+        .admin()
         .create_queue(&q(&"q".repeat(55)))
         .await
         .unwrap();
@@ -380,7 +390,7 @@ async fn commits_whose_answer_was_lost(
     rows: impl AsyncFn() -> i64,
 ) {
     let queue = q("in");
-    transport.create_queue(&queue).await.unwrap();
+    transport.admin().create_queue(&queue).await.unwrap();
 
     // The COMMIT took effect; its answer never came.
     transport
@@ -499,7 +509,7 @@ async fn sqlserver_a_claim_passing_over_a_held_row_is_counted() {
         .host_hooks()
         .expect("SQL Server counts its conflicts")
         .report_conflicts_to(sink.clone());
-    first.create_queue(&q("in")).await.unwrap();
+    first.admin().create_queue(&q("in")).await.unwrap();
     // Three connections open before the rows come: a look-up's candidates are handed out
     // for 250 ms, and a Babelfish login can take longer than that.
     let queue = q("in");

@@ -105,8 +105,8 @@ impl Drain {
         };
         let transport: Arc<dyn Transport> =
             Arc::new(PostgresTransport::connect(&transport_config).await.unwrap());
-        transport.create_queue(&q("in")).await.unwrap();
-        transport.create_queue(&q("out")).await.unwrap();
+        transport.admin().create_queue(&q("in")).await.unwrap();
+        transport.admin().create_queue(&q("out")).await.unwrap();
         let sent = fill(&transport, &q("in"), messages)
             .await
             .into_iter()

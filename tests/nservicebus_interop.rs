@@ -201,7 +201,12 @@ async fn a_message_the_host_delays_is_moved_by_an_endpoint_and_handled_there() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_may_not_create_tables_refuses_to_start_without_its_delayed_table() {
     let backlog = PgBacklog::new("orders", 0, 16).await;
-    backlog.transport.create_queue(&q("error")).await.unwrap();
+    backlog
+        .transport
+        .admin()
+        .create_queue(&q("error"))
+        .await
+        .unwrap();
     let mut config = backlog.config(ConcurrencyModel::Monitor, 2);
     config.host.create_queues = false;
     let start = throttlehost::HostBuilder::new(config.clone())
@@ -249,6 +254,7 @@ async fn a_handler_send_carries_the_conversation_headers() {
     let backlog = PgBacklog::new("orders", 0, 16).await;
     backlog
         .transport
+        .admin()
         .create_queue(&q("invoices"))
         .await
         .unwrap();
@@ -279,7 +285,12 @@ async fn a_handler_send_carries_the_conversation_headers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_send_starts_a_conversation() {
     let backlog = PgBacklog::new("orders", 0, 16).await;
-    backlog.transport.create_queue(&q("other")).await.unwrap();
+    backlog
+        .transport
+        .admin()
+        .create_queue(&q("other"))
+        .await
+        .unwrap();
     let mut config = backlog.config(ConcurrencyModel::Monitor, 2);
     config.host.name = "Shop".into();
     let host = backlog.host(config, &Probe::new(Duration::ZERO)).await;
@@ -321,7 +332,12 @@ async fn the_error_queue_and_sends_may_be_in_another_schema() {
         format!("\"{}\".\"errors\"", other.name),
         format!("\"{}\".\"invoices\"", other.name),
     );
-    backlog.transport.create_queue(&q(&invoices)).await.unwrap();
+    backlog
+        .transport
+        .admin()
+        .create_queue(&q(&invoices))
+        .await
+        .unwrap();
     let mut config = backlog.config(ConcurrencyModel::Monitor, 2);
     config.queues[0].error_queue = errors.clone();
     config.queues[0].immediate_retries = 0;
@@ -383,6 +399,7 @@ async fn events_cross_between_an_endpoint_and_the_host_through_the_subscription_
     // As NServiceBus's SubscribeText: an endpoint subscribes to the event's interface.
     backlog
         .transport
+        .admin()
         .create_queue(&q("Shipping"))
         .await
         .unwrap();
@@ -450,7 +467,7 @@ fn catalog() -> String {
 async fn sqlserver_delayed_tables_and_addresses_are_nservicebus_s() {
     let schema = common::mssql::Schema::new();
     let t = schema.transport(TransactionMode::ReceiveOnly, 4).await;
-    t.create_queue(&q("Sales")).await.unwrap();
+    t.admin().create_queue(&q("Sales")).await.unwrap();
     let d = t.delayed_delivery().unwrap();
     d.create_delayed(&q("Sales")).await.unwrap();
     let address = format!("Sales@[{}]@[{}]", schema.name, catalog());
@@ -537,6 +554,7 @@ async fn sqlserver_failed_q_is_the_transport_address() {
     let m = receive_one(t.as_ref(), &errors).await;
     host.shutdown().await;
     let elsewhere = t
+        .admin()
         .create_queue(&q(&format!("x@[{}]@[NoSuchCatalog]", other.name)))
         .await
         .unwrap_err();
@@ -558,7 +576,7 @@ async fn sqlserver_subscriptions_are_nservicebus_s() {
     let schema = common::mssql::Schema::new();
     let t = schema.transport(TransactionMode::ReceiveOnly, 4).await;
     for name in ["Billing", "Shipping"] {
-        t.create_queue(&q(name)).await.unwrap();
+        t.admin().create_queue(&q(name)).await.unwrap();
     }
     let subscriptions = t.subscriptions().unwrap();
     subscriptions.create_subscription_table().await.unwrap();

@@ -150,7 +150,7 @@ async fn three_hosts_keep_every_keys_order_on(db: Db) {
     const PER_KEY: u32 = 20;
     let queue = "orders";
     let setup = db.transport(4).await;
-    setup.create_queue(&q(queue)).await.unwrap();
+    setup.admin().create_queue(&q(queue)).await.unwrap();
     for chunk in keyed_backlog(KEYS, PER_KEY).chunks(1000) {
         setup.send_batch(&q(queue), chunk).await.unwrap();
     }
@@ -208,7 +208,7 @@ async fn three_hosts_run_stages_one_after_another_on(db: Db) {
     let plan: [(u32, u32); 5] = [(100, 4), (200, 2), (300, 1), (400, 2), (500, 1)];
     let queue = "stages";
     let setup = db.transport(4).await;
-    setup.create_queue(&q(queue)).await.unwrap();
+    setup.admin().create_queue(&q(queue)).await.unwrap();
     let mut messages = Vec::new();
     let mut previous: Option<u32> = None;
     for (stage, members) in plan {
@@ -328,7 +328,7 @@ async fn a_killed_receiver_keeps_its_keys_order_on(db: Db) {
         ..Default::default()
     };
     let first = db.transport(2).await;
-    first.create_queue(&queue).await.unwrap();
+    first.admin().create_queue(&queue).await.unwrap();
     first
         .key_ordering()
         .unwrap()
@@ -408,7 +408,7 @@ async fn a_failed_message_holds_its_key_until_released() {
     let db = Db::Postgres(PgSchema::new());
     let queue = "orders";
     let setup = db.transport(4).await;
-    setup.create_queue(&q(queue)).await.unwrap();
+    setup.admin().create_queue(&q(queue)).await.unwrap();
     let backlog: Vec<_> = [("a", "a/0"), ("a", "a/1"), ("b", "b/0"), ("b", "b/1")]
         .iter()
         .map(|(k, body)| OutgoingMessage::new(body.as_bytes().to_vec()).with_header(KEY, *k))

@@ -39,7 +39,7 @@ async fn with_session_options(schema: &common::PgSchema, options: &str) -> Postg
 /// follow-ons of each commit, and checks each body byte for byte.
 async fn chain_keeps_bodies_whole(transport: Arc<dyn Transport>) {
     let queue = q("in");
-    transport.create_queue(&queue).await.unwrap();
+    transport.admin().create_queue(&queue).await.unwrap();
     for n in 0..5u8 {
         transport
             .send(&queue, &OutgoingMessage::new(every_byte(n)))
@@ -93,7 +93,7 @@ async fn a_new_connection_prepares_the_receive_again_and_the_order_holds() {
     let transport: Arc<dyn Transport> =
         Arc::new(schema.transport(TransactionMode::ReceiveOnly, 1).await);
     let queue = q("in");
-    transport.create_queue(&queue).await.unwrap();
+    transport.admin().create_queue(&queue).await.unwrap();
     for n in 0..3u8 {
         transport
             .send(&queue, &OutgoingMessage::new(every_byte(n)))
@@ -139,7 +139,7 @@ async fn expiry_reads_the_same_under_any_date_style_and_time_zone() {
         .await,
     );
     let queue = q("in");
-    transport.create_queue(&queue).await.unwrap();
+    transport.admin().create_queue(&queue).await.unwrap();
     let ttl = std::time::Duration::from_secs(600);
     for n in 0..3u8 {
         transport

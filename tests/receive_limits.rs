@@ -66,7 +66,7 @@ async fn a_reloaded_max_applies_without_restart() {
     let path = dir.join("host.toml");
     let transport: Arc<dyn Transport> =
         Arc::new(schema.transport(TransactionMode::ReceiveOnly, 24).await);
-    transport.create_queue(&q("work")).await.unwrap();
+    transport.admin().create_queue(&q("work")).await.unwrap();
     common::fill(&transport, &q("work"), 400).await;
     let mut config = common::pg_config(&schema, "work", ConcurrencyModel::Monitor, 2);
     config.throttling.enabled = false;

@@ -128,7 +128,7 @@ async fn queue_statements(
     seconds: u64,
 ) -> (u64, u64) {
     let memory: Arc<dyn Transport> = Arc::new(MemoryTransport::new(TransactionMode::ReceiveOnly));
-    memory.create_queue(&q("idle")).await.unwrap();
+    memory.admin().create_queue(&q("idle")).await.unwrap();
     for message in &messages {
         memory.send(&q("idle"), message).await.unwrap();
     }

@@ -77,7 +77,7 @@ async fn sigterm_to_the_binary_loses_nothing() {
     let schema = PgSchema::new();
     let transport: Arc<dyn Transport> =
         Arc::new(schema.transport(TransactionMode::ReceiveOnly, 8).await);
-    transport.create_queue(&q("work")).await.unwrap();
+    transport.admin().create_queue(&q("work")).await.unwrap();
     let sent: HashSet<String> = common::fill(&transport, &q("work"), 30)
         .await
         .into_iter()

@@ -42,7 +42,7 @@ async fn memory_pressure_enters_state_4_shrinks_the_limit_and_recovers_without_l
     let schema = PgSchema::new();
     let transport: Arc<dyn Transport> =
         Arc::new(schema.transport(TransactionMode::ReceiveOnly, 24).await);
-    transport.create_queue(&q("work")).await.unwrap();
+    transport.admin().create_queue(&q("work")).await.unwrap();
     let sent: HashSet<String> = common::fill(&transport, &q("work"), 300)
         .await
         .into_iter()

@@ -103,7 +103,7 @@ pub async fn queues(path: &Path, action: Action) -> ExitCode {
             let delayed = delayed_queues(&config);
             create(&*transport, or_configured(names), &delayed).await
         }
-        Action::List => match transport.list_queues().await {
+        Action::List => match transport.admin().list_queues().await {
             Ok(list) => {
                 for q in list {
                     println!("{q}");
@@ -216,7 +216,11 @@ async fn create(
     }
     let names = parse_names(&names).map_err(|_| String::new())?;
     for q in &names {
-        transport.create_queue(q).await.map_err(|e| e.to_string())?;
+        transport
+            .admin()
+            .create_queue(q)
+            .await
+            .map_err(|e| e.to_string())?;
         println!("created {q} (or it existed)");
         if let Some(d) = transport.delayed_delivery()
             && delayed.iter().any(|name| name == q.as_str())
@@ -248,9 +252,9 @@ async fn purge(transport: &dyn Transport, names: Vec<String>, expired: bool) -> 
     let names = parse_names(&names).map_err(|_| String::new())?;
     for q in &names {
         let n = if expired {
-            transport.purge_expired(q).await
+            transport.admin().purge_expired(q).await
         } else {
-            transport.purge(q).await
+            transport.admin().purge(q).await
         }
         .map_err(|e| e.to_string())?;
         println!(

@@ -119,7 +119,7 @@ pub(super) async fn prepare_transport(
     let receive_names: Vec<QueueName> = queues.iter().map(|q| q.name().clone()).collect();
     check_abilities(config, transport)?;
     // Before anything is created: a start that is refused leaves no tables behind.
-    let server_warnings = transport.server_checks().await?;
+    let server_warnings = transport.admin().server_checks().await?;
     for warning in server_warnings {
         tracing::warn!("{warning}");
     }
@@ -127,12 +127,13 @@ pub(super) async fn prepare_transport(
         // Only the tables not there as creating leaves them (two catalog reads for all); a
         // failed look-up creates them all, as before.
         let in_place = transport
+            .admin()
             .queues_in_place(to_create)
             .await
             .unwrap_or_default();
         let missing = to_create.iter().filter(|q| !in_place.contains(q));
         at_once(missing.cloned().collect(), async |q| {
-            transport.create_queue(&q).await.map_err(preparing(
+            transport.admin().create_queue(&q).await.map_err(preparing(
                 &q,
                 "create its table",
                 "create the queues with a privileged account, then set host.create_queues = false",
@@ -142,7 +143,7 @@ pub(super) async fn prepare_transport(
     }
     prepare_ordering(config, transport).await?;
     prepare_subscriptions(config, transport).await?;
-    let warnings = transport.startup_checks(&receive_names).await?;
+    let warnings = transport.admin().startup_checks(&receive_names).await?;
     for warning in warnings {
         tracing::warn!("{warning}");
     }
@@ -224,7 +225,7 @@ async fn prepare_ordering(config: &Config, transport: &dyn Transport) -> Result<
 /// failure is logged and does not stop the start.
 async fn purge_expired(transport: &dyn Transport, queues: &[QueueName]) {
     for q in queues {
-        match transport.purge_expired(q).await {
+        match transport.admin().purge_expired(q).await {
             Ok(n) if n > 0 => {
                 tracing::info!(queue = %q, purged = n, "expired messages purged at start-up")
             }

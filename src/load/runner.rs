@@ -45,7 +45,7 @@ async fn prepare(scenario: &Scenario, options: &LoadOptions) -> Result<Prepared,
     let mut sensor = SystemSensor::new();
     let config = host_config(scenario, options, &mut sensor);
     let transport: Arc<dyn Transport> = transport::connect(&config.transport).await?;
-    let queue_names = fresh_tables(scenario, &config, transport.as_ref()).await?;
+    let queue_names = fresh_tables(scenario, &config, transport.admin()).await?;
     let fleet_limited = scenario
         .queues
         .iter()

@@ -1,9 +1,11 @@
 //! Queue tables behind two traits.
 //!
 //! A [`Transport`] is the message path: it sends, receives and peeks (and reports the
-//! connections in use and whether the database answers). Every transport also implements
-//! [`QueueAdmin`], the administration the message path never calls: create, purge, reset and
-//! list queue tables, and check their layout at start. A receive returns a
+//! connections in use and whether the database answers). Every transport also hands out a
+//! [`QueueAdmin`] ([`Transport::admin`]), the administration set-up commands and start-up
+//! use and the message path never calls: create, purge, reset and list queue tables, and
+//! check their layout at start (the architecture test keeps the message path's files from
+//! calling it). A receive returns a
 //! [`Received`]: the message plus the open unit of work that removed it from the queue. The
 //! caller ends it with [`Received::commit`] (the message is gone) or [`Received::rollback`]
 //! (the message is back at its place in the queue). Dropping a `Received` without either rolls
@@ -415,11 +417,16 @@ pub trait QueueAdmin: Send + Sync + 'static {
 
 /// A queue store: the message path (send, receive, peek, and through [`Received`] commit and
 /// rollback) and the two readings the controller takes of it. Every store also administers
-/// its tables ([`QueueAdmin`]), kept apart so the hot path reads on its own.
+/// its tables, through a separate object ([`Transport::admin`]), so the hot path reads on its
+/// own.
 #[async_trait]
-pub trait Transport: QueueAdmin {
+pub trait Transport: Send + Sync + 'static {
     /// A human-readable description without secrets, e.g. `postgres (schema "public")`.
     fn describe(&self) -> String;
+
+    /// The administration of this store's tables ([`QueueAdmin`]): for set-up commands, host
+    /// start-up and tests, never the message path.
+    fn admin(&self) -> &dyn QueueAdmin;
 
     /// Inserts one message. Expiry is computed by the server from `time_to_be_received`.
     async fn send(

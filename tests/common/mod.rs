@@ -225,6 +225,10 @@ impl Counting {
 
 #[async_trait]
 impl Transport for Counting {
+    fn admin(&self) -> &dyn QueueAdmin {
+        self
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }
@@ -283,19 +287,19 @@ impl Transport for Counting {
 #[async_trait]
 impl QueueAdmin for Counting {
     async fn create_queue(&self, queue: &QueueName) -> Result<(), TransportError> {
-        self.inner.create_queue(queue).await
+        self.inner.admin().create_queue(queue).await
     }
 
     async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
-        self.inner.purge_expired(queue).await
+        self.inner.admin().purge_expired(queue).await
     }
 
     async fn purge(&self, queue: &QueueName) -> Result<u64, TransportError> {
-        self.inner.purge(queue).await
+        self.inner.admin().purge(queue).await
     }
 
     async fn list_queues(&self) -> Result<Vec<String>, TransportError> {
-        self.inner.list_queues().await
+        self.inner.admin().list_queues().await
     }
 }
 
@@ -511,7 +515,7 @@ impl PgBacklog {
                 .await,
         );
         let queue = q(queue);
-        transport.create_queue(&queue).await.unwrap();
+        transport.admin().create_queue(&queue).await.unwrap();
         let sent = fill(&transport, &queue, n).await.into_iter().collect();
         PgBacklog {
             schema,

@@ -35,7 +35,7 @@ pub(super) async fn store_backlog(
         return Ok(());
     }
     let target = first_queue(scenario, &scenario.phases[0]);
-    transport.create_queue(&target).await?;
+    transport.admin().create_queue(&target).await?;
     let key_header = scenario
         .queues
         .iter()

@@ -201,6 +201,10 @@ fn stored_from(message: &OutgoingMessage) -> Result<StoredMessage, TransportErro
 
 #[async_trait]
 impl Transport for MemoryTransport {
+    fn admin(&self) -> &dyn crate::transport::QueueAdmin {
+        self
+    }
+
     fn key_ordering(&self) -> Option<&dyn super::KeyOrdering> {
         Some(self)
     }

@@ -367,6 +367,10 @@ fn discard(client: Object) {
 
 #[async_trait]
 impl Transport for PostgresTransport {
+    fn admin(&self) -> &dyn crate::transport::QueueAdmin {
+        self
+    }
+
     fn key_ordering(&self) -> Option<&dyn crate::transport::KeyOrdering> {
         Some(self)
     }

@@ -339,6 +339,10 @@ impl Inner {
 
 #[async_trait]
 impl Transport for SqlServerTransport {
+    fn admin(&self) -> &dyn crate::transport::QueueAdmin {
+        self
+    }
+
     fn failed_store(&self) -> Option<&dyn crate::transport::failed::FailedStore> {
         Some(self)
     }

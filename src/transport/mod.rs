@@ -19,6 +19,7 @@ mod address;
 mod batch;
 mod connect;
 pub mod delayed;
+mod error;
 pub mod failed;
 pub mod fleet;
 pub mod headers;
@@ -27,6 +28,7 @@ pub mod memory;
 pub mod ordering;
 pub mod postgres;
 mod row;
+mod rules;
 pub mod silence;
 pub mod sqlserver;
 pub mod subscriptions;
@@ -35,12 +37,12 @@ mod unit_of_work;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::config::TransactionMode;
 use crate::message::{Message, OutgoingMessage};
 pub use crate::names::{InvalidName, QueueName};
 pub use batch::BatchReceive;
 pub use connect::connect;
 pub use delayed::{DelayedDelivery, DelayedReading, Moved, TABLES_PER_SWEEP};
+pub use error::{DriverError, TransportError};
 pub use fleet::{
     BeatRow, FLEET_ORDER_ROWS, FleetShares, Heartbeat, InstanceRecord, InstanceRegistry,
     ShareClaim, ShareRow,
@@ -49,239 +51,10 @@ pub use hooks::{ArrivalSink, ConflictSink, HostHooks};
 pub use ordering::{HeldKey, HeldStatements, KeyOrdering};
 pub use subscriptions::{Subscription, Subscriptions};
 
+pub(crate) use rules::{check_orderable, insert_columns, refuse_ordered_batch, ttbr_millis};
+
 /// The most queue depths one statement reads ([`Transport::peek_depths`]).
 pub const DEPTHS_PER_STATEMENT: usize = 200;
-
-/// What went wrong talking to the queues.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransportError {
-    /// The queue table does not exist.
-    #[error("queue `{0}` does not exist (create it with `throttlehost queues create`)")]
-    QueueNotFound(String),
-    /// A queue's delayed table does not exist (and the host was not to create it).
-    #[error(
-        "the delayed table {table} of queue `{queue}` does not exist: create it with `throttlehost queues create --config FILE` (an account that may create tables), or set the queue's delayed_delivery.enabled = false"
-    )]
-    DelayedTableNotFound {
-        /// The queue.
-        queue: String,
-        /// The delayed table, schema-qualified and quoted as the database names it.
-        table: String,
-    },
-    /// A queue or schema name is not acceptable.
-    #[error("{0}")]
-    InvalidName(String),
-    /// No pooled connection became free in time.
-    #[error(
-        "no database connection became free within {waited:?} (pool size {pool_size}); raise transport.pool_size or lower concurrency"
-    )]
-    PoolTimeout {
-        /// How long it waited.
-        waited: std::time::Duration,
-        /// The pool's maximum size.
-        pool_size: u32,
-    },
-    /// The statement was chosen as a deadlock victim; retrying is safe.
-    #[error("deadlock victim: {0}")]
-    Deadlock(String),
-    /// The connection broke or could not be opened.
-    #[error("database connection failed: {message}")]
-    Connection {
-        /// What happened, in words.
-        message: String,
-        /// The driver's error, when there was one: kept so error chains (the ExceptionInfo
-        /// headers of a failed message) carry it.
-        #[source]
-        source: Option<DriverError>,
-    },
-    /// The server did not answer within the command timeout and a little more (a frozen
-    /// server or a network that drops packets): the connection was closed.
-    #[error(
-        "the database did not answer {what} within {after:?} (transport.command_timeout plus 2 s); the connection was closed"
-    )]
-    Unanswered {
-        /// What was waited for.
-        what: &'static str,
-        /// How long.
-        after: std::time::Duration,
-    },
-    /// A commit reported an error and whether it took effect could not be found out (the
-    /// database did not answer the look-up either): if it did not, the message returns.
-    #[error(
-        "not known whether the commit took effect ({error}; looking for its row: {check}); if it did not, the message returns to the queue"
-    )]
-    InDoubt {
-        /// The commit's error.
-        error: String,
-        /// Why the look-up failed.
-        check: String,
-    },
-    /// The database rejected a statement.
-    #[error("database error: {message}")]
-    Database {
-        /// What happened, in words.
-        message: String,
-        /// The driver's error, when there was one.
-        #[source]
-        source: Option<DriverError>,
-    },
-    /// A transport setting cannot work as written; names the setting.
-    #[error("{setting}: {message}")]
-    Setting {
-        /// The setting, as written in the configuration file (`transport.connection_string`).
-        setting: &'static str,
-        /// What is wrong with it and, where possible, what to write instead.
-        message: String,
-    },
-    /// The server refused the credentials: waiting will not make them right.
-    #[error("{0}")]
-    Login(String),
-    /// A queue cannot do what was asked of it: its table has another layout, or it keeps key
-    /// order and the request would break it.
-    #[error("queue `{queue}` {message}")]
-    Queue {
-        /// The queue.
-        queue: String,
-        /// What it cannot do, and what to change.
-        message: String,
-    },
-    /// This transport or receive lacks an ability a setting asks for.
-    #[error("{what} ({setting})")]
-    Unsupported {
-        /// What cannot be done.
-        what: &'static str,
-        /// The setting that asks for it.
-        setting: &'static str,
-    },
-    /// A message to send cannot be stored as it is (nothing was written).
-    #[error("message not sent: {0}")]
-    InvalidMessage(String),
-}
-
-/// A database driver's own error, kept as the source of a [`TransportError`].
-pub type DriverError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-impl TransportError {
-    /// A broken or unopenable connection, said in words.
-    pub fn connection(message: impl Into<String>) -> Self {
-        TransportError::Connection {
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// A statement the database rejected, said in words.
-    pub fn database(message: impl Into<String>) -> Self {
-        TransportError::Database {
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// The settings, the credentials or the queue's layout are wrong: retrying will not
-    /// help, a changed configuration or database will.
-    pub fn is_configuration(&self) -> bool {
-        matches!(
-            self,
-            TransportError::Setting { .. }
-                | TransportError::Login(_)
-                | TransportError::Queue { .. }
-                | TransportError::Unsupported { .. }
-                | TransportError::DelayedTableNotFound { .. }
-        )
-    }
-
-    /// A queue that cannot do what was asked of it.
-    pub(crate) fn queue(queue: &QueueName, message: impl Into<String>) -> Self {
-        TransportError::Queue {
-            queue: queue.to_string(),
-            message: message.into(),
-        }
-    }
-
-    /// The same error with the driver's error behind it.
-    pub fn caused_by(self, driver: impl std::error::Error + Send + Sync + 'static) -> Self {
-        let driver: Option<DriverError> = Some(Box::new(driver));
-        match self {
-            TransportError::Connection { message, .. } => TransportError::Connection {
-                message,
-                source: driver,
-            },
-            TransportError::Database { message, .. } => TransportError::Database {
-                message,
-                source: driver,
-            },
-            other => other,
-        }
-    }
-}
-
-/// The two columns of a multi-row insert that the SQL transports compute per message: the
-/// time to be received in milliseconds (checked) and the headers in their wire form.
-pub(crate) fn insert_columns(
-    messages: &[OutgoingMessage],
-) -> Result<(Vec<Option<i64>>, Vec<String>), TransportError> {
-    let ttbrs = messages
-        .iter()
-        .map(ttbr_millis)
-        .collect::<Result<Vec<_>, _>>()?;
-    let headers = messages
-        .iter()
-        .map(|m| headers::serialize_headers(&m.headers))
-        .collect();
-    Ok((ttbrs, headers))
-}
-
-/// The refusal every transport gives a batch receive from an ordered queue: a batch would
-/// take a key's messages together.
-pub(crate) fn refuse_ordered_batch(queue: &QueueName) -> TransportError {
-    TransportError::queue(
-        queue,
-        "keeps key order: receive it one message at a time (concurrency.receive_batch = 1)",
-    )
-}
-
-/// The refusal every transport gives an ordered queue in transaction mode `none`.
-pub(crate) fn check_orderable(
-    mode: TransactionMode,
-    queue: &QueueName,
-) -> Result<(), TransportError> {
-    if mode == TransactionMode::None {
-        return Err(TransportError::queue(
-            queue,
-            "cannot keep key order in transaction_mode \"none\": each message is deleted before its handler runs",
-        ));
-    }
-    Ok(())
-}
-
-/// A message's time to be received in milliseconds, as the transports store it; refused when
-/// it is past [`crate::message::MAX_TIME_TO_BE_RECEIVED`] (an expiry no queue table can hold).
-pub(crate) fn ttbr_millis(message: &OutgoingMessage) -> Result<Option<i64>, TransportError> {
-    message
-        .time_to_be_received
-        .map(|t| {
-            crate::message::check_time_to_be_received(t)
-                .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX))
-                .map_err(TransportError::InvalidMessage)
-        })
-        .transpose()
-}
-
-impl TransportError {
-    /// A unit of work that a failed statement aborted: committing it rolled it back instead.
-    pub fn aborted(queue: &QueueName) -> Self {
-        TransportError::database(format!(
-            "the receive transaction on `{queue}` was aborted by an earlier error and has been rolled back"
-        ))
-    }
-
-    /// Deadlocks are retried rather than counted as failures.
-    pub fn is_deadlock(&self) -> bool {
-        matches!(self, TransportError::Deadlock(_))
-    }
-}
 
 /// What a receive took off the queue.
 #[derive(Debug, Clone)]
@@ -536,42 +309,5 @@ pub trait Transport: Send + Sync + 'static {
     /// messages by peeking.
     fn host_hooks(&self) -> Option<&dyn HostHooks> {
         None
-    }
-}
-
-impl From<crate::names::InvalidName> for TransportError {
-    fn from(e: crate::names::InvalidName) -> Self {
-        TransportError::InvalidName(e.0)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::error::Error;
-
-    use super::*;
-
-    /// The driver's error stays behind a transport error, so the chain a failed message
-    /// carries in its ExceptionInfo headers names it.
-    #[test]
-    fn a_driver_error_stays_the_source() {
-        let driver = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
-        let e = TransportError::connection("the connection was closed").caused_by(driver);
-        assert_eq!(
-            e.to_string(),
-            "database connection failed: the connection was closed"
-        );
-        assert_eq!(
-            e.source().map(|s| s.to_string()).as_deref(),
-            Some("reset by peer")
-        );
-        assert!(TransportError::database("x").source().is_none());
-        assert!(
-            TransportError::Deadlock("d".into())
-                .caused_by(std::io::Error::other("y"))
-                .source()
-                .is_none(),
-            "only connection and database errors carry one"
-        );
     }
 }

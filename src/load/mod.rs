@@ -6,7 +6,6 @@ pub mod chart;
 pub mod in_flight;
 pub mod options;
 pub mod peer;
-pub mod quality;
 pub mod record;
 pub mod report;
 pub mod runner;

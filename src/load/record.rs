@@ -1,9 +1,11 @@
 //! What a load run recorded: its samples (one per controller tick), phases and message
 //! accounting. The runner fills these in; the report, the chart and the quality measures read
-//! them, so none of those depends on the runner.
+//! them, so none of those depends on the runner. [`ticks`] and [`cause_spans`] turn a run into
+//! what `throttling::quality` scores.
 
 use std::sync::Arc;
 
+use crate::throttling::quality::{CauseSpan, Tick, tick};
 use crate::throttling::service::Snapshot;
 
 /// One sample of the run.
@@ -105,4 +107,26 @@ pub struct RunResult {
     /// The directions the scenario overrides to `never`: their episodes are reported but not
     /// held to any bound, since nothing throttles them by design.
     pub uncontrolled: Vec<crate::throttling::Direction>,
+}
+
+/// When a run's phases offered each cause (the scenario's `causes`).
+pub fn cause_spans(phases: &[PhaseSpan]) -> Vec<CauseSpan> {
+    phases
+        .iter()
+        .flat_map(|p| {
+            p.causes.iter().map(|&condition| CauseSpan {
+                condition,
+                start: p.start,
+                end: p.end,
+            })
+        })
+        .collect()
+}
+
+/// Builds the tick timeline of a run.
+pub fn ticks(samples: &[Sample]) -> Vec<Tick> {
+    samples
+        .iter()
+        .map(|s| tick(s.t, &s.snapshot.decision))
+        .collect()
 }

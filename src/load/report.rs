@@ -8,13 +8,14 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::quality::{self, Episode};
+use super::record;
 use super::record::{RunResult, Sample};
 use super::scenario::Expect;
 use super::units::format_wait;
 use crate::config::units::format_byte_size;
 use crate::host::HostInner;
 use crate::throttling::controller::{ConditionStatus, DirectionDecision};
+use crate::throttling::quality::{self, Episode};
 use crate::throttling::{Condition, Direction};
 
 /// `summary.json`.
@@ -185,9 +186,9 @@ pub fn summarize(run: &RunResult) -> Summary {
     };
     let expectations_met = missing.is_empty() && unexpected.is_empty();
     let episodes = quality::episodes(
-        &quality::ticks(&run.samples),
+        &record::ticks(&run.samples),
         run.resume_ratio,
-        &quality::cause_spans(&run.phases),
+        &record::cause_spans(&run.phases),
     );
     let controlled: Vec<Episode> = episodes
         .iter()
@@ -386,7 +387,7 @@ pub fn control_violations(expect: &Expect, episodes: &[Episode]) -> Vec<String> 
             _ => {}
         }
         let peak_bound = match e.condition {
-            _ if !super::quality::bounds_peak(e.condition) => None,
+            _ if !quality::bounds_peak(e.condition) => None,
             crate::throttling::Condition::DatabaseSize => expect
                 .max_database_size_peak_ratio
                 .or(expect.max_peak_ratio),

@@ -16,10 +16,11 @@ pub mod controller;
 pub(crate) mod explain;
 pub(crate) mod law;
 pub(crate) mod policy;
+pub mod quality;
 pub(crate) mod rates;
 pub mod sensors;
 pub(crate) mod service;
-#[cfg(all(test, feature = "load"))]
+#[cfg(test)]
 mod simulation;
 
 use std::time::Duration;

@@ -9,11 +9,11 @@
 
 mod plant;
 
-use crate::load::quality;
 use crate::throttling::Condition::{
     DatabaseSessions, DatabaseSize, InProcess, ProcessMemory, RateImbalance, SystemMemory, Threads,
 };
 use crate::throttling::Direction;
+use crate::throttling::quality;
 use proptest::prelude::*;
 
 use crate::config::{MemoryThreshold, ThrottlingConfig};

@@ -16,10 +16,10 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::config::{MemoryThreshold, ThrottlingConfig};
-use crate::load::quality::{self, CauseSpan, Episode, Tick};
 use crate::throttling::ceiling::{AdmissionCounts, Usage};
 use crate::throttling::controller::{MachineFacts, QueueLoad, Readings, Thresholds};
 use crate::throttling::policy::Policy;
+use crate::throttling::quality::{self, CauseSpan, Episode, Tick};
 use crate::throttling::rates::{DrainMeter, RateWindow};
 use crate::throttling::{Condition, Direction};
 

@@ -3,13 +3,14 @@
 //! long the host took to return to "not throttling" once the cause ended.
 //!
 //! It works on a plain [`Tick`] timeline (one per controller tick), so it can be tested with
-//! hand-built timelines; [`ticks`] makes one from a run's samples.
+//! hand-built timelines. It sits below both of its users: the load tool scores real runs
+//! with it (`load::record` makes the timeline from a run's samples), the simulation bed its
+//! simulated ones.
 
 use serde::Serialize;
 
-use super::record::{PhaseSpan, Sample};
-use crate::throttling::controller::Decision;
-use crate::throttling::{Condition, Direction};
+use super::controller::Decision;
+use super::{Condition, Direction};
 
 /// One condition at one tick.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,20 +96,6 @@ pub struct CauseSpan {
     pub end: f64,
 }
 
-/// When a run's phases offered each cause (the scenario's `causes`).
-pub fn cause_spans(phases: &[PhaseSpan]) -> Vec<CauseSpan> {
-    phases
-        .iter()
-        .flat_map(|p| {
-            p.causes.iter().map(|&condition| CauseSpan {
-                condition,
-                start: p.start,
-                end: p.end,
-            })
-        })
-        .collect()
-}
-
 /// Phases this close are one span of a cause (the runner starts a phase as the last ends).
 const CONTIGUOUS: f64 = 0.5;
 
@@ -139,14 +126,6 @@ pub const SAME_EPISODE_WITHIN: f64 = 10.0;
 /// load offered to the host (a burst of sends is counted when it is requested).
 pub fn bounds_peak(condition: Condition) -> bool {
     condition != Condition::RateImbalance
-}
-
-/// Builds the tick timeline of a run.
-pub fn ticks(samples: &[Sample]) -> Vec<Tick> {
-    samples
-        .iter()
-        .map(|s| tick(s.t, &s.snapshot.decision))
-        .collect()
 }
 
 /// One controller decision at `t` seconds as a tick: the states, and the guarded conditions

@@ -5,7 +5,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use throttlehost::HostBuilder;
 use throttlehost::config::{ConcurrencyModel, TransactionMode};
@@ -144,7 +146,7 @@ async fn a_table_without_the_trigger_gets_it_when_a_host_starts() {
 
 /// In process no notification is needed: the memory transport wakes a queue's receivers on
 /// every message stored ready, sent, rolled back or moved from the delayed table.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn the_memory_transport_wakes_its_receivers_itself() {
     use std::sync::Arc;
     use throttlehost::transport::memory::MemoryTransport;

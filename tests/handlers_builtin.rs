@@ -19,7 +19,7 @@ fn processed(host: &throttlehost::Host, outcome: &str) -> bool {
     ))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn forward_sends_on_with_the_same_headers_and_body() {
     let mut config = common::memory_config("in");
     config.host.admin_address = "off".into();
@@ -163,7 +163,7 @@ async fn http_posts_the_body_and_treats_non_2xx_as_failure() {
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn simulate_fails_at_its_failure_rate() {
     let mut config = common::memory_config("in");
     config.host.admin_address = "off".into();

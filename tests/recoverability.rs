@@ -6,7 +6,9 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use throttlehost::config::{Config, QueueConfig, TransactionMode};
@@ -99,7 +101,7 @@ async fn error_messages(t: &dyn Transport) -> Vec<throttlehost::Message> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_message_failing_every_attempt_reaches_the_error_queue_after_its_delayed_retries() {
     let d = Arc::new(Downstream::default());
     d.down.store(true, Ordering::SeqCst);
@@ -130,7 +132,7 @@ async fn a_message_failing_every_attempt_reaches_the_error_queue_after_its_delay
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_message_that_recovers_during_its_delayed_retries_is_handled_once() {
     let d = Arc::new(Downstream::default());
     d.fail_first.store(4, Ordering::SeqCst);
@@ -159,7 +161,7 @@ async fn a_message_that_recovers_during_its_delayed_retries_is_handled_once() {
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_delayed_send_is_handled_when_due_and_one_for_another_queue_is_sent_on() {
     let d = Arc::new(Downstream::default());
     let mut config = config(0, 0, Duration::from_secs(1));
@@ -206,7 +208,7 @@ async fn a_delayed_send_is_handled_when_due_and_one_for_another_queue_is_sent_on
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn an_outage_switches_the_queue_to_one_paced_attempt_and_loses_nothing_to_the_error_queue() {
     let d = Arc::new(Downstream::default());
     d.down.store(true, Ordering::SeqCst);
@@ -254,7 +256,7 @@ async fn an_outage_switches_the_queue_to_one_paced_attempt_and_loses_nothing_to_
 
 /// Delayed messages count in the database size (they will join the queue), as their mover
 /// reads them, and leave it once handled.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn delayed_messages_count_in_the_database_size() {
     let d = Arc::new(Downstream::default());
     let mut config = config(0, 0, Duration::from_secs(1));

@@ -1,7 +1,6 @@
 //! Queue administration, key ordering and batch receives of the memory transport.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use async_trait::async_trait;
 
@@ -20,7 +19,7 @@ impl QueueAdmin for MemoryTransport {
     async fn purge_expired(&self, queue: &QueueName) -> Result<u64, TransportError> {
         let state = self.shared.queue(queue)?;
         let mut state = lock(&state);
-        let now = SystemTime::now();
+        let now = self.shared.now();
         let before = state.ready.len();
         state.ready.retain(|_, m| m.expires.is_none_or(|e| e > now));
         Ok((before - state.ready.len()) as u64)

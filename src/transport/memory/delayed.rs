@@ -38,7 +38,7 @@ impl DelayedDelivery for MemoryTransport {
     async fn move_due(&self, queue: &QueueName, batch: u32) -> Result<Moved, TransportError> {
         let target = self.shared.queue(queue)?;
         let _session = self.statement().await?;
-        let now = SystemTime::now();
+        let now = self.shared.now();
         let due: Vec<StoredMessage> = {
             let mut tables = lock(&self.shared.delayed);
             let table = tables
@@ -78,7 +78,7 @@ impl DelayedDelivery for MemoryTransport {
 
     async fn sweep(&self, queues: &[QueueName]) -> Result<Vec<DelayedReading>, TransportError> {
         let _session = self.statement().await?;
-        let now = SystemTime::now();
+        let now = self.shared.now();
         let tables = lock(&self.shared.delayed);
         queues
             .iter()

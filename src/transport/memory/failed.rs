@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::{MemoryTransport, lock, stored_from as stored};
+use super::{MemoryTransport, lock};
 use crate::transport::failed::{FailedStore, MoveOut, StoredRow};
 use crate::transport::headers::serialize_headers;
 use crate::transport::{QueueName, TransportError};
@@ -66,8 +66,9 @@ impl FailedStore for MemoryTransport {
         // Checked before anything is taken, so an error leaves every row where it was.
         let mut prepared = Vec::with_capacity(moves.len());
         for m in moves {
-            self.shared.check(&m.to, &stored(&m.message)?)?;
-            prepared.push((m.id, m.to.clone(), stored(&m.message)?));
+            self.shared
+                .check(&m.to, &self.shared.stored_from(&m.message)?)?;
+            prepared.push((m.id, m.to.clone(), self.shared.stored_from(&m.message)?));
         }
         let taken: Vec<Uuid> = {
             let source = self.shared.queue(queue)?;

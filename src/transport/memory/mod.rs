@@ -48,6 +48,7 @@ use crate::message::{Message, OutgoingMessage};
 
 #[derive(Default)]
 struct Shared {
+    clock: StoreClock,
     queues: Mutex<HashMap<QueueName, Arc<Mutex<QueueState>>>>,
     delayed: Mutex<HashMap<QueueName, DelayedTable>>,
     open_receives: AtomicU64,
@@ -61,7 +62,45 @@ struct Shared {
     subscriptions: Mutex<Option<BTreeMap<(String, String), String>>>,
 }
 
+/// The store's wall clock: the wall-clock time it was made at, plus tokio's time since. In
+/// real time it is the wall clock; in a test under paused time, expiries and due times
+/// follow the paused clock as the receive loops and the movers do.
+struct StoreClock {
+    wall: SystemTime,
+    origin: tokio::time::Instant,
+}
+
+impl Default for StoreClock {
+    fn default() -> Self {
+        StoreClock {
+            wall: SystemTime::now(),
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
 impl Shared {
+    /// Now, by the store's clock ([`StoreClock`]).
+    fn now(&self) -> SystemTime {
+        self.clock.wall + self.clock.origin.elapsed()
+    }
+
+    /// The row a message becomes; refused when its expiry or delay cannot be stored.
+    fn stored_from(&self, message: &OutgoingMessage) -> Result<StoredMessage, TransportError> {
+        super::ttbr_millis(message)?;
+        let delay = message
+            .checked_delay()
+            .map_err(TransportError::InvalidMessage)?;
+        let now = self.now();
+        Ok(StoredMessage {
+            id: message.id,
+            headers: message.headers.clone(),
+            body: message.body.clone(),
+            expires: message.time_to_be_received.map(|t| now + t),
+            due: delay.map(|d| now + d),
+        })
+    }
+
     fn queue(&self, name: &QueueName) -> Result<Arc<Mutex<QueueState>>, TransportError> {
         lock(&self.queues)
             .get(name)
@@ -184,21 +223,6 @@ impl MemoryTransport {
     }
 }
 
-/// The row a message becomes; refused when its expiry or delay cannot be stored.
-fn stored_from(message: &OutgoingMessage) -> Result<StoredMessage, TransportError> {
-    super::ttbr_millis(message)?;
-    let delay = message
-        .checked_delay()
-        .map_err(TransportError::InvalidMessage)?;
-    Ok(StoredMessage {
-        id: message.id,
-        headers: message.headers.clone(),
-        body: message.body.clone(),
-        expires: message.time_to_be_received.map(|t| SystemTime::now() + t),
-        due: delay.map(|d| SystemTime::now() + d),
-    })
-}
-
 #[async_trait]
 impl Transport for MemoryTransport {
     fn admin(&self) -> &dyn crate::transport::QueueAdmin {
@@ -222,7 +246,7 @@ impl Transport for MemoryTransport {
         queue: &QueueName,
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
-        let stored = stored_from(message)?;
+        let stored = self.shared.stored_from(message)?;
         let _session = self.statement().await?;
         self.shared.insert(queue, stored)
     }
@@ -236,7 +260,7 @@ impl Transport for MemoryTransport {
         let Some((seq, stored, holds)) = lock(&state).take_next() else {
             return Ok(None);
         };
-        let expired = stored.expires.is_some_and(|e| e <= SystemTime::now());
+        let expired = stored.expires.is_some_and(|e| e <= self.shared.now());
         let payload = if expired {
             Payload::Expired { id: stored.id }
         } else {

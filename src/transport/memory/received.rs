@@ -10,7 +10,7 @@ use crate::message::OutgoingMessage;
 use crate::transport::{CommitAndReceive, Payload, QueueName, Received, Transport, TransportError};
 
 use super::queue::{Holds, QueueState, StoredMessage};
-use super::{MemoryTransport, Session, lock, stored_from};
+use super::{MemoryTransport, Session, lock};
 
 pub(super) struct MemoryReceived {
     /// The transport it came from: its store, and where the next receive comes from.
@@ -79,7 +79,10 @@ impl Received for MemoryReceived {
         queue: &QueueName,
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
-        let stored = match stored_from(message)
+        let stored = match self
+            .transport
+            .shared
+            .stored_from(message)
             .and_then(|stored| self.transport.shared.check(queue, &stored).map(|()| stored))
         {
             Ok(stored) => stored,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
-use super::{MemoryTransport, lock, stored_from};
+use super::{MemoryTransport, lock};
 use crate::message::OutgoingMessage;
 use crate::transport::{QueueName, Subscription, Subscriptions, TransportError};
 
@@ -92,7 +92,7 @@ impl Subscriptions for MemoryTransport {
         let _session = self.statement().await?;
         let stored = copies
             .iter()
-            .map(|(queue, message)| Ok((queue, stored_from(message)?)))
+            .map(|(queue, message)| Ok((queue, self.shared.stored_from(message)?)))
             .collect::<Result<Vec<_>, TransportError>>()?;
         // All or none: every copy is checked before the first is stored.
         for (queue, message) in &stored {

@@ -58,12 +58,6 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
-/// The version of this build (`--version`, the `build_info` and `host_info` metrics).
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-/// The commit this build was made from: `git rev-parse --short=12 HEAD` at build time, the
-/// `THROTTLEHOST_COMMIT` environment variable when a packager sets it, or "unknown".
-pub const COMMIT: &str = env!("THROTTLEHOST_COMMIT");
-
 // The public API: the host, handlers, configuration, messages, the transport traits a user
 // may implement (and the three transports), and the throttling types a host reports.
 pub mod config;
@@ -91,6 +85,7 @@ pub(crate) mod queue;
 pub(crate) mod receive;
 pub(crate) mod states;
 pub(crate) mod status;
+mod version;
 
 /// Handlers are async traits; re-exported so users need no extra dependency.
 pub use async_trait::async_trait;
@@ -102,6 +97,7 @@ pub use handlers::{Context, Handler, HandlerError};
 pub use host::{Host, HostBuilder, HostError, HostHandle, HostStatus};
 pub use message::{Headers, Message, OutgoingMessage};
 pub use publish::{EventTypes, Published};
+pub use version::{COMMIT, VERSION};
 
 /// The metrics a host exports on `/metrics`: each name, kind, help text and labels, defined
 /// once (alert rules and dashboards name only these).

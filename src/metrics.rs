@@ -338,7 +338,10 @@ impl Metrics {
     pub fn host_info(&self, host: &str, instance: &str, transport: &str) {
         self.gauge(
             "build_info",
-            &[("version", crate::VERSION), ("commit", crate::COMMIT)],
+            &[
+                ("version", crate::version::VERSION),
+                ("commit", crate::version::COMMIT),
+            ],
         )
         .set(1.0);
         self.gauge(
@@ -347,7 +350,7 @@ impl Metrics {
                 ("host", host),
                 ("instance", instance),
                 ("transport", transport),
-                ("version", crate::VERSION),
+                ("version", crate::version::VERSION),
             ],
         )
         .set(1.0);

@@ -163,7 +163,7 @@ impl FleetOrder {
             process_id: crate::transport::FLEET_ORDER_ROWS[self.direction.index()],
             host_name: host_name.to_string(),
             instance_id: format!("fleet order ({})", self.direction),
-            version: crate::VERSION.to_string(),
+            version: crate::version::VERSION.to_string(),
             admin_address: None,
             summary: serde_json::to_string(self).unwrap_or_default(),
         }

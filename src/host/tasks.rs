@@ -210,7 +210,7 @@ pub(super) fn start_heartbeat(inner: &Arc<HostInner>, admin: Option<SocketAddr>)
         process_id: inner.process_id,
         host_name: config.host.name.clone(),
         instance_id: inner.instance.clone(),
-        version: crate::VERSION.to_string(),
+        version: crate::version::VERSION.to_string(),
         admin_address: admin.map(|a| format!("http://{a}")),
         summary: String::new(),
     };

@@ -49,19 +49,18 @@ impl Silence {
     }
 
     /// How long the database has said nothing while statements waited: Some once that is
-    /// at least `after` (the oldest statement asked since the last answer, or one whose
-    /// deadline passed unanswered).
+    /// at least `after`. Counted from the later of the oldest waiting statement's ask and the
+    /// last answer (a statement asked before the last answer has waited in silence only
+    /// since it), or from the ask of one whose deadline passed unanswered.
     pub fn silent_for(&self, after: Duration) -> Option<Duration> {
         let s = self.state();
-        let since_answer = |asked: Instant| s.last_answer.is_none_or(|a| a <= asked);
-        let oldest = s
+        let waiting = s
             .waiting
             .values()
-            .copied()
-            .filter(|&asked| since_answer(asked))
-            .chain(s.unanswered_since)
-            .min()?;
-        Some(oldest.elapsed()).filter(|silent| *silent >= after)
+            .min()
+            .map(|&asked| s.last_answer.map_or(asked, |answer| answer.max(asked)));
+        let since = waiting.into_iter().chain(s.unanswered_since).min()?;
+        Some(since.elapsed()).filter(|silent| *silent >= after)
     }
 }
 
@@ -113,6 +112,32 @@ impl Drop for Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A statement asked just before another was answered, then left waiting as the server
+    /// froze: the silence counts from that answer. It was left out altogether, and a frozen
+    /// server whose only waiting statement overlapped the last answer was said to be silent
+    /// only when some later statement had waited 5 s (10 s and more on SQL Server).
+    #[tokio::test(start_paused = true)]
+    async fn a_statement_asked_before_the_last_answer_counts_from_that_answer() {
+        let silence = Arc::new(Silence::default());
+        let stuck = silence.ask();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        silence.ask().answered();
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(
+            silence.silent_for(SILENT_AFTER),
+            None,
+            "4 s since the answer"
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(
+            silence.silent_for(SILENT_AFTER),
+            Some(Duration::from_secs(6)),
+            "6 s since the last answer, with a statement waiting"
+        );
+        stuck.answered();
+        assert_eq!(silence.silent_for(Duration::ZERO), None, "nothing waits");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn silence_shows_after_a_while_and_ends_with_any_answer() {

@@ -66,9 +66,9 @@ impl FailedStore for MemoryTransport {
         // Checked before anything is taken, so an error leaves every row where it was.
         let mut prepared = Vec::with_capacity(moves.len());
         for m in moves {
-            self.shared
-                .check(&m.to, &self.shared.stored_from(&m.message)?)?;
-            prepared.push((m.id, m.to.clone(), self.shared.stored_from(&m.message)?));
+            let row = self.shared.stored_from(&m.message)?;
+            self.shared.check(&m.to, &row)?;
+            prepared.push((m.id, m.to.clone(), row));
         }
         let taken: Vec<Uuid> = {
             let source = self.shared.queue(queue)?;

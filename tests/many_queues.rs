@@ -98,6 +98,114 @@ async fn a_start_over_existing_tables_looks_them_up_and_creates_none() {
     );
 }
 
+/// One queue may use the whole pool while no other queue needs it: the pool is split into
+/// lanes (a queue's statements go to its own lane's few connections first, so a backend
+/// touches few tables), and a lane lends what its own queues do not wait for. Eight receives
+/// held open at once on a pool of eight (two lanes of four) all get a connection; had the
+/// queue been kept to its lane, the fifth would have waited out the pool's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_busy_queue_still_has_the_whole_pool() {
+    let schema = PgSchema::new();
+    let mut config = schema.transport_config(TransactionMode::ReceiveOnly, 8);
+    config.connect_timeout = Duration::from_secs(2);
+    let transport = throttlehost::transport::postgres::PostgresTransport::connect(&config)
+        .await
+        .unwrap();
+    let queue = QueueName::new("busy").unwrap();
+    transport.admin().create_queue(&queue).await.unwrap();
+    let messages: Vec<OutgoingMessage> = (0..8u8).map(|i| OutgoingMessage::new(vec![i])).collect();
+    transport.send_batch(&queue, &messages).await.unwrap();
+    let mut open = Vec::new();
+    for i in 0..8 {
+        let received = transport.receive(&queue).await;
+        let received = received.unwrap_or_else(|e| panic!("receive {i} of 8 on a pool of 8: {e}"));
+        open.push(received.expect("a message"));
+    }
+    assert_eq!(transport.connections_in_use(), 8);
+    for received in open {
+        received.rollback().await.unwrap();
+    }
+}
+
+/// A busy queue cannot keep its lane's connections from the other queues of the lane: while
+/// another queue waits, a receive chain (each commit bringing the next receive along on the
+/// same connection) gives its connection back after a turn, and the waiting queue gets its
+/// message long before the busy queue is empty. Before, a chain kept its connection for as
+/// long as its queue had messages: on a host of 1 000 queues the last queue waited 6 s for its
+/// first message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_queue_takes_turns_with_the_others_of_its_lane() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU64;
+    const BUSY: u64 = 20_000;
+    let schema = PgSchema::new();
+    // Four connections: one lane.
+    let transport: Arc<dyn Transport> =
+        Arc::new(schema.transport(TransactionMode::ReceiveOnly, 4).await);
+    let (busy, other) = (
+        QueueName::new("busy").unwrap(),
+        QueueName::new("other").unwrap(),
+    );
+    for queue in [&busy, &other] {
+        transport.admin().create_queue(queue).await.unwrap();
+    }
+    for chunk in (0..BUSY).collect::<Vec<_>>().chunks(1000) {
+        let batch: Vec<OutgoingMessage> = chunk
+            .iter()
+            .map(|i| OutgoingMessage::new(i.to_le_bytes().to_vec()))
+            .collect();
+        transport.send_batch(&busy, &batch).await.unwrap();
+    }
+    transport
+        .send(&other, &OutgoingMessage::new(vec![1]))
+        .await
+        .unwrap();
+    let taken = Arc::new(AtomicU64::new(0));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut chains = Vec::new();
+    for _ in 0..4 {
+        let (transport, busy, taken, stop) =
+            (transport.clone(), busy.clone(), taken.clone(), stop.clone());
+        chains.push(tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let mut next = transport.receive(&busy).await.unwrap();
+                while let Some(received) = next {
+                    taken.fetch_add(1, Ordering::SeqCst);
+                    if stop.is_cancelled() {
+                        received.commit().await.unwrap();
+                        break;
+                    }
+                    let both = received.commit_and_receive(&busy).await;
+                    both.committed.unwrap();
+                    next = both.next.transpose().unwrap().flatten();
+                }
+            }
+        }));
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "every connection held by a chain",
+        || transport.connections_in_use() == 4 && taken.load(Ordering::SeqCst) > 40,
+    )
+    .await;
+    let received = transport.receive(&other).await.unwrap();
+    let busy_taken = taken.load(Ordering::SeqCst);
+    stop.cancel();
+    for chain in chains {
+        chain.await.unwrap();
+    }
+    received
+        .expect("the other queue's message")
+        .commit()
+        .await
+        .unwrap();
+    eprintln!("the other queue's message came after {busy_taken} of {BUSY} busy messages");
+    assert!(
+        busy_taken < BUSY,
+        "the other queue waited until the busy one was empty"
+    );
+}
+
 /// SQL Server tells of no arrival: twenty idle queues are read together once a second, and
 /// their receivers peek by themselves only as the safety net (before, each peeked every
 /// second: some 100 peeks in this window); a message another process sends is found by the

@@ -64,7 +64,7 @@ impl Inner {
         what: &'static str,
         sql: &str,
     ) -> Result<u64, TransportError> {
-        let client = self.client().await?;
+        let client = self.client_for(queue).await?;
         let (_, row) = self
             .answered(what, client, async |c| {
                 let stmt = c.prepare_cached(sql).await?;

@@ -9,7 +9,8 @@
 //! This file is the face: the transport, its shared state and the message path's core. The
 //! rooms: `connection` (libpq settings, errors), `store` (sends and the unit of work),
 //! `receive` (rows a receive returns, batches), `pipeline` (the one-query receive), `ordering`
-//! (held keys), `admin` (tables, layout, purge), `delayed` (the delayed table), `listen`
+//! (held keys), `lanes` (the pool in lanes, shared fairly by many queues), `admin` (tables,
+//! layout, purge), `delayed` (the delayed table), `listen`
 //! (notifications), `tls`, `failed` (the failed-messages store), [`fleet`] (instances and
 //! shares).
 
@@ -18,6 +19,7 @@ mod connection;
 mod delayed;
 mod failed;
 pub mod fleet;
+mod lanes;
 mod listen;
 mod ordering;
 mod pipeline;
@@ -36,6 +38,8 @@ use async_trait::async_trait;
 use deadpool_postgres::{
     Manager, ManagerConfig, Object, ObjectId, Pool, PoolError, QueueMode, RecyclingMethod, Runtime,
 };
+
+use self::lanes::{Lane, Lanes, Lent};
 use tokio_postgres::error::SqlState;
 
 pub use statements::{QueueStatements, held_statements, quote_ident};
@@ -64,7 +68,7 @@ pub struct PostgresTransport {
 }
 
 struct Inner {
-    pool: Pool,
+    pool: Lanes,
     schema: String,
     /// Delayed tables are `<queue>.<delayed_suffix>` (`transport.delayed_table_suffix`).
     delayed_suffix: String,
@@ -83,7 +87,7 @@ struct Inner {
     statements: RwLock<HashMap<QueueName, Arc<QueueStatements>>>,
     /// Which pooled connections have which receive statements prepared under their SQL
     /// names (see `pipeline`).
-    prepared_receives: Mutex<HashMap<ObjectId, Vec<String>>>,
+    prepared_receives: Mutex<HashMap<(Lane, ObjectId), Vec<String>>>,
     /// How the listening connection connects (see `listen`): the pool's settings.
     listen_with: (
         tokio_postgres::Config,
@@ -144,45 +148,41 @@ impl PostgresTransport {
             None => statement_timeout,
         };
         pg.options(&options);
-        let manager_config = ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
+        let tls_connector = match pg.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => None,
+            // libpq semantics (see `tls`): prefer/require encrypt without checking the
+            // certificate; verify-ca/verify-full check it.
+            _ => Some(tls.connector().map_err(|e| TransportError::Setting {
+                setting: "transport.connection_string",
+                message: e.to_string(),
+            })?),
         };
-        let (manager, listen_with) =
-            if pg.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
-                let listen_with = (pg.clone(), None);
-                (
-                    Manager::from_config(pg, tokio_postgres::NoTls, manager_config),
-                    listen_with,
-                )
-            } else {
-                // libpq semantics (see `tls`): prefer/require encrypt without checking the
-                // certificate; verify-ca/verify-full check it.
-                let connector = tls.connector().map_err(|e| TransportError::Setting {
-                    setting: "transport.connection_string",
-                    message: e.to_string(),
-                })?;
-                let listen_with = (pg.clone(), Some(connector.clone()));
-                (
-                    Manager::from_config(pg, connector, manager_config),
-                    listen_with,
-                )
+        let listen_with = (pg.clone(), tls_connector.clone());
+        let pool = Lanes::split(config.pool_size as usize, |size| {
+            let manager_config = ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
             };
-        let pool = Pool::builder(manager)
-            .max_size(config.pool_size as usize)
-            // The connection returned last is lent first: an idle host's few statements (depth
-            // reads and sweeps of many tables, safety-net peeks) go to one or two backends,
-            // which plan them and load those tables' catalog entries once. Lent in turn, every
-            // backend of the pool did that work again: with 1 000 queues, about 30 % of a core
-            // of PostgreSQL for a host doing nothing.
-            .queue_mode(QueueMode::Lifo)
-            .wait_timeout(Some(config.connect_timeout))
-            .create_timeout(Some(config.connect_timeout))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| TransportError::Setting {
-                setting: "transport.pool_size",
-                message: format!("cannot build the connection pool: {e}"),
-            })?;
+            let manager = match &tls_connector {
+                None => Manager::from_config(pg.clone(), tokio_postgres::NoTls, manager_config),
+                Some(tls) => Manager::from_config(pg.clone(), tls.clone(), manager_config),
+            };
+            Pool::builder(manager)
+                .max_size(size)
+                // The connection returned last is lent first: an idle host's few statements
+                // (depth reads and sweeps of many tables, safety-net peeks) go to one or two
+                // backends, which plan them and load those tables' catalog entries once. Lent
+                // in turn, every backend of the pool did that work again: with 1 000 queues,
+                // about 30 % of a core of PostgreSQL for a host doing nothing.
+                .queue_mode(QueueMode::Lifo)
+                .wait_timeout(Some(config.connect_timeout))
+                .create_timeout(Some(config.connect_timeout))
+                .runtime(Runtime::Tokio1)
+                .build()
+                .map_err(|e| TransportError::Setting {
+                    setting: "transport.pool_size",
+                    message: format!("cannot build the connection pool: {e}"),
+                })
+        })?;
         Ok(PostgresTransport {
             inner: Arc::new(Inner {
                 pool,
@@ -228,9 +228,9 @@ impl Inner {
     async fn answered<T>(
         &self,
         what: &'static str,
-        client: Object,
+        client: Lent,
         work: impl AsyncFnOnce(&Object) -> T,
-    ) -> Result<(Object, T), TransportError> {
+    ) -> Result<(Lent, T), TransportError> {
         self.answered_mut(what, client, async |c: &mut Object| work(c).await)
             .await
     }
@@ -239,11 +239,11 @@ impl Inner {
     async fn answered_mut<T>(
         &self,
         what: &'static str,
-        mut client: Object,
+        mut client: Lent,
         work: impl AsyncFnOnce(&mut Object) -> T,
-    ) -> Result<(Object, T), TransportError> {
+    ) -> Result<(Lent, T), TransportError> {
         let ticket = self.silence.ask();
-        match tokio::time::timeout(self.answer_deadline, work(&mut client)).await {
+        match tokio::time::timeout(self.answer_deadline, work(&mut *client)).await {
             Ok(answer) => {
                 ticket.answered();
                 Ok((client, answer))
@@ -299,12 +299,12 @@ impl Inner {
         Ok(built)
     }
 
-    /// Whether `client` has the receive of `st` prepared under its SQL name.
-    fn receive_prepared(&self, client: &Object, st: &QueueStatements) -> bool {
+    /// Whether `client` (of `lane`) has the receive of `st` prepared under its SQL name.
+    fn receive_prepared(&self, (lane, client): (Lane, &Object), st: &QueueStatements) -> bool {
         self.prepared_receives
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&Object::id(client))
+            .get(&(lane, Object::id(client)))
             .is_some_and(|names| names.contains(&st.receive_name))
     }
 
@@ -312,10 +312,10 @@ impl Inner {
     /// (outside a transaction: a name found taken is an error that would abort one).
     async fn prepare_receive(
         &self,
-        client: &Object,
+        (lane, client): (Lane, &Object),
         st: &QueueStatements,
     ) -> Result<(), tokio_postgres::Error> {
-        if self.receive_prepared(client, st) {
+        if self.receive_prepared((lane, client), st) {
             return Ok(());
         }
         let prepare = format!("PREPARE {} AS {}", st.receive_name, st.receive);
@@ -333,14 +333,30 @@ impl Inner {
             prepared.clear();
         }
         prepared
-            .entry(Object::id(client))
+            .entry((lane, Object::id(client)))
             .or_default()
             .push(st.receive_name.clone());
         Ok(())
     }
 
-    async fn client(&self) -> Result<Object, TransportError> {
-        self.pool.get().await.map_err(|e| match e {
+    /// A connection for statements that serve no one queue (see [`Lanes::SHARED`]).
+    async fn client(&self) -> Result<Lent, TransportError> {
+        self.client_in(Lanes::SHARED).await
+    }
+
+    /// A connection for `queue`'s statements, from its home lane when one is free there.
+    async fn client_for(&self, queue: &QueueName) -> Result<Lent, TransportError> {
+        let lent = self.pool.get_for(queue).await;
+        lent.map_err(|e| self.pool_error(e))
+    }
+
+    async fn client_in(&self, home: Lane) -> Result<Lent, TransportError> {
+        let lent = self.pool.get(home).await;
+        lent.map_err(|e| self.pool_error(e))
+    }
+
+    fn pool_error(&self, e: PoolError) -> TransportError {
+        match e {
             // Every connection waits on a database that says nothing: that, not the pool's
             // size, is the news.
             PoolError::Timeout(_) => match self.silence.silent_for(self.silent_after()) {
@@ -355,14 +371,14 @@ impl Inner {
             },
             PoolError::Backend(e) => map_error(e, None),
             other => TransportError::connection(other.to_string()),
-        })
+        }
     }
 }
 
 /// Drops a pooled connection instead of returning it: used whenever its state is unknown
 /// (an error mid-transaction, a cancelled receive). Closing it makes the server roll back.
-fn discard(client: Object) {
-    drop(Object::take(client));
+fn discard(client: Lent) {
+    drop(Object::take(client.into_object()));
 }
 
 #[async_trait]
@@ -391,7 +407,7 @@ impl Transport for PostgresTransport {
         queue: &QueueName,
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
-        let client = self.inner.client().await?;
+        let client = self.inner.client_for(queue).await?;
         let (_, sent) = self
             .inner
             .answered("a send", client, async |c| {
@@ -409,7 +425,7 @@ impl Transport for PostgresTransport {
         if messages.is_empty() {
             return Ok(());
         }
-        let client = self.inner.client().await?;
+        let client = self.inner.client_for(queue).await?;
         let (_, sent) = self
             .inner
             .answered("a batch send", client, async |c| {
@@ -424,13 +440,14 @@ impl Transport for PostgresTransport {
         queue: &QueueName,
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
         let st = self.inner.statements(queue)?;
-        let client = self.inner.client().await?;
+        let client = self.inner.client_for(queue).await?;
+        let lane = client.lane();
         let transactional = self.inner.mode != TransactionMode::None;
         let (client, row) = self
             .inner
             .answered("a receive", client, async |c| {
                 if transactional {
-                    if let Err(e) = self.inner.prepare_receive(c, &st).await {
+                    if let Err(e) = self.inner.prepare_receive((lane, c), &st).await {
                         return Err(map_error(e, Some(queue)));
                     }
                     // `BEGIN; EXECUTE`: one query, one answer (see `pipeline`).
@@ -475,8 +492,7 @@ impl Transport for PostgresTransport {
     }
 
     fn connections_in_use(&self) -> u64 {
-        let s = self.inner.pool.status();
-        s.size.saturating_sub(s.available) as u64
+        self.inner.pool.in_use() as u64
     }
 
     fn delayed_delivery(&self) -> Option<&dyn DelayedDelivery> {

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use super::lanes::Lent;
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
-use deadpool_postgres::Object;
 use uuid::Uuid;
 
 use crate::config::TransactionMode;
@@ -23,7 +23,7 @@ impl Inner {
     pub(super) async fn received(
         self: Arc<Self>,
         queue: &QueueName,
-        client: Object,
+        client: Lent,
         transactional: bool,
         row: Result<Option<RawRow>, TransportError>,
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
@@ -55,7 +55,7 @@ impl Inner {
         if st.ordered {
             return Err(crate::transport::refuse_ordered_batch(queue));
         }
-        let client = self.client().await?;
+        let client = self.client_for(queue).await?;
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
         let (client, asked) = self
             .answered("a receive", client, async |c| {

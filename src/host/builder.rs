@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::config::Config;
+use crate::config::{Config, TransactionMode};
 use crate::dispatch::{DispatchObserver, HostIdentity};
 use crate::handlers::Handler;
 use crate::metrics::Metrics;
@@ -204,6 +204,11 @@ fn start_throttling(
         config.throttling.clone(),
         sensor.machine(),
     ));
+    // A transaction holds its pooled session from the receive to the commit: no more
+    // receives can be out, or messages in process, than the pool has sessions.
+    if config.transport.transaction_mode != TransactionMode::None {
+        control.bound_at_once(Some(u64::from(config.transport.pool_size)));
+    }
     let controller = start_controller(ServiceParts {
         control: control.clone(),
         sensor,

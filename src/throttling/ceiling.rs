@@ -298,9 +298,14 @@ impl Guard {
 pub(crate) struct Ceiling {
     /// The resources guarded until the next tick, each with its threshold.
     guards: Vec<Guard>,
-    /// The queues' limits together at the last tick: the most receives that can be in
-    /// process at once, so an allowance this large could not bind.
+    /// The queues' limits together at the last tick, or [`Ceiling::at_once`] when fewer: the
+    /// most receives that can be in process at once, so an allowance this large could not
+    /// bind.
     limits_total: u64,
+    /// The most receives out and messages in process there can be at once whatever the
+    /// queues' limits add up to (the transport's sessions, when each holds one); `None`: no
+    /// such bound.
+    at_once: Option<u64>,
     /// The guard whose allowance bound delivery at the last read, and whether it bound on a
     /// measured cost (not the cautious guess before any message was measured).
     binding: Option<(Condition, bool)>,
@@ -320,7 +325,7 @@ impl Ceiling {
     /// threshold, while delivery throttling applies. `limits_total` is the queues' limits
     /// together.
     pub(crate) fn arm(&mut self, thresholds: &Thresholds, applies: bool, limits_total: u64) {
-        self.limits_total = limits_total;
+        self.limits_total = self.at_once.map_or(limits_total, |n| limits_total.min(n));
         // Always, not only once a value is near its threshold: what each message costs can
         // jump at once (a new payload), and from a sixth of the threshold, the receives
         // started within one 250 ms tick carried RSS to 1.15 x before the next tick armed it.
@@ -334,6 +339,16 @@ impl Ceiling {
                 self.guards.push(Guard::new(condition, threshold));
             }
         }
+    }
+
+    /// Bounds the receives out and messages in process at once to `at_once` (`None`: no
+    /// bound). Where every one holds a database session from its receive to its commit, the
+    /// pool is the bound: a host of 1 000 queues with a limit of 8 each has 8 000 receives
+    /// started, waiting for 40 connections, and counted as 8 000 messages about to be in
+    /// process they held the in-process count at its threshold (2 000), and kept every
+    /// admission off its fast path, with 40 messages in process at most.
+    pub(crate) fn bound_at_once(&mut self, at_once: Option<u64>) {
+        self.at_once = at_once;
     }
 
     /// Whether any resource is guarded (the service then reads every [`CEILING_INTERVAL`]).
@@ -392,7 +407,11 @@ impl Ceiling {
             }
             let pending_bound = usage.in_process + self.limits_total;
             let fit = if guard.condition == Condition::InProcess {
-                counted_fit(guard.threshold, usage.in_process + admission.receiving)
+                let taken = usage.in_process + admission.receiving;
+                counted_fit(
+                    guard.threshold,
+                    self.at_once.map_or(taken, |n| taken.min(n)),
+                )
             } else {
                 guard.read(now, value, usage.in_process, admission, pending_bound)
             };
@@ -546,6 +565,41 @@ mod tests {
         assert_eq!(ceiling.enforce(now, usage(2), counts(0, false)), None);
         assert_eq!(counted_fit(40, 0).allowance, 40);
         assert_eq!(counted_fit(0, 0).allowance, 1, "never the last message");
+    }
+
+    /// Receives waiting for one of 40 sessions are not 8 000 messages about to be in process:
+    /// bounded at 40 at once, an in-process threshold of 2 000 is far away, and admissions
+    /// keep their fast path.
+    #[test]
+    fn receives_beyond_the_sessions_do_not_count_toward_the_in_process_count() {
+        let thresholds = Thresholds {
+            in_process: Some(2_000),
+            ..Thresholds::default()
+        };
+        let usage = Usage {
+            in_process: 30,
+            ..Usage::default()
+        };
+        let counts = AdmissionCounts {
+            started: 0,
+            receiving: 8_000,
+            held: false,
+        };
+        let now = Instant::now();
+        let mut unbounded = Ceiling::default();
+        unbounded.arm(&thresholds, true, 8_000);
+        assert_eq!(unbounded.enforce(now, usage, counts), Some(0));
+        let mut bounded = Ceiling::default();
+        bounded.bound_at_once(Some(40));
+        bounded.arm(&thresholds, true, 8_000);
+        assert_eq!(bounded.enforce(now, usage, counts), None);
+        // Below the bound the threshold holds as before.
+        let thresholds = Thresholds {
+            in_process: Some(20),
+            ..thresholds
+        };
+        bounded.arm(&thresholds, true, 8_000);
+        assert_eq!(bounded.enforce(now, usage, counts), Some(0));
     }
 
     #[test]

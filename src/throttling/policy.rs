@@ -56,6 +56,12 @@ impl Policy {
         (decision, readings)
     }
 
+    /// Bounds the receives out and messages in process at once (see
+    /// [`Ceiling::bound_at_once`]).
+    pub(crate) fn bound_at_once(&mut self, at_once: Option<u64>) {
+        self.ceiling.bound_at_once(at_once);
+    }
+
     /// Arms the ceiling for queue limits that add up to `limits_total`: every guarded
     /// resource with a threshold, while delivery throttling applies (enabled, and not
     /// overridden to "never"). A tick does this itself; before the first one, a caller that

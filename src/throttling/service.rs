@@ -138,6 +138,12 @@ impl ThrottleControl {
         }
     }
 
+    /// Bounds the receives out and messages in process at once, for the delivery ceiling
+    /// (see [`super::ceiling::Ceiling::bound_at_once`]).
+    pub(crate) fn bound_at_once(&self, at_once: Option<u64>) {
+        self.policy().bound_at_once(at_once);
+    }
+
     fn policy(&self) -> std::sync::MutexGuard<'_, Policy> {
         self.policy.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -7,15 +7,17 @@
 //!   start (`pg_stat_database`; every statement the host sends alone is one), CPU of the host
 //!   and of PostgreSQL's processes (per cent of one core), and the host's RSS;
 //! - **spread drain**: MESSAGES spread evenly over the queues, drained by a host started over
-//!   them, against the same MESSAGES in one queue (max 32, same pool): messages per second,
-//!   their ratio, and the worst queue's wait for its first message.
+//!   them, against the same MESSAGES in one queue (max 32, same pool), in turn ROUNDS times
+//!   (default 3): the medians of messages per second, of their ratio, of the median and the
+//!   worst queue's wait for its first message (seconds from the start of the host), of the
+//!   transactions per message at the database and of the CPU of both processes.
 //!
 //! `cargo run --release --example many_queues -- [SIZES] [IDLE_SECONDS] [MESSAGES]`
 //! (SIZES comma-separated, default `10,100,1000`; IDLE_SECONDS 20; MESSAGES 20 000;
 //! DATABASE_URL, default the local server's `test` database; QUEUE_METRICS=off runs the
-//! queues with `metrics = false`). The idle host runs in a child process, so its RSS is its
-//! own; the spread drain also prints the CPU of both processes while it ran. Needs Linux (`/proc`) and a
-//! database nobody else is busy with: the transactions are counted database-wide.
+//! queues with `metrics = false`; THROTTLING=off turns throttling off). The idle host runs in
+//! a child process, so its RSS is its own. Needs Linux (`/proc`) and a database nobody else is
+//! busy with: the transactions are counted database-wide.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,10 +116,9 @@ async fn transactions(db: &tokio_postgres::Client) -> i64 {
     .get(0)
 }
 
-/// CPU seconds used so far by the processes `keep` picks by name (`/proc/<pid>/stat`).
-fn cpu_seconds(keep: impl Fn(u32, &str) -> bool) -> f64 {
-    let ticks = 100.0; // USER_HZ on Linux
-    let mut total = 0u64;
+/// CPU ticks used so far by each process `keep` picks by pid and name (`/proc/<pid>/stat`).
+fn cpu_ticks(keep: impl Fn(u32, &str) -> bool) -> HashMap<u32, u64> {
+    let mut ticks = HashMap::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
@@ -139,9 +140,25 @@ fn cpu_seconds(keep: impl Fn(u32, &str) -> bool) -> f64 {
                 .and_then(|f| f.parse::<u64>().ok())
                 .unwrap_or(0)
         };
-        total += field(11) + field(12);
+        ticks.insert(pid, field(11) + field(12));
     }
-    total as f64 / ticks
+    ticks
+}
+
+/// Per cent of one core the processes `keep` picks used between `before` (their ticks then)
+/// and now, over `seconds`. A process that ended meanwhile is not counted (its last ticks are
+/// gone with it); one that started is counted whole.
+fn cpu_percent(before: &HashMap<u32, u64>, seconds: f64, keep: impl Fn(u32, &str) -> bool) -> f64 {
+    const TICKS_PER_SECOND: f64 = 100.0; // USER_HZ on Linux
+    let used: u64 = cpu_ticks(keep)
+        .iter()
+        .map(|(pid, now)| now.saturating_sub(before.get(pid).copied().unwrap_or(0)))
+        .sum();
+    100.0 * used as f64 / TICKS_PER_SECOND / seconds
+}
+
+fn is_postgres(_: u32, name: &str) -> bool {
+    name == "postgres"
 }
 
 fn rss_mib() -> f64 {
@@ -169,36 +186,60 @@ async fn fill(transport: &PostgresTransport, queues: &[String], messages: usize)
     }
 }
 
-/// Starts a host over messages already waiting; returns messages per second, the worst
-/// queue's wait for its first message, in seconds from the start, and the CPU of this process
-/// and of PostgreSQL while it ran (per cent of one core).
-async fn drain(config: Config, messages: usize) -> (f64, f64, (f64, f64)) {
+/// What one drain of waiting messages measured.
+struct Drain {
+    /// Messages per second, from the start of the host to the last message handled.
+    rate: f64,
+    /// Seconds from the start until a queue's first message was handled: the median queue's
+    /// and the worst queue's.
+    first_wait: (f64, f64),
+    /// Transactions at the database per message handled.
+    transactions: f64,
+    /// Per cent of one core: this process, PostgreSQL's processes.
+    cpu: (f64, f64),
+}
+
+/// Starts a host over `messages` already waiting and measures it until all are handled.
+async fn drain(db: &tokio_postgres::Client, config: Config, messages: usize) -> Drain {
     let recorder = Arc::new(Recorder::default());
     let me = std::process::id();
-    // PostgreSQL's CPU is read before the host stops: its backends end with their connections.
-    let (host0, pg0) = (
-        cpu_seconds(|pid, _| pid == me),
-        cpu_seconds(|_, name| name == "postgres"),
-    );
+    let host_process = move |pid: u32, _: &str| pid == me;
+    let tx0 = transactions(db).await;
+    let (host0, pg0) = (cpu_ticks(host_process), cpu_ticks(is_postgres));
     let started = Instant::now();
     let (host, _) = start(config.clone(), &recorder).await;
     while recorder.handled.load(Ordering::Relaxed) < messages as u64 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let took = started.elapsed().as_secs_f64();
-    let worst = recorder
+    // PostgreSQL's CPU is read before the host stops: its backends end with their connections.
+    let cpu = (
+        cpu_percent(&host0, took, host_process),
+        cpu_percent(&pg0, took, is_postgres),
+    );
+    let transactions = (transactions(db).await - tx0 - 1) as f64 / messages as f64;
+    host.shutdown().await;
+    let mut firsts: Vec<f64> = recorder
         .first
         .lock()
         .unwrap()
         .values()
         .map(|t| t.duration_since(started).as_secs_f64())
-        .fold(0.0, f64::max);
-    let cpu = (
-        100.0 * (cpu_seconds(|pid, _| pid == me) - host0) / took,
-        100.0 * (cpu_seconds(|_, name| name == "postgres") - pg0) / took,
-    );
-    host.shutdown().await;
-    (messages as f64 / took, worst, cpu)
+        .collect();
+    firsts.sort_by(f64::total_cmp);
+    Drain {
+        rate: messages as f64 / took,
+        first_wait: (firsts[firsts.len() / 2], firsts[firsts.len() - 1]),
+        transactions,
+        cpu,
+    }
+}
+
+/// The median of `values` by `key`.
+fn median<T>(values: &[T], key: impl Fn(&T) -> f64) -> f64 {
+    let mut keys: Vec<f64> = values.iter().map(key).collect();
+    keys.sort_by(f64::total_cmp);
+    keys[keys.len() / 2]
 }
 
 /// Drops `schema`, its tables a few hundred per transaction first: one DROP of thousands of
@@ -262,18 +303,19 @@ async fn idle_host(
     // Settle: a start peeks every queue a few times (before the listener is up, and once
     // when it is) and reads every depth and delayed table; idle is what comes after.
     tokio::time::sleep(Duration::from_secs(SETTLE_SECONDS)).await;
+    let host_process = move |p: u32, _: &str| p == pid;
     let (tx0, host0, pg0) = (
         transactions(db).await,
-        cpu_seconds(|p, _| p == pid),
-        cpu_seconds(|_, name| name == "postgres"),
+        cpu_ticks(host_process),
+        cpu_ticks(is_postgres),
     );
     let window = Instant::now();
     tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
     let seconds = window.elapsed().as_secs_f64();
     // The two reads of the count are this program's own.
     let transactions = (transactions(db).await - tx0 - 2) as f64 / seconds;
-    let host_cpu = 100.0 * (cpu_seconds(|p, _| p == pid) - host0) / seconds;
-    let database_cpu = 100.0 * (cpu_seconds(|_, name| name == "postgres") - pg0) / seconds;
+    let host_cpu = cpu_percent(&host0, seconds, host_process);
+    let database_cpu = cpu_percent(&pg0, seconds, is_postgres);
     let rss = said("rss").await?;
     child.wait().await?;
     Ok(Idle {
@@ -318,8 +360,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
     let me = std::process::id();
+    let rounds: usize = std::env::var("ROUNDS").map_or(3, |r| r.parse().expect("ROUNDS"));
     println!(
-        "{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>7} {:>11} {:>11} {:>7} {:>10} spread cpu% host/pg",
+        "{:>6} {:>8} {:>7} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>6} {:>13} {:>11} {:>12} {:>12}",
         "queues",
         "create s",
         "ready s",
@@ -330,7 +373,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "spread m/s",
         "one m/s",
         "ratio",
-        "worst 1st s",
+        "1st wait p50/max",
+        "tx/msg s/1",
+        "spread cpu% host/pg",
+        "one cpu% host/pg",
     );
     for n in sizes {
         let schema = format!("th_many_{me}_{n}");
@@ -346,25 +392,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut spread_config = config(&url, &schema, &queues, 8);
         spread_config.host.create_queues = false;
         let transport = PostgresTransport::connect(&spread_config.transport).await?;
-        fill(&transport, &queues, messages).await;
-        let (spread, worst, spread_cpu) = drain(spread_config, messages).await;
         let one = vec!["single".to_string()];
         let one_config = config(&url, &schema, &one, 32);
         transport.create_queue(&QueueName::new("single")?).await?;
-        fill(&transport, &one, messages).await;
-        let (alone, _, _) = drain(one_config, messages).await;
+        // Spread and one queue in turn, `rounds` times: a machine's noise falls on both.
+        let (mut spread, mut alone) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            fill(&transport, &queues, messages).await;
+            spread.push(drain(&db, spread_config.clone(), messages).await);
+            fill(&transport, &one, messages).await;
+            alone.push(drain(&db, one_config.clone(), messages).await);
+        }
         drop(transport);
         drop_schema(&db, &schema).await;
+        let ratios: Vec<f64> = spread
+            .iter()
+            .zip(&alone)
+            .map(|(s, a)| s.rate / a.rate)
+            .collect();
         println!(
-            "{n:>6} {create:>10.2} {:>9.2} {:>8.1} {:>9.1} {:>8.1} {:>7.1} {spread:>11.0} {alone:>11.0} {:>7.2} {worst:>10.2} {:>4.0}/{:<4.0}",
+            "{n:>6} {create:>8.2} {:>7.2} {:>9.1} {:>9.1} {:>7.1} {:>7.1} {:>10.0} {:>9.0} {:>6.2} {:>6.2} / {:<6.2} {:>5.2} / {:<4.2} {:>5.0} / {:<5.0} {:>5.0} / {:<5.0}",
             idle.ready,
             idle.transactions,
             idle.host_cpu,
             idle.database_cpu,
             idle.rss,
-            spread / alone,
-            spread_cpu.0,
-            spread_cpu.1,
+            median(&spread, |d| d.rate),
+            median(&alone, |d| d.rate),
+            median(&ratios, |r| *r),
+            median(&spread, |d| d.first_wait.0),
+            median(&spread, |d| d.first_wait.1),
+            median(&spread, |d| d.transactions),
+            median(&alone, |d| d.transactions),
+            median(&spread, |d| d.cpu.0),
+            median(&spread, |d| d.cpu.1),
+            median(&alone, |d| d.cpu.0),
+            median(&alone, |d| d.cpu.1),
         );
     }
     Ok(())

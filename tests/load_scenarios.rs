@@ -63,9 +63,13 @@ fn turn(name: &str) -> Turn<'static> {
 fn run(name: &str, scale: f64, schema: Option<&str>) -> (Value, PathBuf) {
     let (summary, out, output) = run_unscored(name, scale, schema);
     let text = String::from_utf8_lossy(&output.stdout);
+    // The run's and its peers' own words (a peer that could not start says why only there).
+    let said = String::from_utf8_lossy(&output.stderr);
+    let said: Vec<&str> = said.lines().rev().take(40).collect();
     assert!(
         output.status.success(),
-        "{name} failed:\n{text}\n{summary:#}"
+        "{name} failed:\n{text}\n{summary:#}\nlast of its standard error:\n{}",
+        said.into_iter().rev().collect::<Vec<_>>().join("\n")
     );
     (summary, out)
 }

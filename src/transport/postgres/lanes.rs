@@ -24,7 +24,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool, PoolError, TimeoutType};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 
 use crate::transport::QueueName;
 
@@ -45,20 +45,15 @@ pub(super) type Lane = usize;
 /// id, as every lane numbers its own.
 pub(super) struct Lent {
     lane: Lane,
-    client: Object,
+    /// Some until the connection goes back to its lane or is closed.
+    client: Option<Object>,
     /// When the lane lent it.
     since: tokio::time::Instant,
+    /// Told when a connection comes back to a lane none of whose own queues waits for it.
+    returned: Arc<Notify>,
 }
 
 impl Lent {
-    fn new(lane: Lane, client: Object) -> Self {
-        Lent {
-            lane,
-            client,
-            since: tokio::time::Instant::now(),
-        }
-    }
-
     pub(super) fn lane(&self) -> Lane {
         self.lane
     }
@@ -70,8 +65,23 @@ impl Lent {
     }
 
     /// The connection, to close instead of returning it (`Object::take`).
-    pub(super) fn into_object(self) -> Object {
-        self.client
+    pub(super) fn into_object(mut self) -> Object {
+        self.client.take().expect("lent until returned")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        let lane = Object::pool(&client);
+        drop(client);
+        // A connection its own lane's queues do not wait for would sit idle while a queue of
+        // another lane waits in its own line: tell one of those.
+        if lane.is_some_and(|pool| pool.status().waiting == 0) {
+            self.returned.notify_one();
+        }
     }
 }
 
@@ -79,19 +89,21 @@ impl Deref for Lent {
     type Target = Object;
 
     fn deref(&self) -> &Object {
-        &self.client
+        self.client.as_ref().expect("lent until returned")
     }
 }
 
 impl DerefMut for Lent {
     fn deref_mut(&mut self) -> &mut Object {
-        &mut self.client
+        self.client.as_mut().expect("lent until returned")
     }
 }
 
 /// The pool's connections in lanes.
 pub(super) struct Lanes {
     pools: Vec<Pool>,
+    /// Told when a connection comes back that its own lane does not wait for.
+    returned: Arc<Notify>,
     /// Each queue's home lane and its place in that lane's line, made on first use.
     routes: RwLock<HashMap<QueueName, Arc<Route>>>,
 }
@@ -120,6 +132,7 @@ impl Lanes {
             .collect::<Result<_, _>>()?;
         Ok(Lanes {
             pools,
+            returned: Arc::default(),
             routes: RwLock::default(),
         })
     }
@@ -174,47 +187,70 @@ impl Lanes {
             None => route.line.acquire().await,
         };
         let _in_line = in_line.map_err(|_| PoolError::Closed)?;
-        if let Some(lent) = self.free(route.home).await? {
-            return Ok(lent);
-        }
-        // The pool's wait timeout counts from the ask, the time in the queue's line included.
-        let remaining = deadpool_postgres::Timeouts {
-            wait: timeouts.wait.map(|w| w.saturating_sub(started.elapsed())),
-            ..timeouts
-        };
-        let client = self.pools[route.home].timeout_get(&remaining).await?;
-        Ok(Lent::new(route.home, client))
+        self.wait_in(route.home, started).await
     }
 
-    /// A connection, from `home` when it has one free, else from the first lane after it that
-    /// has one free or room to open one, else the first `home` frees (within the pool's wait
-    /// timeout).
+    /// A connection, from `home` when it has one free, else from another lane that has one
+    /// free or room to open one, else the first `home` frees (within the pool's wait timeout).
     pub(super) async fn get(&self, home: Lane) -> Result<Lent, PoolError> {
-        if let Some(lent) = self.free(home).await? {
-            return Ok(lent);
-        }
-        let client = self.pools[home].get().await?;
-        Ok(Lent::new(home, client))
+        self.wait_in(home, tokio::time::Instant::now()).await
     }
 
-    /// A connection free now (or room to open one), `home` asked first, then the lanes after
-    /// it; none when every lane is in use.
+    /// The first connection free anywhere, or the first `home` frees, within the pool's wait
+    /// timeout counted from `asked`. Waiting on `home` alone, a receive waited out the timeout
+    /// while other lanes had connections come back that none of their queues wanted.
+    async fn wait_in(&self, home: Lane, asked: tokio::time::Instant) -> Result<Lent, PoolError> {
+        let timeouts = self.pools[home].timeouts();
+        loop {
+            let returned = self.returned.notified();
+            tokio::pin!(returned);
+            returned.as_mut().enable();
+            if let Some(lent) = self.free(home).await? {
+                return Ok(lent);
+            }
+            let remaining = deadpool_postgres::Timeouts {
+                wait: timeouts.wait.map(|w| w.saturating_sub(asked.elapsed())),
+                ..timeouts
+            };
+            tokio::select! {
+                got = self.pools[home].timeout_get(&remaining) => {
+                    return got.map(|client| self.lent(home, client));
+                }
+                () = &mut returned => {}
+            }
+        }
+    }
+
+    /// A connection free now, none when every lane is in use: an open idle one first (`home`
+    /// asked first, then the lanes after it), so the host opens no more connections than one
+    /// pool would; else room to open one, `home` first.
     async fn free(&self, home: Lane) -> Result<Option<Lent>, PoolError> {
         let count = self.pools.len();
-        for lane in (0..count).map(|k| (home + k) % count) {
+        let order = || (0..count).map(|k| (home + k) % count);
+        let idle = order().filter(|&lane| self.pools[lane].status().available > 0);
+        for lane in idle.chain(order()) {
             let pool = &self.pools[lane];
             let now = deadpool_postgres::Timeouts {
                 wait: Some(Duration::ZERO),
                 ..pool.timeouts()
             };
             match pool.timeout_get(&now).await {
-                Ok(client) => return Ok(Some(Lent::new(lane, client))),
+                Ok(client) => return Ok(Some(self.lent(lane, client))),
                 // None free there: a lane whose queues wait gets its connections back first.
                 Err(PoolError::Timeout(TimeoutType::Wait)) => {}
                 Err(other) => return Err(other),
             }
         }
         Ok(None)
+    }
+
+    fn lent(&self, lane: Lane, client: Object) -> Lent {
+        Lent {
+            lane,
+            client: Some(client),
+            since: tokio::time::Instant::now(),
+            returned: self.returned.clone(),
+        }
     }
 
     /// Whether someone waits for a connection of `lane`.
@@ -267,6 +303,39 @@ mod tests {
         }
         assert_eq!(Lanes::split(40, pool).unwrap().count(), 10);
         assert_eq!(Lanes::split(3, pool).unwrap().count(), 1);
+    }
+
+    /// Needs PostgreSQL (DATABASE_URL, default the local `test` database), as the suite does.
+    #[tokio::test]
+    async fn a_connection_back_in_another_lane_goes_to_a_queue_waiting_in_its_own() {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let config: tokio_postgres::Config = url.parse().unwrap();
+        let lanes = Lanes::split(8, |size| {
+            let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
+            Pool::builder(manager)
+                .max_size(size)
+                .wait_timeout(Some(Duration::from_secs(2)))
+                .runtime(deadpool_postgres::Runtime::Tokio1)
+                .build()
+        })
+        .unwrap();
+        let queue = (0..)
+            .map(|i| QueueName::new(&format!("q{i}")).unwrap())
+            .find(|q| lanes.home(q) == 0)
+            .unwrap();
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            held.push(lanes.get(0).await.expect("PostgreSQL at DATABASE_URL"));
+        }
+        let in_other_lane = held.iter().position(|l| l.lane() == 1).unwrap();
+        let (waited, ()) = tokio::join!(lanes.get_for(&queue), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(held.remove(in_other_lane));
+        });
+        // Waiting on its own lane alone, it would have waited out the 2 s timeout.
+        let lent = waited.expect("the connection that came back in the other lane");
+        assert_eq!(lent.lane(), 1);
     }
 
     #[test]

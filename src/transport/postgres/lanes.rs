@@ -64,9 +64,23 @@ impl Lent {
         self.since.elapsed() >= TURN
     }
 
-    /// The connection, to close instead of returning it (`Object::take`).
-    pub(super) fn into_object(mut self) -> Object {
-        self.client.take().expect("lent until returned")
+    /// Closes the connection instead of returning it (its state is unknown): the server
+    /// rolls back what it held, and the lane has room for a new one.
+    pub(super) fn close(mut self) {
+        if let Some(client) = self.client.take() {
+            let lane = Object::pool(&client);
+            drop(Object::take(client));
+            self.room_in(lane);
+        }
+    }
+
+    /// Room came back to `lane` (a connection returned or closed): when none of its own
+    /// queues waits for it, a queue of another lane that waits in its own line is told, or
+    /// the room would sit unused while that queue waited out the pool's timeout.
+    fn room_in(&self, lane: Option<Pool>) {
+        if lane.is_some_and(|pool| pool.status().waiting == 0) {
+            self.returned.notify_one();
+        }
     }
 }
 
@@ -77,11 +91,7 @@ impl Drop for Lent {
         };
         let lane = Object::pool(&client);
         drop(client);
-        // A connection its own lane's queues do not wait for would sit idle while a queue of
-        // another lane waits in its own line: tell one of those.
-        if lane.is_some_and(|pool| pool.status().waiting == 0) {
-            self.returned.notify_one();
-        }
+        self.room_in(lane);
     }
 }
 
@@ -335,6 +345,16 @@ mod tests {
         });
         // Waiting on its own lane alone, it would have waited out the 2 s timeout.
         let lent = waited.expect("the connection that came back in the other lane");
+        assert_eq!(lent.lane(), 1);
+        // A connection closed in the other lane leaves room there for a new one: it goes to
+        // the queue waiting in its own lane too.
+        held.push(lent);
+        let in_other_lane = held.iter().position(|l| l.lane() == 1).unwrap();
+        let (waited, ()) = tokio::join!(lanes.get_for(&queue), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            held.remove(in_other_lane).close();
+        });
+        let lent = waited.expect("a new connection where one was closed");
         assert_eq!(lent.lane(), 1);
     }
 

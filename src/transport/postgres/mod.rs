@@ -378,7 +378,7 @@ impl Inner {
 /// Drops a pooled connection instead of returning it: used whenever its state is unknown
 /// (an error mid-transaction, a cancelled receive). Closing it makes the server roll back.
 fn discard(client: Lent) {
-    drop(Object::take(client.into_object()));
+    client.close();
 }
 
 #[async_trait]

@@ -67,17 +67,22 @@ impl Lent {
     /// Closes the connection instead of returning it (its state is unknown): the server
     /// rolls back what it held, and the lane has room for a new one.
     pub(super) fn close(mut self) {
-        if let Some(client) = self.client.take() {
-            let lane = Object::pool(&client);
-            drop(Object::take(client));
-            self.room_in(lane);
-        }
+        self.give_back(true);
     }
 
-    /// Room came back to `lane` (a connection returned or closed): when none of its own
-    /// queues waits for it, a queue of another lane that waits in its own line is told, or
-    /// the room would sit unused while that queue waited out the pool's timeout.
-    fn room_in(&self, lane: Option<Pool>) {
+    /// Returns the connection to its lane, or closes it; either way, when none of the lane's
+    /// own queues waits for the room that leaves, a queue of another lane that waits in its
+    /// own line is told, or the room would sit unused while that queue waited out the pool's
+    /// timeout.
+    fn give_back(&mut self, close: bool) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        let lane = Object::pool(&client);
+        match close {
+            true => drop(Object::take(client)),
+            false => drop(client),
+        }
         if lane.is_some_and(|pool| pool.status().waiting == 0) {
             self.returned.notify_one();
         }
@@ -86,12 +91,7 @@ impl Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        let Some(client) = self.client.take() else {
-            return;
-        };
-        let lane = Object::pool(&client);
-        drop(client);
-        self.room_in(lane);
+        self.give_back(false);
     }
 }
 
@@ -237,8 +237,10 @@ impl Lanes {
     async fn free(&self, home: Lane) -> Result<Option<Lent>, PoolError> {
         let count = self.pools.len();
         let order = || (0..count).map(|k| (home + k) % count);
-        let idle = order().filter(|&lane| self.pools[lane].status().available > 0);
-        for lane in idle.chain(order()) {
+        let status = |lane: Lane| self.pools[lane].status();
+        let idle = order().filter(|&lane| status(lane).available > 0);
+        let room = order().filter(|&lane| status(lane).size < status(lane).max_size);
+        for lane in idle.chain(room) {
             let pool = &self.pools[lane];
             let now = deadpool_postgres::Timeouts {
                 wait: Some(Duration::ZERO),
@@ -315,6 +317,14 @@ mod tests {
         assert_eq!(Lanes::split(3, pool).unwrap().count(), 1);
     }
 
+    /// Returns once the queue asking is in lane 0's line (its own), not before: a connection
+    /// given back earlier would be found free and prove nothing of the wake.
+    async fn waiting_in_lane_0(lanes: &Lanes) {
+        while !lanes.waiting_in(0) {
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// Needs PostgreSQL (DATABASE_URL, default the local `test` database), as the suite does.
     #[tokio::test]
     async fn a_connection_back_in_another_lane_goes_to_a_queue_waiting_in_its_own() {
@@ -340,7 +350,7 @@ mod tests {
         }
         let in_other_lane = held.iter().position(|l| l.lane() == 1).unwrap();
         let (waited, ()) = tokio::join!(lanes.get_for(&queue), async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            waiting_in_lane_0(&lanes).await;
             drop(held.remove(in_other_lane));
         });
         // Waiting on its own lane alone, it would have waited out the 2 s timeout.
@@ -351,7 +361,7 @@ mod tests {
         held.push(lent);
         let in_other_lane = held.iter().position(|l| l.lane() == 1).unwrap();
         let (waited, ()) = tokio::join!(lanes.get_for(&queue), async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            waiting_in_lane_0(&lanes).await;
             held.remove(in_other_lane).close();
         });
         let lent = waited.expect("a new connection where one was closed");

@@ -38,8 +38,6 @@ use async_trait::async_trait;
 use deadpool_postgres::{
     Manager, ManagerConfig, Object, ObjectId, Pool, PoolError, QueueMode, RecyclingMethod, Runtime,
 };
-
-use self::lanes::{Lane, Lanes, Lent};
 use tokio_postgres::error::SqlState;
 
 pub use statements::{QueueStatements, held_statements, quote_ident};
@@ -51,6 +49,7 @@ use crate::message::OutgoingMessage;
 use crate::names::{validate_delayed_table_suffix, validate_schema_name};
 
 use self::connection::{check_url_userinfo, libpq_environment, map_error};
+use self::lanes::{Lane, Lanes, Lent};
 use self::receive::decode_row;
 
 /// Connections [`Inner::prepared_receives`] remembers before it starts over: closed
@@ -341,17 +340,13 @@ impl Inner {
 
     /// A connection for statements that serve no one queue (see [`Lanes::SHARED`]).
     async fn client(&self) -> Result<Lent, TransportError> {
-        self.client_in(Lanes::SHARED).await
+        let lent = self.pool.get(Lanes::SHARED).await;
+        lent.map_err(|e| self.pool_error(e))
     }
 
     /// A connection for `queue`'s statements, from its home lane when one is free there.
     async fn client_for(&self, queue: &QueueName) -> Result<Lent, TransportError> {
         let lent = self.pool.get_for(queue).await;
-        lent.map_err(|e| self.pool_error(e))
-    }
-
-    async fn client_in(&self, home: Lane) -> Result<Lent, TransportError> {
-        let lent = self.pool.get(home).await;
         lent.map_err(|e| self.pool_error(e))
     }
 

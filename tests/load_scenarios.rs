@@ -891,10 +891,22 @@ fn the_latency_aware_limit_settles_near_the_best_concurrency_of_a_sweep() {
         "limit {limit} vs best {best} of the sweep {sweep:?}"
     );
     assert!(number(aware, "latency_p99_ms") <= 2.0 * unloaded, "{aware}");
-    // One cut (x0.9 from 8, floored to 7) is held for 20 intervals by design, so a run with a
-    // single cut averages about 7/8 of the best throughput; a floor of 0.9 failed on exactly
-    // that on a loaded machine. Two or more cuts, or a limit that never climbs back, fail here.
-    assert!(number(aware, "done_per_second") >= 0.85 * top, "{aware}");
+    // Throughput is held against the sweep's rate at the concurrency the limit settled on, not
+    // against the top of the sweep: with wall-clock overhead between a slot's calls, 16 or 64
+    // keep the downstream busier than 8 ever can, and on a busy machine the gap grew until a
+    // limit steady at 8.0 read 293 msg/s against a top near 350 (a CI failure). One cut (x0.9
+    // from 8, floored to 7) is held for 20 intervals by design, so a run with a single cut
+    // averages about 7/8 of the rate at 8; two or more cuts, or a limit that never climbs
+    // back, fail here.
+    let at_best = sweep
+        .iter()
+        .find(|(l, _)| *l == best)
+        .map(|(_, rate)| *rate)
+        .unwrap();
+    assert!(
+        number(aware, "done_per_second") >= 0.85 * at_best,
+        "{aware} against {at_best} msg/s at {best} in the sweep {sweep:?}"
+    );
     assert!(
         number(phase(&s, "fixed 64"), "latency_p50_ms") > 2.0 * unloaded,
         "a fixed 8x capacity queues: {s:#}"

@@ -26,8 +26,8 @@ fn main() {
         "sqlserver" => println!("{}", sqlserver().create),
         "sqlserver-delayed" => println!("{}", sqlserver().delayed.create),
         "postgres" => println!("{};", postgres().create),
-        "postgres-delayed" => println!("{};", postgres().delayed.create),
-        "postgres-notify" => println!("{};", postgres().notify_on_insert),
+        "postgres-delayed" => println!("{};", postgres().delayed.create()),
+        "postgres-notify" => println!("{};", postgres().notify_on_insert()),
         other => {
             eprintln!("unknown kind {other}");
             std::process::exit(2);

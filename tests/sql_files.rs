@@ -48,7 +48,7 @@ fn postgres_delayed_sql_is_what_create_delayed_runs() {
         "Delayed",
     )
     .delayed
-    .create;
+    .create();
     assert!(code.contains("\"public\".\"Sales.Delayed\""), "{code}");
     assert!(code.contains("\"Sales.Delayed_Due\""), "{code}");
     assert_eq!(
@@ -112,7 +112,7 @@ fn postgres_notify_sql_is_what_create_queue_runs() {
         &QueueName::new("Sales").unwrap(),
         "Delayed",
     )
-    .notify_on_insert;
+    .notify_on_insert();
     assert_eq!(normalize(&file), normalize(&format!("{code};")));
 }
 

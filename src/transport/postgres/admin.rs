@@ -361,7 +361,7 @@ impl QueueAdmin for PostgresTransport {
                     &[&own_schema],
                 )
                 .await?;
-                tx.batch_execute(&st.notify_on_insert).await?;
+                tx.batch_execute(&st.notify_on_insert()).await?;
             }
             tx.commit().await
         }

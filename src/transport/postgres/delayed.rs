@@ -50,7 +50,7 @@ impl DelayedDelivery for PostgresTransport {
             .await?;
             tx.batch_execute(&schema).await?;
             let mut adopted = None;
-            if let Some(adopt) = &st.delayed.adopt_old {
+            if let Some(adopt) = &st.delayed.adopt_old() {
                 // The DO block leaves its count in a setting the final SELECT reads.
                 let rows = tx.simple_query(adopt).await?;
                 adopted = rows.iter().find_map(|m| match m {
@@ -60,7 +60,7 @@ impl DelayedDelivery for PostgresTransport {
                     _ => None,
                 });
             }
-            tx.batch_execute(&st.delayed.create).await?;
+            tx.batch_execute(&st.delayed.create()).await?;
             tx.commit().await?;
             Ok::<_, tokio_postgres::Error>(adopted)
         }

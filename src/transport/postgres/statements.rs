@@ -30,12 +30,6 @@ pub struct QueueStatements {
     /// The channel the table's inserts notify (see [`QueueStatements::notify_on_insert`]):
     /// `throttlehost_` and a tag of the table's name, within PostgreSQL's 63 bytes.
     pub notify_channel: String,
-    /// Makes every insert statement into the table (this host's sends, other hosts',
-    /// NServiceBus's, the delayed mover's) notify [`QueueStatements::notify_channel`] once,
-    /// in its own transaction, so listeners hear of it when the rows are visible: the
-    /// schema's `throttlehost_notify()` function and the table's statement trigger, made when
-    /// missing (idempotent; run under the schema's advisory lock, see `create_queue`).
-    pub notify_on_insert: String,
     /// Inserts a row; `$1` id, `$2` time-to-be-received in ms (NULL = never expires),
     /// `$3` headers, `$4` body. Expiry is computed from the server's clock.
     pub send: String,
@@ -84,14 +78,6 @@ pub struct QueueStatements {
 pub struct DelayedStatements {
     /// `"schema"."<queue>.<suffix>"` (suffix `Delayed` unless configured)
     pub table: String,
-    /// Adopts the table the host named `"<queue>.delayed"` before it followed NServiceBus's
-    /// name: renames it when the new table is missing, else moves its rows over (a row whose
-    /// id is taken gets a new one) and drops it. Returns the rows it moved or renamed, NULL
-    /// when there was no old table. Run in the transaction that creates the new table, before
-    /// it, under the same lock. None when the suffix is `delayed` itself.
-    pub adopt_old: Option<String>,
-    /// Creates the table and its index (idempotent; run under an advisory lock).
-    pub create: String,
     /// Stores a message: `$1` id, `$2` headers (with the forward destination), `$3` body,
     /// `$4` delay in milliseconds from the server's clock.
     pub store: String,
@@ -104,30 +90,24 @@ pub struct DelayedStatements {
     pub move_due: String,
     /// Rows in the table.
     pub count: String,
+    /// The schema, unquoted (the DDL below is built when it runs, not kept per queue).
+    schema: String,
+    /// The table's name, unquoted: `<queue>.<suffix>`.
+    name: String,
+    /// The table of the old name to adopt, unquoted; None when the suffix is `delayed` itself.
+    old_name: Option<String>,
 }
 
 impl DelayedStatements {
     fn new(schema: &str, queue: &QueueName, queue_table: &str, suffix: &str) -> Self {
         let name = format!("{}.{suffix}", queue.table());
         let table = format!("{}.{}", quote_ident(schema), quote_ident(&name));
-        let index = quote_ident(&format!("{name}_Due"));
         DelayedStatements {
-            adopt_old: (suffix != OLD_DELAYED_SUFFIX)
-                .then(|| adopt_old_delayed_table(schema, queue, &table, &name)),
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {table} (
-    Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
-    Headers text NOT NULL,
-    Body bytea,
-    Due timestamptz NOT NULL
-) WITH (fillfactor = 100);
-CREATE INDEX IF NOT EXISTS {index} ON {table} (Due)"
-            ),
-            store: format!(
+            store: exact(format!(
                 "INSERT INTO {table} (Id, Headers, Body, Due) \
                  VALUES ($1, $2, $3, (now() AT TIME ZONE 'UTC')::timestamptz + ($4::bigint * interval '1 millisecond'))"
-            ),
-            move_due: format!(
+            )),
+            move_due: exact(format!(
                 "WITH mover AS (SELECT pg_try_advisory_xact_lock(hashtext($2)) AS got), \
                  due AS (DELETE FROM {table} WHERE Id IN (SELECT Id FROM {table} \
                  WHERE Due < (now() AT TIME ZONE 'UTC')::timestamptz AND (SELECT got FROM mover) \
@@ -140,11 +120,51 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (Due)"
                  ((SELECT count(*) FROM {table}) - (SELECT count(*) FROM due))::bigint, \
                  (SELECT (EXTRACT(EPOCH FROM (min(Due) - (now() AT TIME ZONE 'UTC')::timestamptz)) * 1000)::float8 \
                  FROM {table} WHERE isfinite(Due) AND Id NOT IN (SELECT Id FROM due))"
-            ),
-            count: format!("SELECT count(*)::bigint FROM {table}"),
-            table,
+            )),
+            count: exact(format!("SELECT count(*)::bigint FROM {table}")),
+            table: exact(table),
+            schema: schema.to_string(),
+            old_name: (suffix != OLD_DELAYED_SUFFIX)
+                .then(|| format!("{}.{OLD_DELAYED_SUFFIX}", queue.table())),
+            name,
         }
     }
+
+    /// Creates the table and its index (idempotent; run under an advisory lock).
+    pub fn create(&self) -> String {
+        let table = &self.table;
+        let index = quote_ident(&format!("{}_Due", self.name));
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+    Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+    Headers text NOT NULL,
+    Body bytea,
+    Due timestamptz NOT NULL
+) WITH (fillfactor = 100);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (Due)"
+        )
+    }
+
+    /// Adopts the table the host named `"<queue>.delayed"` before it followed NServiceBus's
+    /// name: renames it when the new table is missing, else moves its rows over (a row whose
+    /// id is taken gets a new one) and drops it. Returns the rows it moved or renamed, NULL
+    /// when there was no old table. Run in the transaction that creates the new table, before
+    /// it, under the same lock. None when the suffix is `delayed` itself.
+    pub fn adopt_old(&self) -> Option<String> {
+        let old_name = self.old_name.as_deref()?;
+        Some(adopt_old_delayed_table(
+            &self.schema,
+            old_name,
+            &self.table,
+            &self.name,
+        ))
+    }
+}
+
+/// `s` without the spare capacity `format!` leaves (it reserves about twice its literal
+/// text): a host keeps these for every queue, and at 1 000 queues the spare was megabytes.
+fn exact(s: String) -> String {
+    s.into_boxed_str().into_string()
 }
 
 /// The catalog names (schema, name) that say whether a queue's delayed table stands as
@@ -172,9 +192,8 @@ const OLD_DELAYED_SUFFIX: &str = "delayed";
 
 /// See [`DelayedStatements::adopt_old`]. Names are validated (no quotes), so they can sit
 /// inside the literals.
-fn adopt_old_delayed_table(schema: &str, queue: &QueueName, table: &str, name: &str) -> String {
-    let old_name = format!("{}.{OLD_DELAYED_SUFFIX}", queue.table());
-    let old = format!("{}.{}", quote_ident(schema), quote_ident(&old_name));
+fn adopt_old_delayed_table(schema: &str, old_name: &str, table: &str, name: &str) -> String {
+    let old = format!("{}.{}", quote_ident(schema), quote_ident(old_name));
     let literal = |s: &str| s.replace('\'', "''");
     let old_index = format!(
         "{}.{}",
@@ -214,7 +233,7 @@ SELECT NULLIF(current_setting('throttlehost.adopted', true), '')::bigint",
 
 /// The function and trigger of [`QueueStatements::notify_on_insert`]. Names are validated
 /// (no quotes), so they can sit inside the literals.
-fn notify_on_insert(schema: &str, table: &str, channel: &str) -> String {
+fn notify_on_insert_sql(schema: &str, table: &str, channel: &str) -> String {
     format!(
         "CREATE OR REPLACE FUNCTION {schema}.throttlehost_notify() RETURNS trigger LANGUAGE plpgsql AS $body$
 BEGIN
@@ -254,9 +273,8 @@ impl QueueStatements {
         );
         QueueStatements {
             receive_name: next_receive_name(),
-            notify_on_insert: notify_on_insert(&quote_ident(schema), &table, &notify_channel),
             notify_channel,
-            create: format!(
+            create: exact(format!(
                 "CREATE TABLE IF NOT EXISTS {table} (
     Id uuid NOT NULL PRIMARY KEY,
     Expires timestamp,
@@ -264,48 +282,57 @@ impl QueueStatements {
     Body bytea,
     Seq serial NOT NULL UNIQUE
 )"
-            ),
-            send: format!(
+            )),
+            send: exact(format!(
                 "INSERT INTO {table} (Id, Expires, Headers, Body) \
                  VALUES ($1, (now() AT TIME ZONE 'UTC') + ($2::bigint * interval '1 millisecond'), $3, $4)"
-            ),
-            send_batch: format!(
+            )),
+            send_batch: exact(format!(
                 "INSERT INTO {table} (Id, Expires, Headers, Body) \
                  SELECT m.id, (now() AT TIME ZONE 'UTC') + (m.ttbr * interval '1 millisecond'), m.headers, m.body \
                  FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bytea[]) WITH ORDINALITY AS m(id, ttbr, headers, body, n) \
                  ORDER BY m.n"
-            ),
-            send_raw: format!(
+            )),
+            send_raw: exact(format!(
                 "INSERT INTO {table} (Id, Expires, Headers, Body) VALUES ($1, NULL, $2, $3)"
-            ),
-            receive: format!(
+            )),
+            receive: exact(format!(
                 "DELETE FROM {table} rs \
                  WHERE rs.Seq = (SELECT Seq FROM {table} ORDER BY Seq LIMIT 1 FOR UPDATE SKIP LOCKED) \
                  RETURNING rs.Id, \
                  CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END, \
                  rs.Headers, rs.Body, {EXPIRES_TEXT}, txid_current()"
-            ),
-            receive_batch: format!(
+            )),
+            receive_batch: exact(format!(
                 "WITH taken AS (DELETE FROM {table} rs \
                  WHERE rs.Seq IN (SELECT Seq FROM {table} ORDER BY Seq LIMIT $1 FOR UPDATE SKIP LOCKED) \
                  RETURNING rs.Seq, rs.Id, \
                  CASE WHEN rs.Expires IS NULL OR rs.Expires > (now() AT TIME ZONE 'UTC') THEN false ELSE true END AS expired, \
                  rs.Headers, rs.Body, {EXPIRES_TEXT} AS expires) \
                  SELECT Id, expired, Headers, Body, expires FROM taken ORDER BY Seq"
-            ),
-            peek: format!("SELECT {peek_value}"),
-            peek_value,
-            purge_expired_batch: format!(
+            )),
+            peek: exact(format!("SELECT {peek_value}")),
+            peek_value: exact(peek_value),
+            purge_expired_batch: exact(format!(
                 "DELETE FROM {table} WHERE Seq IN (SELECT Seq FROM {table} \
                  WHERE Expires < (now() AT TIME ZONE 'UTC') LIMIT $1 FOR UPDATE SKIP LOCKED)"
-            ),
-            purge: format!("DELETE FROM {table}"),
+            )),
+            purge: exact(format!("DELETE FROM {table}")),
             ordered: false,
             waiting: None,
             ordering_indexes: Vec::new(),
             delayed: DelayedStatements::new(schema, queue, &table, delayed_suffix),
-            table,
+            table: exact(table),
         }
+    }
+
+    /// Makes every insert statement into the table (this host's sends, other hosts',
+    /// NServiceBus's, the delayed mover's) notify [`QueueStatements::notify_channel`] once,
+    /// in its own transaction, so listeners hear of it when the rows are visible: the
+    /// schema's `throttlehost_notify()` function and the table's statement trigger, made when
+    /// missing (idempotent; run under the schema's advisory lock, see `create_queue`).
+    pub fn notify_on_insert(&self) -> String {
+        notify_on_insert_sql(schema_of(&self.table), &self.table, &self.notify_channel)
     }
 
     /// The expression index on `header`'s value, `then` (a column or nothing) after it.

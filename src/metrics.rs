@@ -7,8 +7,8 @@
 //! Each host owns its own Prometheus registry (no process-global recorder), so several hosts
 //! in one process (tests, load runs) do not mix their numbers.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString};
 use metrics_exporter_prometheus::{
@@ -110,7 +110,24 @@ impl Metrics {
             .iter()
             .map(|(k, v)| Label::new(*k, v.to_string()))
             .collect();
-        Key::from_parts(full_name(name), labels)
+        Key::from_parts(key_name(name), labels)
+    }
+
+    /// The key of one of a queue's series: the queue's label value is shared (`queue`), and
+    /// `extra` labels are constants. The registry keeps a copy of every key, so owned values
+    /// cost one allocation per series; shared, a host of 1 000 queues keeps one per queue.
+    fn queue_key(
+        name: &'static str,
+        queue: &SharedString,
+        extra: &[(&'static str, &'static str)],
+    ) -> Key {
+        debug_assert!(METRICS.iter().any(|m| m.name == name
+            && m.labels.first() == Some(&"queue")
+            && m.labels[1..].iter().eq(extra.iter().map(|(k, _)| k))));
+        let mut labels = Vec::with_capacity(1 + extra.len());
+        labels.push(Label::new("queue", queue.clone()));
+        labels.extend(extra.iter().map(|(k, v)| Label::new(*k, *v)));
+        Key::from_parts(key_name(name), labels)
     }
 
     fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {
@@ -148,65 +165,66 @@ impl Metrics {
             .contains(queue)
     }
 
-    /// Handles for one receiving queue.
-    pub fn queue(&self, queue: &str) -> QueueMetrics {
+    /// Handles for one receiving queue. The ordering gauges are exported only for a queue
+    /// that keeps key order (`ordered`): on others they would be a constant 0, three series
+    /// per queue on a host of many.
+    pub fn queue(&self, queue: &str, ordered: bool) -> QueueMetrics {
         if !self.exports(queue) {
             return QueueMetrics::unexported();
         }
-        let q = [("queue", queue)];
-        let processed = |outcome: &str| {
-            self.counter(
-                "messages_processed_total",
-                &[("queue", queue), ("outcome", outcome)],
-            )
+        let q = SharedString::from_shared(Arc::from(queue));
+        let counter = |name, extra: &[(&'static str, &'static str)]| {
+            let key = Self::queue_key(name, &q, extra);
+            self.recorder.register_counter(&key, &METADATA)
         };
-        let attempts = |result: &str| {
-            self.counter(
-                "receive_attempts_total",
-                &[("queue", queue), ("result", result)],
-            )
+        let gauge = |name| {
+            let key = Self::queue_key(name, &q, &[]);
+            self.recorder.register_gauge(&key, &METADATA)
         };
+        let ordered_gauge = |name| match ordered {
+            true => gauge(name),
+            false => Gauge::noop(),
+        };
+        let processed = |outcome| counter("messages_processed_total", &[("outcome", outcome)]);
+        let attempts = |result| counter("receive_attempts_total", &[("result", result)]);
+        let handler_duration = Self::queue_key("handler_duration_seconds", &q, &[]);
         QueueMetrics {
-            received: self.counter("messages_received_total", &q),
+            received: counter("messages_received_total", &[]),
             success: processed("success"),
             retry: processed("retry"),
             error: processed("error"),
             delayed_retry: processed("delayed_retry"),
             forwarded: processed("forwarded"),
-            delayed_messages: self.gauge("delayed_messages", &q),
-            delayed_next_due: self.gauge("delayed_next_due_seconds", &q),
-            delayed_moved: self.counter("delayed_moved_total", &q),
-            delayed_moves_failing: self.gauge("delayed_moves_failing", &q),
-            delayed_unmoved: self.gauge("delayed_unmoved", &q),
-            lock_timeouts: self.counter(
-                "lock_conflicts_total",
-                &[("queue", queue), ("kind", "lock_timeout")],
-            ),
-            deadlocks: self.counter(
-                "lock_conflicts_total",
-                &[("queue", queue), ("kind", "deadlock")],
-            ),
-            downstream_state: self.gauge("downstream_state", &q),
-            consecutive_failures: self.gauge("consecutive_failures", &q),
-            outage_pause: self.gauge("outage_pause_seconds", &q),
-            latency_limit: self.gauge("latency_limit", &q),
-            latency_baseline: self.gauge("latency_baseline_seconds", &q),
+            delayed_messages: gauge("delayed_messages"),
+            delayed_next_due: gauge("delayed_next_due_seconds"),
+            delayed_moved: counter("delayed_moved_total", &[]),
+            delayed_moves_failing: gauge("delayed_moves_failing"),
+            delayed_unmoved: gauge("delayed_unmoved"),
+            lock_timeouts: counter("lock_conflicts_total", &[("kind", "lock_timeout")]),
+            deadlocks: counter("lock_conflicts_total", &[("kind", "deadlock")]),
+            downstream_state: gauge("downstream_state"),
+            consecutive_failures: gauge("consecutive_failures"),
+            outage_pause: gauge("outage_pause_seconds"),
+            latency_limit: gauge("latency_limit"),
+            latency_baseline: gauge("latency_baseline_seconds"),
             expired: processed("expired"),
             poison: processed("poison"),
             receive_message: attempts("message"),
             receive_empty: attempts("empty"),
             receive_error: attempts("error"),
-            handler_duration: self.histogram("handler_duration_seconds", &q),
-            concurrency_limit: self.gauge("concurrency_limit", &q),
-            concurrency_max: self.gauge("concurrency_max", &q),
-            fleet_share: self.gauge("fleet_share", &q),
-            in_flight: self.gauge("in_flight", &q),
-            receive_loops: self.gauge("receive_loops", &q),
-            queue_depth: self.gauge("queue_depth", &q),
-            ordered_keys_in_flight: self.gauge("ordered_keys_in_flight", &q),
-            ordered_waiting: self.gauge("ordered_waiting", &q),
-            ordered_held_keys: self.gauge("ordered_held_keys", &q),
-            circuit_breaker_open: self.gauge("circuit_breaker_open", &q),
+            handler_duration: self
+                .recorder
+                .register_histogram(&handler_duration, &METADATA),
+            concurrency_limit: gauge("concurrency_limit"),
+            concurrency_max: gauge("concurrency_max"),
+            fleet_share: gauge("fleet_share"),
+            in_flight: gauge("in_flight"),
+            receive_loops: gauge("receive_loops"),
+            queue_depth: gauge("queue_depth"),
+            ordered_keys_in_flight: ordered_gauge("ordered_keys_in_flight"),
+            ordered_waiting: ordered_gauge("ordered_waiting"),
+            ordered_held_keys: ordered_gauge("ordered_held_keys"),
+            circuit_breaker_open: gauge("circuit_breaker_open"),
         }
     }
 
@@ -361,6 +379,23 @@ fn full_name(name: &str) -> String {
     format!("{PREFIX}{name}")
 }
 
+/// `name` with the prefix, as a key name the registry copies for free: the catalogue's names
+/// are made once per process and kept (a bounded set), where an owned name was one more
+/// allocation for every series of every queue.
+fn key_name(name: &'static str) -> KeyName {
+    static NAMES: OnceLock<HashMap<&'static str, &'static str>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        METRICS
+            .iter()
+            .map(|m| (m.name, &*Box::leak(full_name(m.name).into_boxed_str())))
+            .collect()
+    });
+    match names.get(name) {
+        Some(full) => KeyName::from_const_str(full),
+        None => KeyName::from(full_name(name)),
+    }
+}
+
 fn is_defined(name: &str, kind: Kind, labels: &[(&'static str, &str)]) -> bool {
     METRICS.iter().any(|m| {
         m.name == name
@@ -381,7 +416,7 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), METRICS.len());
         let m = Metrics::new();
-        let q = m.queue("orders");
+        let q = m.queue("orders", false);
         q.received.increment(3);
         q.handler_duration.record(0.003);
         m.host().delivery.state.set(4.0);
@@ -407,10 +442,34 @@ mod tests {
     }
 
     #[test]
+    fn only_an_ordered_queue_exports_the_ordering_gauges() {
+        let m = Metrics::new();
+        m.queue("plain", false).ordered_waiting.set(3.0);
+        m.queue("keyed", true).ordered_waiting.set(3.0);
+        m.queue("keyed", true).lock_timeouts.increment(2);
+        let text = m.render();
+        assert!(
+            text.contains("throttlehost_ordered_waiting{queue=\"keyed\"} 3"),
+            "{text}"
+        );
+        assert!(!text.contains("ordered_waiting{queue=\"plain\"}"), "{text}");
+        assert!(
+            text.contains("throttlehost_queue_depth{queue=\"plain\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "throttlehost_lock_conflicts_total{queue=\"keyed\",kind=\"lock_timeout\"} 2"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn two_registries_do_not_share_values() {
         let a = Metrics::new();
         let b = Metrics::new();
-        a.queue("q").received.increment(1);
+        a.queue("q", false).received.increment(1);
         assert!(
             !b.render()
                 .contains("messages_received_total{queue=\"q\"} 1")

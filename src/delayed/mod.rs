@@ -194,7 +194,7 @@ pub(crate) struct MoverOf {
     /// Due messages per transaction.
     pub batch: u32,
     /// The queue's metrics (moved, waiting, next due).
-    pub metrics: QueueMetrics,
+    pub metrics: Arc<QueueMetrics>,
     /// Messages in the delayed table as last read (the database size counts them).
     pub waiting: Arc<AtomicU64>,
     /// Whether this mover polls (this instance leads the queue, `fleet::lead`); when it does

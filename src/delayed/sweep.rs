@@ -32,7 +32,7 @@ pub(crate) struct SweptTable {
     /// Messages in the table as last read (the database size counts them).
     pub waiting: Arc<AtomicU64>,
     /// The queue's gauges of its delayed table.
-    pub metrics: QueueMetrics,
+    pub metrics: Arc<QueueMetrics>,
     /// Whether its mover's own moves fail: such a table is left out of the sweep (one
     /// missing table fails the statement it is in) and its mover polls it with its back-off.
     pub health: Arc<MovesHealth>,

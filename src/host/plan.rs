@@ -90,20 +90,21 @@ fn runtime_of(
     if !qc.metrics {
         metrics.leave_out_queue(queue.as_str());
     }
+    let ordered = queue == name && qc.ordering.is_ordered();
     let runtime = QueueRuntime::new(
         queue.clone(),
         error_queue,
         error_depth,
         qc.concurrency.model,
         settings,
-        metrics.queue(queue.as_str()),
+        // Order applies to the queue itself; its instance queue carries replies.
+        metrics.queue(queue.as_str(), ordered),
     )
     .with_delayed_home(
         qc.delayed_delivery.enabled.then(|| name.clone()),
         qc.delayed_delivery.batch_size,
     );
-    // Order applies to the queue itself; its instance queue carries replies.
-    match queue == name {
+    match ordered {
         true => runtime.with_ordering(&qc.ordering),
         false => runtime,
     }

@@ -182,8 +182,9 @@ pub(crate) struct QueueRuntime {
     error_depth: Arc<DepthCell>,
     /// Messages that left the queue, by outcome.
     outcomes: OutcomeCounts,
-    /// Metric handles.
-    metrics: QueueMetrics,
+    /// Metric handles, shared with the queue's delayed mover and the host's sweeper (a set of
+    /// handles is ~35 pointers; a copy each was a kilobyte per queue).
+    metrics: Arc<QueueMetrics>,
     /// How receives keep order (per key, stages); None for an unordered queue. Fixed at
     /// start: the transport's receive statements are built from it.
     ordering: Option<OrderingConfig>,
@@ -263,7 +264,7 @@ impl QueueRuntime {
             depth: Arc::default(),
             error_depth,
             outcomes: OutcomeCounts::default(),
-            metrics,
+            metrics: Arc::new(metrics),
             ordering: None,
             failures: FailureMemory::default(),
             single_receives: SingleReceives::default(),
@@ -379,7 +380,7 @@ impl QueueRuntime {
     }
 
     /// The queue's metric handles.
-    pub(crate) fn metrics(&self) -> &QueueMetrics {
+    pub(crate) fn metrics(&self) -> &Arc<QueueMetrics> {
         &self.metrics
     }
 

@@ -60,7 +60,9 @@ pub(crate) fn start(queue: Arc<QueueRuntime>, ctx: Arc<ReceiveContext>) {
         let q = queue.clone();
         match q.model() {
             ConcurrencyModel::Fixed => fixed::run(q, ctx).await,
-            ConcurrencyModel::Adaptive => adaptive::run(q, ctx).await,
+            // Boxed: the adaptive loop's state is more than twice the monitor's, and the
+            // task of every queue would be sized to the largest of the three.
+            ConcurrencyModel::Adaptive => Box::pin(adaptive::run(q, ctx)).await,
             ConcurrencyModel::Monitor => monitor::run(q, ctx).await,
         }
     });

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use throttlehost::HostBuilder;
-use throttlehost::config::{HandlerConfig, SimulateConfig};
+use throttlehost::config::{FailedKey, HandlerConfig, SimulateConfig};
 use throttlehost::message::OutgoingMessage;
 
 struct Prometheus {
@@ -105,6 +105,12 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         ..SimulateConfig::default()
     }));
     config.queues[0].immediate_retries = 1;
+    // An ordered queue beside it: its panels chart series only ordered queues export.
+    let mut ledger = config.queues[0].clone();
+    ledger.name = "ledger".into();
+    ledger.ordering.key_header = "Ledger.Account".into();
+    ledger.ordering.failed_key = FailedKey::Hold;
+    config.queues.push(ledger);
     let host = HostBuilder::new(config).start().await.unwrap();
     let target = host.admin_address().unwrap().to_string();
     let (prometheus, base) = start_prometheus(&target);
@@ -116,6 +122,8 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         tokio::spawn(async move {
             loop {
                 let _ = handle.send("orders", OutgoingMessage::new("load")).await;
+                let keyed = OutgoingMessage::new("load").with_header("Ledger.Account", "7");
+                let _ = handle.send("ledger", keyed).await;
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })

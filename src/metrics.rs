@@ -118,12 +118,14 @@ impl Metrics {
     /// cost one allocation per series; shared, a host of 1 000 queues keeps one per queue.
     fn queue_key(
         name: &'static str,
+        kind: Kind,
         queue: &SharedString,
         extra: &[(&'static str, &'static str)],
     ) -> Key {
-        debug_assert!(METRICS.iter().any(|m| m.name == name
-            && m.labels.first() == Some(&"queue")
-            && m.labels[1..].iter().eq(extra.iter().map(|(k, _)| k))));
+        debug_assert!({
+            let names: Vec<_> = [("queue", "")].iter().chain(extra).copied().collect();
+            is_defined(name, kind, &names)
+        });
         let mut labels = Vec::with_capacity(1 + extra.len());
         labels.push(Label::new("queue", queue.clone()));
         labels.extend(extra.iter().map(|(k, v)| Label::new(*k, *v)));
@@ -174,12 +176,16 @@ impl Metrics {
         }
         let q = SharedString::from_shared(Arc::from(queue));
         let counter = |name, extra: &[(&'static str, &'static str)]| {
-            let key = Self::queue_key(name, &q, extra);
+            let key = Self::queue_key(name, Kind::Counter, &q, extra);
             self.recorder.register_counter(&key, &METADATA)
         };
         let gauge = |name| {
-            let key = Self::queue_key(name, &q, &[]);
+            let key = Self::queue_key(name, Kind::Gauge, &q, &[]);
             self.recorder.register_gauge(&key, &METADATA)
+        };
+        let histogram = |name| {
+            let key = Self::queue_key(name, Kind::Histogram, &q, &[]);
+            self.recorder.register_histogram(&key, &METADATA)
         };
         let ordered_gauge = |name| match ordered {
             true => gauge(name),
@@ -187,7 +193,6 @@ impl Metrics {
         };
         let processed = |outcome| counter("messages_processed_total", &[("outcome", outcome)]);
         let attempts = |result| counter("receive_attempts_total", &[("result", result)]);
-        let handler_duration = Self::queue_key("handler_duration_seconds", &q, &[]);
         QueueMetrics {
             received: counter("messages_received_total", &[]),
             success: processed("success"),
@@ -212,9 +217,7 @@ impl Metrics {
             receive_message: attempts("message"),
             receive_empty: attempts("empty"),
             receive_error: attempts("error"),
-            handler_duration: self
-                .recorder
-                .register_histogram(&handler_duration, &METADATA),
+            handler_duration: histogram("handler_duration_seconds"),
             concurrency_limit: gauge("concurrency_limit"),
             concurrency_max: gauge("concurrency_max"),
             fleet_share: gauge("fleet_share"),

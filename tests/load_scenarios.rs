@@ -876,10 +876,10 @@ fn the_latency_aware_limit_settles_near_the_best_concurrency_of_a_sweep() {
     // on the plateau differ by noise: a clean-clone run measured 354 msg/s at 8 and 376 at
     // 16 (94 %), and a 95 % line picked 16 there. 90 % still tells the plateau from the
     // slope (4 reaches about half of it).
-    let best = sweep
+    let (best, at_best) = sweep
         .iter()
         .find(|(_, rate)| *rate >= 0.9 * top)
-        .map(|(limit, _)| *limit)
+        .copied()
         .unwrap();
     // The unloaded latency: the median at concurrency 1 (a p99 there would carry any hiccup
     // of the machine into the bound).
@@ -898,11 +898,6 @@ fn the_latency_aware_limit_settles_near_the_best_concurrency_of_a_sweep() {
     // from 8, floored to 7) is held for 20 intervals by design, so a run with a single cut
     // averages about 7/8 of the rate at 8; two or more cuts, or a limit that never climbs
     // back, fail here.
-    let at_best = sweep
-        .iter()
-        .find(|(l, _)| *l == best)
-        .map(|(_, rate)| *rate)
-        .unwrap();
     assert!(
         number(aware, "done_per_second") >= 0.85 * at_best,
         "{aware} against {at_best} msg/s at {best} in the sweep {sweep:?}"

@@ -10,8 +10,8 @@ use crate::transport::{QueueName, TransportError};
 
 use super::admin::{existing_relations, is_concurrent_creation};
 use super::connection::map_error;
+use super::statements::DelayedRelations;
 use super::statements::quote_ident;
-use super::statements::{DelayedRelations, delayed_relations};
 use super::{PostgresTransport, QueueStatements};
 
 /// Turns a driver error into a transport error that says what happened.
@@ -188,11 +188,11 @@ impl DelayedDelivery for PostgresTransport {
         &self,
         queues: &[QueueName],
     ) -> Result<std::collections::HashSet<QueueName>, TransportError> {
-        let client = self.inner.client().await?;
-        let relations: Vec<DelayedRelations> = queues
+        let relations = queues
             .iter()
-            .map(|q| delayed_relations(self.inner.schema_of(q), q, &self.inner.delayed_suffix))
-            .collect();
+            .map(|q| Ok(self.inner.statements(q)?.delayed.relations()))
+            .collect::<Result<Vec<DelayedRelations>, TransportError>>()?;
+        let client = self.inner.client().await?;
         let wanted: Vec<(String, String)> = relations
             .iter()
             .flat_map(|r| r.present.iter().chain(&r.absent).cloned())

@@ -239,7 +239,10 @@ impl Lanes {
         let order = || (0..count).map(|k| (home + k) % count);
         let status = |lane: Lane| self.pools[lane].status();
         let idle = order().filter(|&lane| status(lane).available > 0);
-        let room = order().filter(|&lane| status(lane).size < status(lane).max_size);
+        let room = order().filter(|&lane| {
+            let s = status(lane);
+            s.size < s.max_size
+        });
         for lane in idle.chain(room) {
             let pool = &self.pools[lane];
             let now = deadpool_postgres::Timeouts {

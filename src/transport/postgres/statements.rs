@@ -90,7 +90,8 @@ pub struct DelayedStatements {
     pub move_due: String,
     /// Rows in the table.
     pub count: String,
-    /// The schema, unquoted (the DDL below is built when it runs, not kept per queue).
+    /// The schema, unquoted (the DDL below is built when it runs, not kept per queue, and
+    /// the catalog names are read by it).
     schema: String,
     /// The table's name, unquoted: `<queue>.<suffix>`.
     name: String,
@@ -159,6 +160,16 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (Due)"
             &self.name,
         ))
     }
+
+    /// The catalog names that say whether the table stands as [`DelayedStatements::create`]
+    /// and [`DelayedStatements::adopt_old`] leave it.
+    pub(super) fn relations(&self) -> DelayedRelations {
+        let at = |name: String| (self.schema.clone(), name);
+        DelayedRelations {
+            present: [at(format!("{}_Due", self.name)), at(self.name.clone())],
+            absent: self.old_name.clone().map(at),
+        }
+    }
 }
 
 /// `s` without the spare capacity `format!` leaves (it reserves about twice its literal
@@ -167,24 +178,13 @@ fn exact(s: String) -> String {
     s.into_boxed_str().into_string()
 }
 
-/// The catalog names (schema, name) that say whether a queue's delayed table stands as
-/// [`DelayedStatements::create`] and [`DelayedStatements::adopt_old`] leave it.
+/// The catalog names (schema, name) of a queue's delayed table
+/// ([`DelayedStatements::relations`]).
 pub(super) struct DelayedRelations {
     /// The table and its index on Due.
     pub present: [(String, String); 2],
     /// The table of the old name, while there is one to adopt.
     pub absent: Option<(String, String)>,
-}
-
-/// The [`DelayedRelations`] of `queue`'s delayed table in `schema`.
-pub(super) fn delayed_relations(schema: &str, queue: &QueueName, suffix: &str) -> DelayedRelations {
-    let name = format!("{}.{suffix}", queue.table());
-    let at = |name: String| (schema.to_string(), name);
-    DelayedRelations {
-        present: [at(format!("{name}_Due")), at(name)],
-        absent: (suffix != OLD_DELAYED_SUFFIX)
-            .then(|| at(format!("{}.{OLD_DELAYED_SUFFIX}", queue.table()))),
-    }
 }
 
 /// The suffix this host gave delayed tables before it followed NServiceBus (`"<queue>.delayed"`).

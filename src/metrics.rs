@@ -19,9 +19,11 @@ use crate::states::{Condition, Direction};
 
 mod catalogue;
 mod handles;
+mod queue_series;
 
 pub use catalogue::{Kind, METRICS, MetricDef, PREFIX};
 pub(crate) use handles::{DirectionMetrics, HostMetrics, QueueMetrics};
+use queue_series::QueueSeries;
 
 const HANDLER_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -43,6 +45,8 @@ pub struct Metrics {
     /// Queues whose series are not exported (`metrics = false`): their handles record
     /// nothing, and the failed-message census counts them as `other`.
     unexported: Arc<RwLock<HashSet<String>>>,
+    /// The receiving queues' series, outside the exporter's registry (see `queue_series`).
+    queues: Arc<QueueSeries>,
 }
 
 impl Default for Metrics {
@@ -54,17 +58,12 @@ impl Default for Metrics {
 impl Metrics {
     /// A registry with every metric described and histograms bucketed.
     pub fn new() -> Self {
+        // A queue's histogram is kept beside the registry, with its buckets (`queue_series`).
         let builder = PrometheusBuilder::new()
             .set_buckets_for_metric(
-                Matcher::Full(full_name("handler_duration_seconds")),
-                HANDLER_BUCKETS,
+                Matcher::Full(full_name("throttling_wait_seconds")),
+                WAIT_BUCKETS,
             )
-            .and_then(|b| {
-                b.set_buckets_for_metric(
-                    Matcher::Full(full_name("throttling_wait_seconds")),
-                    WAIT_BUCKETS,
-                )
-            })
             .expect("bucket lists are non-empty constants");
         let recorder = builder.build_recorder();
         for m in METRICS {
@@ -92,12 +91,15 @@ impl Metrics {
             recorder,
             handle,
             unexported: Arc::default(),
+            queues: Arc::default(),
         }
     }
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        self.handle.render()
+        let mut text = self.handle.render();
+        self.queues.render(&mut text);
+        text
     }
 
     /// Drains histogram buffers; call every few seconds.
@@ -110,25 +112,6 @@ impl Metrics {
             .iter()
             .map(|(k, v)| Label::new(*k, v.to_string()))
             .collect();
-        Key::from_parts(key_name(name), labels)
-    }
-
-    /// The key of one of a queue's series: the queue's label value is shared (`queue`), and
-    /// `extra` labels are constants. The registry keeps a copy of every key, so owned values
-    /// cost one allocation per series; shared, a host of 1 000 queues keeps one per queue.
-    fn queue_key(
-        name: &'static str,
-        kind: Kind,
-        queue: &SharedString,
-        extra: &[(&'static str, &'static str)],
-    ) -> Key {
-        debug_assert!({
-            let names: Vec<_> = [("queue", "")].iter().chain(extra).copied().collect();
-            is_defined(name, kind, &names)
-        });
-        let mut labels = Vec::with_capacity(1 + extra.len());
-        labels.push(Label::new("queue", queue.clone()));
-        labels.extend(extra.iter().map(|(k, v)| Label::new(*k, *v)));
         Key::from_parts(key_name(name), labels)
     }
 
@@ -174,60 +157,52 @@ impl Metrics {
         if !self.exports(queue) {
             return QueueMetrics::unexported();
         }
-        let q = SharedString::from_shared(Arc::from(queue));
-        let counter = |name, extra: &[(&'static str, &'static str)]| {
-            let key = Self::queue_key(name, Kind::Counter, &q, extra);
-            self.recorder.register_counter(&key, &METADATA)
-        };
-        let gauge = |name| {
-            let key = Self::queue_key(name, Kind::Gauge, &q, &[]);
-            self.recorder.register_gauge(&key, &METADATA)
-        };
-        let histogram = |name| {
-            let key = Self::queue_key(name, Kind::Histogram, &q, &[]);
-            self.recorder.register_histogram(&key, &METADATA)
-        };
-        let ordered_gauge = |name| match ordered {
-            true => gauge(name),
+        self.queues
+            .of(queue, |cells| Self::queue_handles(cells, ordered))
+    }
+
+    fn queue_handles(cells: &mut queue_series::Cells<'_>, ordered: bool) -> QueueMetrics {
+        let processed = "messages_processed_total";
+        let attempts = "receive_attempts_total";
+        let ordered_gauge = |cells: &mut queue_series::Cells<'_>, name| match ordered {
+            true => cells.gauge(name),
             false => Gauge::noop(),
         };
-        let processed = |outcome| counter("messages_processed_total", &[("outcome", outcome)]);
-        let attempts = |result| counter("receive_attempts_total", &[("result", result)]);
         QueueMetrics {
-            received: counter("messages_received_total", &[]),
-            success: processed("success"),
-            retry: processed("retry"),
-            error: processed("error"),
-            delayed_retry: processed("delayed_retry"),
-            forwarded: processed("forwarded"),
-            delayed_messages: gauge("delayed_messages"),
-            delayed_next_due: gauge("delayed_next_due_seconds"),
-            delayed_moved: counter("delayed_moved_total", &[]),
-            delayed_moves_failing: gauge("delayed_moves_failing"),
-            delayed_unmoved: gauge("delayed_unmoved"),
-            lock_timeouts: counter("lock_conflicts_total", &[("kind", "lock_timeout")]),
-            deadlocks: counter("lock_conflicts_total", &[("kind", "deadlock")]),
-            downstream_state: gauge("downstream_state"),
-            consecutive_failures: gauge("consecutive_failures"),
-            outage_pause: gauge("outage_pause_seconds"),
-            latency_limit: gauge("latency_limit"),
-            latency_baseline: gauge("latency_baseline_seconds"),
-            expired: processed("expired"),
-            poison: processed("poison"),
-            receive_message: attempts("message"),
-            receive_empty: attempts("empty"),
-            receive_error: attempts("error"),
-            handler_duration: histogram("handler_duration_seconds"),
-            concurrency_limit: gauge("concurrency_limit"),
-            concurrency_max: gauge("concurrency_max"),
-            fleet_share: gauge("fleet_share"),
-            in_flight: gauge("in_flight"),
-            receive_loops: gauge("receive_loops"),
-            queue_depth: gauge("queue_depth"),
-            ordered_keys_in_flight: ordered_gauge("ordered_keys_in_flight"),
-            ordered_waiting: ordered_gauge("ordered_waiting"),
-            ordered_held_keys: ordered_gauge("ordered_held_keys"),
-            circuit_breaker_open: gauge("circuit_breaker_open"),
+            received: cells.counter("messages_received_total", &[]),
+            success: cells.counter(processed, &[("outcome", "success")]),
+            retry: cells.counter(processed, &[("outcome", "retry")]),
+            error: cells.counter(processed, &[("outcome", "error")]),
+            delayed_retry: cells.counter(processed, &[("outcome", "delayed_retry")]),
+            forwarded: cells.counter(processed, &[("outcome", "forwarded")]),
+            delayed_messages: cells.gauge("delayed_messages"),
+            delayed_next_due: cells.gauge("delayed_next_due_seconds"),
+            delayed_moved: cells.counter("delayed_moved_total", &[]),
+            delayed_moves_failing: cells.gauge("delayed_moves_failing"),
+            delayed_unmoved: cells.gauge("delayed_unmoved"),
+            lock_timeouts: cells.counter("lock_conflicts_total", &[("kind", "lock_timeout")]),
+            deadlocks: cells.counter("lock_conflicts_total", &[("kind", "deadlock")]),
+            downstream_state: cells.gauge("downstream_state"),
+            consecutive_failures: cells.gauge("consecutive_failures"),
+            outage_pause: cells.gauge("outage_pause_seconds"),
+            latency_limit: cells.gauge("latency_limit"),
+            latency_baseline: cells.gauge("latency_baseline_seconds"),
+            expired: cells.counter(processed, &[("outcome", "expired")]),
+            poison: cells.counter(processed, &[("outcome", "poison")]),
+            receive_message: cells.counter(attempts, &[("result", "message")]),
+            receive_empty: cells.counter(attempts, &[("result", "empty")]),
+            receive_error: cells.counter(attempts, &[("result", "error")]),
+            handler_duration: cells.histogram("handler_duration_seconds", HANDLER_BUCKETS),
+            concurrency_limit: cells.gauge("concurrency_limit"),
+            concurrency_max: cells.gauge("concurrency_max"),
+            fleet_share: cells.gauge("fleet_share"),
+            in_flight: cells.gauge("in_flight"),
+            receive_loops: cells.gauge("receive_loops"),
+            queue_depth: cells.gauge("queue_depth"),
+            ordered_keys_in_flight: ordered_gauge(cells, "ordered_keys_in_flight"),
+            ordered_waiting: ordered_gauge(cells, "ordered_waiting"),
+            ordered_held_keys: ordered_gauge(cells, "ordered_held_keys"),
+            circuit_breaker_open: cells.gauge("circuit_breaker_open"),
         }
     }
 

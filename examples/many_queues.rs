@@ -5,7 +5,8 @@
 //!   every table there;
 //! - **idle**: transactions per second at the database while nothing is sent, 20 s after the
 //!   start (`pg_stat_database`; every statement the host sends alone is one), CPU of the host
-//!   and of PostgreSQL's processes (per cent of one core), and the host's RSS;
+//!   and of PostgreSQL's processes (per cent of one core), the host's RSS, and what one
+//!   render of `/metrics` takes (milliseconds, KiB);
 //! - **spread drain**: MESSAGES spread evenly over the queues, drained by a host started over
 //!   them, against the same MESSAGES in one queue (max 32, same pool), in turn ROUNDS times
 //!   (default 3): the medians of messages per second, of their ratio, of the median and the
@@ -278,6 +279,8 @@ struct Idle {
     host_cpu: f64,
     database_cpu: f64,
     rss: f64,
+    /// Milliseconds to render `/metrics` once, and its size in KiB.
+    scrape: (f64, f64),
 }
 
 /// Runs an idle host of `n` queues whose tables exist in a child process (this program with
@@ -320,6 +323,7 @@ async fn idle_host(
     let host_cpu = cpu_percent(&host0, seconds, host_process);
     let database_cpu = cpu_percent(&pg0, seconds, is_postgres);
     let rss = said("rss").await?;
+    let scrape = (said("scrape ms").await?, said("scrape KiB").await?);
     child.wait().await?;
     Ok(Idle {
         ready,
@@ -327,17 +331,23 @@ async fn idle_host(
         host_cpu,
         database_cpu,
         rss,
+        scrape,
     })
 }
 
 /// The child of [`idle_host`]: starts the host, says `ready SECONDS`, stays idle for the
-/// settling time and `idle_seconds`, says `rss MIB` and stops.
+/// settling time and `idle_seconds`, says `rss MIB`, then renders `/metrics` once and says
+/// `scrape ms MILLISECONDS` and `scrape KiB SIZE` (after the RSS: the text is a few MiB) and stops.
 async fn run_idle_host(url: &str, schema: &str, n: usize, idle_seconds: u64) {
     let recorder = Arc::new(Recorder::default());
     let (host, ready) = start(config(url, schema, &queue_names(n), 8), &recorder).await;
     println!("ready {ready}");
     tokio::time::sleep(Duration::from_secs(SETTLE_SECONDS + idle_seconds)).await;
     println!("rss {}", rss_mib());
+    let rendering = Instant::now();
+    let text = host.handle().metrics_text();
+    println!("scrape ms {}", rendering.elapsed().as_secs_f64() * 1000.0);
+    println!("scrape KiB {}", text.len() as f64 / 1024.0);
     host.shutdown().await;
 }
 
@@ -365,7 +375,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let me = std::process::id();
     let rounds: usize = std::env::var("ROUNDS").map_or(3, |r| r.parse().expect("ROUNDS"));
     println!(
-        "{:>6} {:>8} {:>7} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>6} {:>13} {:>11} {:>12} {:>12}",
+        "{:>6} {:>8} {:>7} {:>9} {:>9} {:>7} {:>7} {:>15} {:>10} {:>9} {:>6} {:>13} {:>11} {:>12} {:>12}",
         "queues",
         "create s",
         "ready s",
@@ -373,6 +383,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "host cpu%",
         "pg cpu%",
         "RSS MiB",
+        "scrape ms/KiB",
         "spread m/s",
         "one m/s",
         "ratio",
@@ -415,12 +426,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|(s, a)| s.rate / a.rate)
             .collect();
         println!(
-            "{n:>6} {create:>8.2} {:>7.2} {:>9.1} {:>9.1} {:>7.1} {:>7.1} {:>10.0} {:>9.0} {:>6.2} {:>6.2} / {:<6.2} {:>5.2} / {:<4.2} {:>5.0} / {:<5.0} {:>5.0} / {:<5.0}",
+            "{n:>6} {create:>8.2} {:>7.2} {:>9.1} {:>9.1} {:>7.1} {:>7.1} {:>6.1} / {:<6.0} {:>10.0} {:>9.0} {:>6.2} {:>6.2} / {:<6.2} {:>5.2} / {:<4.2} {:>5.0} / {:<5.0} {:>5.0} / {:<5.0}",
             idle.ready,
             idle.transactions,
             idle.host_cpu,
             idle.database_cpu,
             idle.rss,
+            idle.scrape.0,
+            idle.scrape.1,
             median(&spread, |d| d.rate),
             median(&alone, |d| d.rate),
             median(&ratios, |r| *r),

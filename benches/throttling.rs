@@ -10,6 +10,7 @@ use throttlehost::config::ThrottlingConfig;
 use throttlehost::throttling::controller::{
     Controller, MachineFacts, QueueLoad, Readings, Thresholds,
 };
+use throttlehost::transport::QueueName;
 
 fn controller_tick(c: &mut Criterion) {
     let config = ThrottlingConfig::default();
@@ -19,7 +20,12 @@ fn controller_tick(c: &mut Criterion) {
     };
     let mut controller = Controller::new(config.clone(), Thresholds::resolve(&config, machine));
     let queues: Vec<QueueLoad> = (0..8)
-        .map(|i| QueueLoad::idle(&format!("queue-{i}"), 16))
+        .map(|i| {
+            QueueLoad::idle(
+                QueueName::new(&format!("queue-{i}")).expect("a valid name"),
+                16,
+            )
+        })
         .collect();
     let readings = Readings {
         process_memory: 50 << 20,

@@ -327,6 +327,19 @@ impl AsRef<str> for QueueName {
     }
 }
 
+/// Maps keyed by queue name are read with a `&str` (its order and hash are the text's).
+impl std::borrow::Borrow<str> for QueueName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl serde::Serialize for QueueName {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
 /// A short tag for `text` that every host computes the same way: FNV-1a (64 bits) in hex.
 /// Not a secure hash; it names things (lock names, notification channels) that must be
 /// short and free of the characters of the text.

@@ -12,6 +12,7 @@ use throttlehost::throttling::Direction;
 use throttlehost::throttling::controller::{
     Controller, MachineFacts, QueueLoad, Readings, Thresholds,
 };
+use throttlehost::transport::QueueName;
 
 /// One step into a TOML document.
 #[derive(Debug, Clone)]
@@ -124,7 +125,7 @@ proptest! {
         let mut controller = Controller::new(config.throttling.clone(), thresholds);
         controller.set_override(Direction::Delivery, config::OverrideMode::Throttle);
         controller.set_override(Direction::Publishing, config::OverrideMode::Throttle);
-        let queues = [QueueLoad::idle("in", 8)];
+        let queues = [QueueLoad::idle(QueueName::new("in").unwrap(), 8)];
         let readings = Readings { process_memory: u64::MAX / 2, in_process: 1 << 40, ..Readings::default() };
         for second in 0..600u64 {
             controller.tick(Duration::from_secs(second), &readings, &queues);

@@ -148,6 +148,7 @@ mod tests {
     use throttlehost::throttling::controller::{
         Controller, MachineFacts, QueueLoad, Readings, Thresholds,
     };
+    use throttlehost::transport::QueueName;
 
     use super::*;
 
@@ -174,7 +175,7 @@ mod tests {
                     ..Readings::default()
                 };
                 let loads = [QueueLoad {
-                    name: "orders".into(),
+                    name: QueueName::new("orders").expect("a valid name"),
                     max: 100,
                     in_flight: value as u32,
                 }];

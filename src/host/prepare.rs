@@ -131,7 +131,7 @@ pub(super) async fn prepare_transport(
             .queues_in_place(to_create)
             .await
             .unwrap_or_default();
-        let missing = to_create.iter().filter(|q| !in_place.contains(q));
+        let missing = to_create.iter().filter(|q| !in_place.contains(*q));
         at_once(missing.cloned().collect(), async |q| {
             transport.admin().create_queue(&q).await.map_err(preparing(
                 &q,

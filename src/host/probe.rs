@@ -23,6 +23,9 @@ use crate::transport::{QueueName, Transport};
 /// Reads the host's counters for the controller and applies its limits.
 pub(super) struct HostAdapter {
     pub(super) queues: Vec<Arc<QueueRuntime>>,
+    /// The same queues by name: a tick sets every queue's limit, and finding each in the
+    /// list was a thousand comparisons per queue on a host of a thousand.
+    by_name: HashMap<QueueName, Arc<QueueRuntime>>,
     pub(super) dispatcher: Arc<Dispatcher>,
     pub(super) transport: Arc<dyn Transport>,
     pub(super) publisher: Arc<Publisher>,
@@ -48,6 +51,10 @@ impl HostAdapter {
     ) -> Self {
         HostAdapter {
             queues: queues.to_vec(),
+            by_name: queues
+                .iter()
+                .map(|q| (q.name().clone(), q.clone()))
+                .collect(),
             dispatcher: dispatcher.clone(),
             transport: transport.clone(),
             publisher: publisher.clone(),
@@ -273,8 +280,8 @@ impl HostProbe for HostAdapter {
 }
 
 impl LimitSink for HostAdapter {
-    fn set_limit(&self, queue: &str, limit: u32) {
-        if let Some(q) = self.queues.iter().find(|q| q.name().as_str() == queue) {
+    fn set_limit(&self, queue: &QueueName, limit: u32) {
+        if let Some(q) = self.by_name.get(queue) {
             q.set_throttling_limit(limit);
         }
     }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::HostInner;
+use crate::names::QueueName;
 use crate::queue::QueueRuntime;
 use crate::status::{
     DirectionStatus, FleetShareStatus, HostStatus, QueueStatus, ResourceStatus, ThrottlingStatus,
@@ -15,7 +16,7 @@ fn direction_status(
     d: &DirectionDecision,
     rates: crate::throttling::rates::RateReading,
     resume_ratio: f64,
-    limits: &BTreeMap<String, (u32, u32)>,
+    limits: &BTreeMap<QueueName, (u32, u32)>,
     override_scope: crate::status::OverrideScope,
 ) -> DirectionStatus {
     DirectionStatus {
@@ -41,7 +42,7 @@ pub(super) fn build(host: &HostInner) -> HostStatus {
     let resume_ratio = config.throttling.resume_ratio;
     let throttling = host.control.snapshot().map(|s| {
         let d = &s.decision;
-        let limits: BTreeMap<String, (u32, u32)> = s
+        let limits: BTreeMap<QueueName, (u32, u32)> = s
             .queues
             .iter()
             .map(|q| {

@@ -777,6 +777,7 @@ mod tests {
     use super::*;
     use crate::config::ThrottlingConfig;
     use crate::load::record::Accounting;
+    use crate::names::QueueName;
     use crate::throttling::controller::{
         Controller, MachineFacts, QueueLoad, Readings, Thresholds,
     };
@@ -808,7 +809,7 @@ mod tests {
                     ..Readings::default()
                 };
                 let loads = [QueueLoad {
-                    name: "orders".into(),
+                    name: QueueName::new("orders").expect("a valid name"),
                     max: 100,
                     in_flight: value as u32,
                 }];

@@ -609,7 +609,7 @@ impl QueueRuntime {
     pub(crate) fn reading(&self) -> QueueReading {
         QueueReading {
             load: QueueLoad {
-                name: self.name.to_string(),
+                name: self.name.clone(),
                 max: self.settings().max,
                 in_flight: self.gate.in_flight(),
             },

@@ -46,6 +46,7 @@ use self::conditions::{Latch, resource_conditions};
 use super::rates::RateReading;
 use super::{Condition, Direction};
 use crate::config::{OverrideMode, ThrottlingConfig};
+use crate::names::QueueName;
 
 #[derive(Debug, Clone, Default)]
 struct DirectionState {
@@ -80,7 +81,7 @@ struct DirectionState {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QueueLoad {
     /// Queue name.
-    pub name: String,
+    pub name: QueueName,
     /// Configured MaximumConcurrencyLevel.
     pub max: u32,
     /// Messages being received or processed now (not receivers waiting out a delay).
@@ -89,9 +90,9 @@ pub struct QueueLoad {
 
 impl QueueLoad {
     /// A queue with nothing in flight.
-    pub fn idle(name: &str, max: u32) -> Self {
+    pub fn idle(name: QueueName, max: u32) -> Self {
         QueueLoad {
-            name: name.to_string(),
+            name,
             max,
             in_flight: 0,
         }
@@ -105,7 +106,7 @@ pub struct Controller {
     thresholds: Thresholds,
     resource_active: BTreeMap<Condition, Latch>,
     directions: [DirectionState; 2],
-    limits: BTreeMap<String, u32>,
+    limits: BTreeMap<QueueName, u32>,
     last_tick: Option<Duration>,
     /// When a shrinking condition last held the limits (over or above its resume line).
     last_pressure: Option<Duration>,

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::controller::{ConditionStatus, DirectionDecision};
 use super::{Condition, Direction};
 use crate::config::units::format_byte_size;
+use crate::names::QueueName;
 
 /// What a condition measures, for printing its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +114,7 @@ pub struct Explanation {
 pub(crate) fn explain(
     decision: &DirectionDecision,
     resume_ratio: f64,
-    limits: &BTreeMap<String, (u32, u32)>,
+    limits: &BTreeMap<QueueName, (u32, u32)>,
 ) -> Option<Explanation> {
     if decision.state == 0 {
         return None;
@@ -231,8 +232,8 @@ mod tests {
     #[test]
     fn names_the_cause_in_units_the_action_and_the_resume_line() {
         let limits = BTreeMap::from([
-            ("orders".to_string(), (64, 18)),
-            ("audit".to_string(), (4, 4)),
+            (QueueName::new("orders").unwrap(), (64, 18)),
+            (QueueName::new("audit").unwrap(), (4, 4)),
         ]);
         let e = explain(&decision(Direction::Delivery, false), 0.9, &limits).unwrap();
         assert_eq!(
@@ -257,7 +258,7 @@ mod tests {
         let mut d = decision(Direction::Publishing, false);
         d.delay = Duration::ZERO;
         d.pace_rate = Some(95.4);
-        let limits = BTreeMap::from([("orders".to_string(), (64, 18))]);
+        let limits = BTreeMap::from([(QueueName::new("orders").unwrap(), (64, 18))]);
         let e = explain(&d, 0.9, &limits).unwrap();
         assert_eq!(e.actions, vec!["sends paced at 95 msg/s".to_string()]);
     }

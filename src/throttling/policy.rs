@@ -127,6 +127,7 @@ impl Policy {
 mod tests {
     use super::*;
     use crate::config::MemoryThreshold;
+    use crate::names::QueueName;
     use crate::throttling::controller::MachineFacts;
 
     fn policy(config: ThrottlingConfig) -> Policy {
@@ -147,7 +148,7 @@ mod tests {
 
     fn queue(in_flight: u32) -> [QueueLoad; 1] {
         [QueueLoad {
-            name: "q".into(),
+            name: QueueName::new("q").expect("a valid name"),
             max: 64,
             in_flight,
         }]

@@ -30,6 +30,7 @@ use super::sensors::ResourceSensor;
 use super::{Clock, Condition, Direction, Throttle};
 use crate::config::{OverrideMode, ThrottlingConfig};
 use crate::metrics::{HostMetrics, Metrics};
+use crate::names::QueueName;
 
 /// A receiving queue at one tick.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -72,7 +73,7 @@ pub(crate) trait HostProbe: Send + Sync + 'static {
 /// Where the controller's queue limits go.
 pub(crate) trait LimitSink: Send + Sync + 'static {
     /// Sets one queue's throttling limit.
-    fn set_limit(&self, queue: &str, limit: u32);
+    fn set_limit(&self, queue: &QueueName, limit: u32);
 }
 
 /// One tick's full picture, for `/status`, the demo table and load-test timelines.
@@ -497,7 +498,7 @@ mod tests {
         let queue = |name: &str, in_flight, limit, depth| QueueReading {
             load: QueueLoad {
                 in_flight,
-                ..QueueLoad::idle(name, 64)
+                ..QueueLoad::idle(QueueName::new(name).expect("a valid name"), 64)
             },
             depth,
             limit,

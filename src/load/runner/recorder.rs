@@ -59,7 +59,7 @@ impl Recorder {
                             .min(q.load.max)
                             .min(q.downstream_limit.unwrap_or(u32::MAX))
                             .min(q.fleet_share.unwrap_or(u32::MAX));
-                        (q.load.name.clone(), limit, q.load.in_flight, q.depth)
+                        (q.load.name.to_string(), limit, q.load.in_flight, q.depth)
                     })
                     .collect();
                 let outage = snapshot.readings.downstream.outage.active;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::config::OverrideMode;
+use crate::names::QueueName;
 use crate::throttling::{Condition, Direction};
 
 /// One condition as seen by one direction.
@@ -94,7 +95,7 @@ pub struct Decision {
     /// Publishing.
     pub publishing: DirectionDecision,
     /// Effective concurrency limit per queue (<= its max).
-    pub queue_limits: BTreeMap<String, u32>,
+    pub queue_limits: BTreeMap<QueueName, u32>,
     /// True while a memory, in-process or thread condition holds the limits down.
     pub shrinking: bool,
 }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::names::QueueName;
 use crate::throttling::Direction;
 use crate::throttling::law;
 
@@ -99,7 +100,7 @@ impl Controller {
         pressure: &LimitPressure,
         queues: &[QueueLoad],
         after_pressure: bool,
-    ) -> (BTreeMap<String, u32>, bool) {
+    ) -> (BTreeMap<QueueName, u32>, bool) {
         let applies = self.applies(Direction::Delivery);
         let resume = self.config.resume_ratio;
         let total_max: u64 = queues.iter().map(|q| q.max.max(1) as u64).sum();

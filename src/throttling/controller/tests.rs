@@ -12,6 +12,10 @@ use crate::throttling::law;
 
 const MIB: u64 = 1 << 20;
 
+fn q(name: &str) -> QueueName {
+    QueueName::new(name).expect("a valid queue name")
+}
+
 fn config() -> ThrottlingConfig {
     ThrottlingConfig {
         process_memory: MemoryThreshold::Bytes(100 * MIB),
@@ -83,13 +87,13 @@ fn imbalanced(incoming: f64, outgoing: f64, samples: u64) -> RateReading {
 }
 
 fn queues() -> Vec<QueueLoad> {
-    vec![QueueLoad::idle("orders", 16)]
+    vec![QueueLoad::idle(q("orders"), 16)]
 }
 
 /// The `orders` queue with a max of 64 and `in_flight` messages in its handlers.
 fn orders_of_64(in_flight: u32) -> Vec<QueueLoad> {
     vec![QueueLoad {
-        name: "orders".into(),
+        name: q("orders"),
         max: 64,
         in_flight,
     }]
@@ -1019,7 +1023,7 @@ fn only_what_messages_hold_shrinks_limits() {
 fn a_lower_max_caps_the_limit_at_once() {
     let mut c = controller();
     c.tick(secs(0.0), &quiet(), &queues());
-    let d = c.tick(secs(0.5), &quiet(), &[QueueLoad::idle("orders", 4)]);
+    let d = c.tick(secs(0.5), &quiet(), &[QueueLoad::idle(q("orders"), 4)]);
     assert_eq!(d.queue_limits["orders"], 4);
 }
 
@@ -1191,7 +1195,7 @@ proptest! {
         let mut now = Duration::ZERO;
         for (readings, dt_ms, max) in steps {
             now += Duration::from_millis(dt_ms);
-            let d = c.tick(now, &readings, &[QueueLoad::idle("q", max)]);
+            let d = c.tick(now, &readings, &[QueueLoad::idle(q("q"), max)]);
             for dir in [&d.delivery, &d.publishing] {
                 prop_assert!(dir.delay <= Duration::from_millis(max_delay_ms));
                 if let Some(p) = dir.pace {
@@ -1223,7 +1227,7 @@ fn an_idle_queue_is_not_pinned_by_a_resource_high_for_reasons_of_its_own() {
     let mut c = controller();
     let q = |in_flight| {
         vec![QueueLoad {
-            name: "orders".into(),
+            name: q("orders"),
             max: 16,
             in_flight,
         }]
@@ -1316,12 +1320,12 @@ fn the_memory_ceilings_room_becomes_the_limit_shared_by_max_and_lasts_while_it_h
     let load = |orders, audit| {
         vec![
             QueueLoad {
-                name: "orders".into(),
+                name: q("orders"),
                 max: 48,
                 in_flight: orders,
             },
             QueueLoad {
-                name: "audit".into(),
+                name: q("audit"),
                 max: 16,
                 in_flight: audit,
             },
@@ -1430,7 +1434,7 @@ fn a_backlog_at_the_in_process_bound_is_held_at_the_threshold_in_one_episode() {
     let mut states = Vec::new();
     for tick in 0..60 {
         let load = vec![QueueLoad {
-            name: "orders".into(),
+            name: q("orders"),
             max,
             in_flight,
         }];
@@ -1469,12 +1473,12 @@ fn state_0_means_every_limit_at_its_max_whatever_the_in_process_threshold() {
     let busy = threshold / 2;
     let load = vec![
         QueueLoad {
-            name: "busy".into(),
+            name: q("busy"),
             max: threshold,
             in_flight: busy,
         },
-        QueueLoad::idle("idle-a", threshold),
-        QueueLoad::idle("idle-b", threshold),
+        QueueLoad::idle(q("idle-a"), threshold),
+        QueueLoad::idle(q("idle-b"), threshold),
     ];
     let readings = Readings {
         in_process: u64::from(busy),
@@ -1502,7 +1506,7 @@ fn a_queue_in_outage_mode_shows_as_state_12_and_the_controller_takes_no_action()
         value: 25.0,
         threshold: 20.0,
     };
-    let queues = [QueueLoad::idle("orders", 16)];
+    let queues = [QueueLoad::idle(q("orders"), 16)];
     let d = c.tick(Duration::from_secs(1), &r, &queues);
     assert_eq!(d.delivery.state, 12);
     assert_eq!(d.delivery.state_name, "downstream outage");

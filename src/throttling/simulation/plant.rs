@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::config::{MemoryThreshold, ThrottlingConfig};
+use crate::names::QueueName;
 use crate::throttling::ceiling::{AdmissionCounts, Usage};
 use crate::throttling::controller::{MachineFacts, QueueLoad, Readings, Thresholds};
 use crate::throttling::policy::Policy;
@@ -477,7 +478,7 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
                 now,
                 readings,
                 &[QueueLoad {
-                    name: "q".into(),
+                    name: QueueName::new("q").expect("a valid name"),
                     max,
                     in_flight: w.running.len() as u32,
                 }],

@@ -621,9 +621,16 @@ async fn the_console_page_and_its_data() {
         assert!(!text.to_string().is_empty(), "{asset}");
     }
 
-    // The recorder samples once a second: after ~2.5 s there are at least two samples.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let (status, data, _) = call("GET", format!("{base}/console/data"), vec![], vec![]).await;
+    // The recorder samples once a second: asked until it holds two (or the deadline).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (status, data) = loop {
+        let (status, data, _) = call("GET", format!("{base}/console/data"), vec![], vec![]).await;
+        let enough = data["samples"].as_array().is_some_and(|s| s.len() >= 2);
+        if status != 200 || enough || std::time::Instant::now() > deadline {
+            break (status, data);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert_eq!(status, 200);
     assert_eq!(data["status"]["queues"][0]["name"], "orders");
     assert_eq!(data["history_seconds"], 600);

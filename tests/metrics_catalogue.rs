@@ -88,12 +88,20 @@ async fn every_design_metric_is_exported() {
         sent.unwrap();
     }
     let _ = host.handle().reload_from(&path);
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let text = metrics_text(&host).await;
-    let missing: Vec<&&str> = DESIGN_METRICS
-        .iter()
-        .filter(|m| !text.contains(&format!("throttlehost_{m}")))
-        .collect();
+    // Some series come with the first tick or upkeep after the sends: asked until all are
+    // there (or the deadline), not after a fixed pause a busy machine may outlast.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (text, missing) = loop {
+        let text = metrics_text(&host).await;
+        let missing: Vec<&&str> = DESIGN_METRICS
+            .iter()
+            .filter(|m| !text.contains(&format!("throttlehost_{m}")))
+            .collect();
+        if missing.is_empty() || std::time::Instant::now() > deadline {
+            break (text, missing);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(
         missing.is_empty(),
         "missing from /metrics: {missing:?}\n{text}"

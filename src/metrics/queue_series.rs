@@ -82,10 +82,11 @@ pub(super) struct Cells<'a> {
 }
 
 impl Cells<'_> {
+    /// The counter `name`, with its one extra label (`outcome`, `result`, `kind`) if it has one.
     pub(super) fn counter(
         &mut self,
         name: &'static str,
-        extra: &[(&'static str, &'static str)],
+        extra: Option<(&'static str, &'static str)>,
     ) -> Counter {
         match self.cell(
             name,
@@ -99,7 +100,7 @@ impl Cells<'_> {
     }
 
     pub(super) fn gauge(&mut self, name: &'static str) -> Gauge {
-        match self.cell(name, Kind::Gauge, &[], || Value::Gauge(Arc::default())) {
+        match self.cell(name, Kind::Gauge, None, || Value::Gauge(Arc::default())) {
             Value::Gauge(v) => Gauge::from_arc(v.clone()),
             _ => unreachable!("a gauge's cell holds a gauge"),
         }
@@ -107,7 +108,7 @@ impl Cells<'_> {
 
     pub(super) fn histogram(&mut self, name: &'static str, bounds: &'static [f64]) -> Histogram {
         let make = || Value::Histogram(Arc::new(Buckets::new(bounds)));
-        match self.cell(name, Kind::Histogram, &[], make) {
+        match self.cell(name, Kind::Histogram, None, make) {
             Value::Histogram(v) => Histogram::from_arc(v.clone()),
             _ => unreachable!("a histogram's cell holds a histogram"),
         }
@@ -117,20 +118,18 @@ impl Cells<'_> {
         &mut self,
         name: &'static str,
         kind: Kind,
-        extra: &[(&'static str, &'static str)],
+        extra: Option<(&'static str, &'static str)>,
         make: impl FnOnce() -> Value,
     ) -> &Value {
-        let labels: Vec<_> = [("queue", "")].iter().chain(extra).copied().collect();
         debug_assert!(
-            is_defined(name, kind, &labels),
-            "{name} is not in the catalogue"
+            is_defined(name, kind, &[&[("queue", "")], extra.as_slice()].concat()),
+            "{name} is not in the catalogue with these labels"
         );
         let metric = METRICS
             .iter()
             .position(|m| m.name == name)
             .and_then(|i| u16::try_from(i).ok())
             .expect("every queue metric is in the catalogue");
-        let extra = extra.first().copied();
         let at = match self
             .series
             .iter()
@@ -312,16 +311,16 @@ mod tests {
         let series = QueueSeries::default();
         series
             .of("q", |c| {
-                c.counter("lock_conflicts_total", &[("kind", "deadlock")])
+                c.counter("lock_conflicts_total", Some(("kind", "deadlock")))
             })
             .increment(2);
         series
             .of("q", |c| {
-                c.counter("lock_conflicts_total", &[("kind", "deadlock")])
+                c.counter("lock_conflicts_total", Some(("kind", "deadlock")))
             })
             .increment(1);
         let _never_counted = series.of("q", |c| {
-            c.counter("lock_conflicts_total", &[("kind", "lock_timeout")])
+            c.counter("lock_conflicts_total", Some(("kind", "lock_timeout")))
         });
         let mut text = String::new();
         series.render(&mut text);

@@ -12,7 +12,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use metrics::{Counter, Gauge, Histogram, HistogramFn};
+use metrics::{Counter, Gauge, GaugeFn, Histogram, HistogramFn};
+use metrics_exporter_prometheus::formatting::{sanitize_description, sanitize_label_value};
 
 use super::catalogue::{Kind, METRICS};
 use super::{PREFIX, is_defined};
@@ -56,7 +57,7 @@ impl QueueSeries {
         let queues = self.queues.read().unwrap_or_else(|e| e.into_inner());
         let mut lines = vec![String::new(); METRICS.len()];
         for (queue, series) in queues.iter() {
-            let queue = escape_label_value(queue);
+            let queue = sanitize_label_value(queue);
             for s in series {
                 s.write(&mut lines[usize::from(s.metric)], &queue);
             }
@@ -67,7 +68,7 @@ impl QueueSeries {
                 Kind::Gauge => "gauge",
                 Kind::Histogram => "histogram",
             };
-            let help = def.help.replace('\\', "\\\\").replace('\n', "\\n");
+            let help = sanitize_description(def.help);
             let _ = writeln!(out, "# HELP {PREFIX}{} {help}", def.name);
             let _ = writeln!(out, "# TYPE {PREFIX}{} {kind}", def.name);
             out.push_str(&lines);
@@ -219,31 +220,15 @@ impl Buckets {
 
 impl HistogramFn for Buckets {
     fn record(&self, value: f64) {
+        // The count first: a scrape reads the buckets before the count, so every sample it
+        // sees in a bucket is in the count too, and no bucket shows more than `+Inf`.
+        self.count.fetch_add(1, Ordering::AcqRel);
         let at = self.bounds.partition_point(|bound| *bound < value);
         if let Some(n) = self.counts.get(at) {
             n.fetch_add(1, Ordering::AcqRel);
         }
-        let _ = self
-            .sum
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
-                Some((f64::from_bits(bits) + value).to_bits())
-            });
-        self.count.fetch_add(1, Ordering::AcqRel);
+        GaugeFn::increment(&self.sum, value);
     }
-}
-
-/// A label value as the text format wants it: backslash, double quote and line feed escaped.
-fn escape_label_value(value: &str) -> String {
-    let mut escaped = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => escaped.push_str("\\\\"),
-            '"' => escaped.push_str("\\\""),
-            '\n' => escaped.push_str("\\n"),
-            c => escaped.push(c),
-        }
-    }
-    escaped
 }
 
 #[cfg(test)]

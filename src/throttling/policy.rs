@@ -4,9 +4,9 @@
 //! Both halves used to be wired together twice, once by the throttling service and once by
 //! the simulation bed, each taking the ceiling's holds into the next tick's readings and
 //! arming the ceiling from the decision on its own (the bed armed it whether or not delivery
-//! throttling applied). Here they are one unit: the service and the bed call [`Policy::tick`]
-//! with what they sensed and [`Policy::between_ticks`] with what the guarded resources use
-//! now, and nothing else decides. The controller stays a pure function of its readings (its
+//! throttling applied). Here they are one unit: the service calls [`Policy::tick`] with what
+//! it sensed and [`Policy::between_ticks`] with what the guarded resources use now, and
+//! nothing else decides (the simulation bed runs the service itself). The controller stays a pure function of its readings (its
 //! unit tests feed it holds directly); the ceiling stays the fast path that applies its
 //! thresholds every few milliseconds.
 
@@ -64,9 +64,8 @@ impl Policy {
 
     /// Arms the ceiling for queue limits that add up to `limits_total`: every guarded
     /// resource with a threshold, while delivery throttling applies (enabled, and not
-    /// overridden to "never"). A tick does this itself; before the first one, a caller that
-    /// knows its queues may.
-    pub(crate) fn arm(&mut self, limits_total: u64) {
+    /// overridden to "never"); each tick does this with its decision's limits.
+    fn arm(&mut self, limits_total: u64) {
         let config = self.controller.config();
         let applies = config.enabled && config.delivery.override_mode != OverrideMode::Never;
         let thresholds = *self.controller.thresholds();

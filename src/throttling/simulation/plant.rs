@@ -1,31 +1,41 @@
-//! A simulated host for the throttling policy (the "plant"), in simulated time.
+//! A simulated host (the "plant") that the host's own throttling service runs against, in
+//! paused tokio time.
 //!
-//! Sends are offered to a publisher, wait out publishing's delay and pace, and are stored at
-//! the rate the store allows (an insert holds a database session for its duration); stored
-//! messages wait in a backlog; receivers take them as their queue's limit, delivery's delay
-//! and pace and the delivery ceiling allow; handlers run for a latency while holding memory,
-//! threads or sessions, and finish. Time moves in 10 ms steps. The policy is the host's own
-//! [`Policy`]: its delivery ceiling reads the usage at every step, after the step's receives
-//! started (as the service's reads every few milliseconds see whatever just started; read
-//! before them, each message of a 20 ms handler showed in one read of two, and the sessions'
-//! mean read half of what was in use), and its controller ticks every sample interval on
-//! readings built as the service builds them (the same [`RateWindow`]s and [`DrainMeter`]).
-//! Minutes of behaviour take milliseconds, and a run is the same every time.
+//! The service is the one a host runs (`service::run`): it senses through the plant, which is
+//! its probe (the queue, its depth, messages in process, sessions), its limit sink and its
+//! resource sensor; it decides with the host's policy; and it sets the real admissions
+//! ([`Throttle`]) and the queue's real concurrency gate, reading the delivery ceiling every few
+//! milliseconds between ticks as it does in a host. Nothing here senses, decides or admits on
+//! its own, so what the bed measures is what a host does.
+//!
+//! The world: sends are offered to the publisher, wait out publishing's admission and are
+//! stored at the rate the store allows (an insert holds a database session for its duration);
+//! receivers wait out delivery's admission, take a gate permit and start their receive as the
+//! ceiling's allowance lets them, as a host's receive turn does; handlers run for a latency
+//! while holding memory, threads or sessions. Time is tokio's, paused on one thread: it jumps
+//! to the next timer whenever every task waits, so minutes of behaviour take a fraction of a
+//! second.
 
-use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::config::{MemoryThreshold, ThrottlingConfig};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{LatencyDistribution, MemoryThreshold, ThrottlingConfig};
+use crate::metrics::Metrics;
 use crate::names::QueueName;
-use crate::throttling::ceiling::{AdmissionCounts, Usage};
-use crate::throttling::controller::{MachineFacts, QueueLoad, Readings, Thresholds};
-use crate::throttling::policy::Policy;
+use crate::queue::gate::ConcurrencyGate;
+use crate::throttling::controller::{MachineFacts, QueueLoad};
 use crate::throttling::quality::{self, CauseSpan, Episode, Tick};
-use crate::throttling::rates::{DrainMeter, RateWindow};
-use crate::throttling::{Condition, Direction};
+use crate::throttling::sensors::{ResourceReadings, ResourceSensor};
+use crate::throttling::service::{
+    self, HostProbe, LimitSink, QueueReading, ServiceParts, ThrottleControl,
+};
+use crate::throttling::{Clock, Condition, Direction, Throttle, TokioClock};
 
 pub(super) const MIB: f64 = 1048576.0;
-const STEP: f64 = 0.01;
 /// What the rest of the machine uses: the simulated system memory is this plus the host's.
 pub(super) const OTHERS_MEMORY: f64 = 64.0 * MIB;
 
@@ -37,8 +47,10 @@ pub(super) struct Phase {
     pub offered_per_sec: f64,
     /// Inserts the store completes per second at most.
     pub store_per_sec: f64,
-    /// Handler latency, seconds.
+    /// Handler latency, seconds: the mean of `latencies`.
     pub latency: f64,
+    /// How handler latencies spread around their mean, as the simulate handler's do.
+    pub latencies: LatencyDistribution,
     /// Memory a message holds while in its handler, bytes.
     pub memory_per_message: f64,
     /// Threads a message holds while in its handler (1: a blocking handler).
@@ -64,6 +76,7 @@ impl Phase {
             offered_per_sec,
             store_per_sec: f64::INFINITY,
             latency: 0.05,
+            latencies: LatencyDistribution::Fixed,
             memory_per_message: 0.0,
             threads_per_message: 0.0,
             sessions_per_message: 0.0,
@@ -110,6 +123,11 @@ impl Phase {
 
     pub(super) fn latency(self, latency: f64) -> Self {
         Phase { latency, ..self }
+    }
+
+    /// Handler latencies spread as `latencies` around their mean.
+    pub(super) fn spread(self, latencies: LatencyDistribution) -> Self {
+        Phase { latencies, ..self }
     }
 
     pub(super) fn memory(self, memory_per_message: f64) -> Self {
@@ -196,106 +214,252 @@ impl Outcome {
     }
 }
 
-/// One direction's admission: the delay every admission waits and the pace between them.
-#[derive(Debug, Default)]
-struct Admission {
-    delay: f64,
-    pace: Option<f64>,
-    /// Admissions the pace has let accrue (at most one pace interval's worth when idle).
-    credit: f64,
-}
+/// The machine the simulated host runs on.
+const MACHINE: MachineFacts = MachineFacts {
+    total_memory: 1 << 34,
+    cpus: 1,
+};
 
-impl Admission {
-    fn set(&mut self, delay: Duration, pace: Option<Duration>) {
-        self.delay = delay.as_secs_f64();
-        self.pace = pace.map(|p| p.as_secs_f64()).filter(|p| *p > 0.0);
-        if self.pace.is_none() {
-            self.credit = 0.0;
-        }
-    }
+/// Threads the simulated process has with nothing running.
+const BASE_THREADS: f64 = 10.0;
 
-    /// Admissions the pace allows this step, out of `wanted`.
-    fn paced(&mut self, wanted: f64) -> f64 {
-        self.accrue();
-        self.take(wanted)
-    }
+/// Memory the simulated process holds with nothing running.
+const BASE_MEMORY: f64 = 16.0 * MIB;
 
-    /// The pace's credit for one step.
-    fn accrue(&mut self) {
-        if let Some(p) = self.pace {
-            self.credit = (self.credit + STEP / p).min(1.0 + STEP / p);
-        }
-    }
+/// How often a publisher with nothing to offer looks at the phase again.
+const IDLE_CHECK: Duration = Duration::from_millis(10);
 
-    /// Admissions out of `wanted` that the credit accrued so far allows.
-    fn take(&mut self, wanted: f64) -> f64 {
-        match self.pace {
-            None => wanted,
-            Some(_) => {
-                let n = wanted.min(self.credit.floor());
-                self.credit -= n;
-                n
-            }
-        }
-    }
-}
+/// How far a sender or the store may catch up on slots that fell due while the timer slept:
+/// tokio's timer wakes to the millisecond, and rates finer than that are served in small
+/// batches, as the admission serves a fine pace.
+const CATCH_UP: Duration = Duration::from_millis(1);
 
-/// The simulated host's state.
+/// What the simulated world holds, counts and notes.
 struct World {
-    base_memory: f64,
-    /// Sends waiting in publishing's admission: when each was offered, and the delay then.
-    offered: VecDeque<(f64, f64)>,
-    offer_credit: f64,
-    /// Sends admitted, waiting for the store.
-    admitted: f64,
-    /// Connections the inserts of this step hold (an insert's share of a step).
-    insert_sessions: f64,
-    store_credit: f64,
-    backlog: f64,
-    /// Each running message: its remaining seconds and what it holds.
-    running: Vec<Running>,
-    /// Receivers' start credit under a delivery delay.
-    receive_credit: f64,
-    offered_total: u64,
+    phase: Phase,
+    /// Which of the run's phases is on (closed-loop senders stop when it changes).
+    phase_index: usize,
+    /// Messages stored that no receive has taken.
+    backlog: u64,
+    /// Messages in their handlers, and what they hold between them.
+    in_handlers: u64,
+    memory: f64,
+    threads: f64,
+    sessions: f64,
+    /// Inserts holding a connection now.
+    inserting: u64,
+    /// Sends offered and not yet admitted by publishing.
+    unsent: u64,
+    /// When the store takes its next insert, and the closed-loop senders their next offer.
+    next_store: Instant,
+    next_offer: Instant,
     stored_total: u64,
     started_total: u64,
     done_total: u64,
+    /// The world at each tick of the service.
+    at_ticks: Vec<AtTick>,
+    /// Draws handler latencies, from a fixed seed.
+    draws: XorShift,
 }
 
-/// A message in its handler.
-struct Running {
-    left: f64,
+/// The world as a tick of the service saw it.
+struct AtTick {
+    t: f64,
+    /// Messages started, done, in handlers.
+    delivered: (u64, u64, u64),
+    /// Messages stored and not received, plus sends waiting in publishing's admission.
+    pending: f64,
+}
+
+/// What a message holds in its handler, from the phase it started in.
+#[derive(Clone, Copy)]
+struct Holding {
+    latency: f64,
     memory: f64,
     threads: f64,
     sessions: f64,
 }
 
-/// Threads the simulated process has with nothing running.
-const BASE_THREADS: f64 = 10.0;
+/// The simulated host as the throttling service sees it: its probe (queue, depth, messages
+/// in process, sessions), its limit sink (the queue's gate) and, through [`Sensor`], its
+/// process.
+struct Plant {
+    world: Mutex<World>,
+    queue: QueueName,
+    max: u32,
+    gate: Arc<ConcurrencyGate>,
+    /// One permit per stored message that no receiver has claimed yet: a receiver goes for a
+    /// message it knows is there, as the monitor model receives what its peek saw.
+    stored: Semaphore,
+    clock: TokioClock,
+}
 
-impl World {
-    fn memory(&self) -> f64 {
-        self.base_memory + self.running.iter().map(|r| r.memory).sum::<f64>()
+impl Plant {
+    fn world(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn threads(&self) -> u64 {
-        (BASE_THREADS + self.running.iter().map(|r| r.threads).sum::<f64>()) as u64
+    fn phase(&self) -> (usize, Phase) {
+        let w = self.world();
+        (w.phase_index, w.phase)
     }
 
-    /// What the delivery ceiling reads, with `noise` on the process's memory.
-    fn usage(&self, noise: f64) -> Usage {
-        let process_memory = self.memory() + noise;
-        Usage {
-            process_memory: process_memory as u64,
-            system_memory_used: (OTHERS_MEMORY + process_memory) as u64,
-            in_process: self.running.len() as u64,
-            threads: self.threads(),
-            database_sessions: self.sessions(),
+    fn process_memory(&self) -> f64 {
+        BASE_MEMORY + self.world().memory
+    }
+
+    /// A receive took a stored message: it starts in its handler, holding what the phase says.
+    fn start_message(&self) -> Holding {
+        let mut w = self.world();
+        let spread = w.draws.unit();
+        let holding = Holding {
+            latency: match w.phase.latencies {
+                LatencyDistribution::Fixed => w.phase.latency,
+                LatencyDistribution::Uniform => w.phase.latency * 2.0 * spread,
+                LatencyDistribution::Exponential => -w.phase.latency * (1.0 - spread).ln(),
+            },
+            memory: w.phase.memory_per_message,
+            threads: w.phase.threads_per_message,
+            sessions: w.phase.sessions_per_message,
+        };
+        w.backlog -= 1;
+        w.started_total += 1;
+        w.in_handlers += 1;
+        w.memory += holding.memory;
+        w.threads += holding.threads;
+        w.sessions += holding.sessions;
+        holding
+    }
+
+    fn finish_message(&self, holding: Holding) {
+        let mut w = self.world();
+        w.done_total += 1;
+        w.in_handlers -= 1;
+        w.memory -= holding.memory;
+        w.threads -= holding.threads;
+        w.sessions -= holding.sessions;
+    }
+
+    /// When the store takes this insert: at the phase's rate, in the order asked.
+    fn store_slot(&self) -> Instant {
+        let mut w = self.world();
+        let now = Instant::now();
+        let rate = w.phase.store_per_sec;
+        if !rate.is_finite() {
+            return now;
+        }
+        // Capacity not used is not saved up for later.
+        let slot = w.next_store.max(now - CATCH_UP);
+        w.next_store = slot + Duration::from_secs_f64(1.0 / rate);
+        slot
+    }
+
+    /// When a closed-loop sender may offer its next send: the senders share the phase's
+    /// rate, and what a waiting sender could not offer is not saved up for later.
+    fn offer_slot(&self, rate: f64) -> Instant {
+        let mut w = self.world();
+        let slot = w.next_offer.max(Instant::now() - CATCH_UP);
+        w.next_offer = slot + Duration::from_secs_f64(1.0 / rate);
+        slot
+    }
+
+    fn stored_one(&self) {
+        let mut w = self.world();
+        w.backlog += 1;
+        w.stored_total += 1;
+        drop(w);
+        self.stored.add_permits(1);
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        let w = self.world();
+        (w.done_total, w.stored_total)
+    }
+}
+
+impl HostProbe for Plant {
+    fn in_process(&self) -> u64 {
+        self.world().in_handlers
+    }
+
+    fn database_sessions(&self) -> u64 {
+        let w = self.world();
+        (w.inserting as f64 + w.sessions).round() as u64
+    }
+
+    /// The service reads the queues once per tick, before it decides: the plant notes there
+    /// what the world was at the tick.
+    fn queues(&self) -> Vec<QueueReading> {
+        let t = self.clock.now().as_secs_f64();
+        let mut w = self.world();
+        let at_tick = AtTick {
+            t,
+            delivered: (w.started_total, w.done_total, w.in_handlers),
+            pending: (w.backlog + w.unsent) as f64,
+        };
+        w.at_ticks.push(at_tick);
+        vec![QueueReading {
+            load: QueueLoad {
+                name: self.queue.clone(),
+                max: self.max,
+                in_flight: self.gate.in_flight(),
+            },
+            depth: w.backlog,
+            limit: self.gate.effective(),
+            downstream_limit: None,
+            fleet_share: None,
+        }]
+    }
+
+    fn database_size(&self, _max_age: Duration) -> u64 {
+        self.world().backlog
+    }
+}
+
+impl LimitSink for Plant {
+    fn set_limit(&self, _queue: &QueueName, limit: u32) {
+        self.gate.set_limit(limit);
+    }
+}
+
+/// Draws in [0, 1) from a fixed seed, so a run's noise and latencies are the same each time.
+struct XorShift(u64);
+
+impl XorShift {
+    fn unit(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % 1_000_000) as f64 / 1_000_000.0
+    }
+}
+
+/// The simulated process's memory and threads, with `noise` bytes either way on its memory
+/// (the allocator's caches, other threads).
+struct Sensor {
+    plant: Arc<Plant>,
+    noise: f64,
+    draws: XorShift,
+}
+
+impl Sensor {
+    fn jitter(&mut self) -> f64 {
+        self.noise * (2.0 * self.draws.unit() - 1.0)
+    }
+}
+
+impl ResourceSensor for Sensor {
+    fn read(&mut self) -> ResourceReadings {
+        let memory = self.plant.process_memory() + self.jitter();
+        ResourceReadings {
+            process_memory: memory as u64,
+            system_memory_used: (OTHERS_MEMORY + memory) as u64,
+            threads: (BASE_THREADS + self.plant.world().threads) as u64,
         }
     }
 
-    fn sessions(&self) -> u64 {
-        (self.insert_sessions + self.running.iter().map(|r| r.sessions).sum::<f64>()).round() as u64
+    fn machine(&self) -> MachineFacts {
+        MACHINE
     }
 }
 
@@ -304,8 +468,7 @@ pub(super) fn simulate(cfg: ThrottlingConfig, max: u32, phases: &[Phase]) -> Out
     simulate_noisy(cfg, max, phases, 0.0)
 }
 
-/// [`simulate`] with a memory sensor that reads up to `noise` bytes off either way (the
-/// allocator's caches, other threads), from a fixed seed.
+/// [`simulate`] with a memory sensor that reads up to `noise` bytes off either way.
 pub(super) fn simulate_noisy(
     cfg: ThrottlingConfig,
     max: u32,
@@ -325,51 +488,74 @@ pub(super) fn simulate_with_backlog(
     run(cfg, max, backlog, phases, 0.0)
 }
 
+/// Runs the world and the host's throttling service in paused time, on one thread.
 fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f64) -> Outcome {
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut jitter = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        noise * ((seed % 2001) as f64 / 1000.0 - 1.0)
-    };
-    let machine = MachineFacts {
-        total_memory: 1 << 34,
-        cpus: 1,
-    };
-    let sample = cfg.sample_interval.as_secs_f64();
-    let thresholds = Thresholds::resolve(&cfg, machine);
-    // The host's own policy: the controller at each tick, the delivery ceiling in between.
-    let mut policy = Policy::new(cfg.clone(), thresholds);
-    policy.arm(u64::from(max));
-    // The ceiling's clock: simulated seconds after this instant.
-    let origin = tokio::time::Instant::now();
-    let mut windows: [RateWindow; 2] = Default::default();
-    let mut drain = DrainMeter::default();
-    let mut w = World {
-        base_memory: 16.0 * MIB,
-        offered: VecDeque::new(),
-        offer_credit: 0.0,
-        admitted: 0.0,
-        insert_sessions: 0.0,
-        store_credit: 0.0,
-        backlog: backlog as f64,
-        running: Vec::new(),
-        receive_credit: 0.0,
-        offered_total: 0,
-        stored_total: 0,
-        started_total: 0,
-        done_total: 0,
-    };
-    // What the ceiling allowed at its last read: it holds until the next one. Its first read
-    // is of the host before anything started.
-    let mut allowance = policy
-        .between_ticks(origin, w.usage(0.0), AdmissionCounts::default())
-        .map_or(f64::MAX, |a| a as f64);
-    let mut delivery = Admission::default();
-    let mut publishing = Admission::default();
-    let mut limit = max;
-    let (mut t, mut next_tick) = (0.0, 0.0);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+        .block_on(run_paused(cfg, max, backlog, phases, noise))
+}
+
+async fn run_paused(
+    cfg: ThrottlingConfig,
+    max: u32,
+    backlog: u64,
+    phases: &[Phase],
+    noise: f64,
+) -> Outcome {
+    let first = *phases.first().expect("at least one phase");
+    let now = Instant::now();
+    let plant = Arc::new(Plant {
+        world: Mutex::new(World {
+            phase: first,
+            phase_index: 0,
+            backlog,
+            in_handlers: 0,
+            memory: 0.0,
+            threads: 0.0,
+            sessions: 0.0,
+            inserting: 0,
+            unsent: 0,
+            next_store: now,
+            next_offer: now,
+            stored_total: 0,
+            started_total: 0,
+            done_total: 0,
+            at_ticks: Vec::new(),
+            draws: XorShift(0x9e37_79b9_7f4a_7c15),
+        }),
+        queue: QueueName::new("q").expect("a valid name"),
+        max,
+        gate: Arc::new(ConcurrencyGate::new(max)),
+        stored: Semaphore::new(backlog as usize),
+        clock: TokioClock::new(),
+    });
+    let throttle = Arc::new(Throttle::default());
+    let control = Arc::new(ThrottleControl::new(cfg, MACHINE));
+    let mut decisions = control.subscribe();
+    let stop = CancellationToken::new();
+    let service = tokio::spawn(service::run(
+        ServiceParts {
+            control,
+            sensor: Box::new(Sensor {
+                plant: plant.clone(),
+                noise,
+                draws: XorShift(0x2545_f491_4f6c_dd1d),
+            }),
+            clock: Arc::new(plant.clock),
+            throttle: throttle.clone(),
+            probe: plant.clone(),
+            limits: plant.clone(),
+            metrics: Metrics::new(),
+        },
+        stop.clone(),
+    ));
+    for _ in 0..max {
+        tokio::spawn(receive_forever(plant.clone(), throttle.clone()));
+    }
+    tokio::spawn(offer_open_loop(plant.clone(), throttle.clone()));
     let mut out = Outcome {
         ticks: Vec::new(),
         completed: Vec::new(),
@@ -379,181 +565,141 @@ fn run(cfg: ThrottlingConfig, max: u32, backlog: u64, phases: &[Phase], noise: f
         causes: Vec::new(),
         pending: Vec::new(),
     };
-    for phase in phases {
-        let end = t + phase.seconds;
+    for (index, phase) in phases.iter().enumerate() {
+        let start = plant.clock.now().as_secs_f64();
         out.causes
             .extend(phase.causes.iter().map(|&condition| CauseSpan {
                 condition,
-                start: t,
-                end,
+                start,
+                end: start + phase.seconds,
             }));
-        let (done_before, stored_before) = (w.done_total, w.stored_total);
-        while t < end {
-            publish(&mut w, phase, &mut publishing, t);
-            // Handlers finish.
-            let before = w.running.len();
-            w.running.retain_mut(|r| {
-                r.left -= STEP;
-                r.left > 0.0
-            });
-            w.done_total += (before - w.running.len()) as u64;
-            // Receivers: each free slot starts a message once the admission lets it.
-            let free = limit.saturating_sub(w.running.len() as u32) as f64;
-            w.receive_credit += if delivery.delay > 0.0 {
-                limit as f64 * STEP / (delivery.delay + phase.latency)
-            } else {
-                f64::MAX / 4.0
-            };
-            let wanted = free
-                .min(w.backlog.floor())
-                .min(w.receive_credit.floor())
-                .max(0.0);
-            let starts = delivery.paced(wanted.min(allowance));
-            let held = starts < wanted && starts >= allowance;
-            w.started_total += starts as u64;
-            for _ in 0..starts as u32 {
-                w.running.push(Running {
-                    left: phase.latency,
-                    memory: phase.memory_per_message,
-                    threads: phase.threads_per_message,
-                    sessions: phase.sessions_per_message,
-                });
-            }
-            w.backlog -= starts;
-            w.receive_credit = (w.receive_credit - starts).min(limit as f64);
-            // The ceiling reads what is in use now, the receives just started included, and
-            // allows what may start until its next read.
-            let usage = w.usage(jitter());
-            let counts = AdmissionCounts {
-                started: w.started_total,
-                held,
-                ..AdmissionCounts::default()
-            };
-            let now = origin + Duration::from_secs_f64(t);
-            allowance = policy
-                .between_ticks(now, usage, counts)
-                .map_or(f64::MAX, |a| a as f64);
-            t += STEP;
-            if t + 1e-9 < next_tick {
-                continue;
-            }
-            next_tick += sample;
-            let now = Duration::from_secs_f64(t);
-            let process_memory = w.memory() + jitter();
-            let mut readings = Readings {
-                process_memory: process_memory as u64,
-                system_memory_used: (OTHERS_MEMORY + process_memory) as u64,
-                in_process: w.running.len() as u64,
-                threads: w.threads(),
-                database_sessions: w.sessions(),
-                database_size: w.backlog as u64,
-                // As the service counts it: only while the queue has room below its limit.
-                queued: if (w.running.len() as u32) < limit {
-                    w.backlog as u64
-                } else {
-                    0
-                },
-                in_process_at_limit: if (w.running.len() as u32) >= limit {
-                    w.running.len() as u64
-                } else {
-                    0
-                },
-                ..Readings::default()
-            };
-            readings.delivery = windows[0].record(
-                now,
-                (w.started_total, w.done_total),
-                cfg.delivery.sampling_window,
-            );
-            readings.delivery.waiting = (free - starts).min(w.backlog).max(0.0) as u64;
-            readings.publishing = windows[1].record(
-                now,
-                (w.offered_total, w.stored_total),
-                cfg.publishing.sampling_window,
-            );
-            readings.publishing.waiting = w.offered.len() as u64;
-            readings.database_drain_per_sec =
-                drain.record(now, w.stored_total, readings.database_size);
-            let (d, _) = policy.tick(
-                now,
-                readings,
-                &[QueueLoad {
-                    name: QueueName::new("q").expect("a valid name"),
-                    max,
-                    in_flight: w.running.len() as u32,
-                }],
-            );
-            limit = d.queue_limits["q"];
-            delivery.set(d.delivery.delay, d.delivery.pace);
-            publishing.set(d.publishing.delay, d.publishing.pace);
-            out.ticks.push(quality::tick(t, &d));
-            out.delivered
-                .push((w.started_total, w.done_total, w.running.len() as u64));
-            out.pending.push(w.backlog + w.offered.len() as f64);
+        {
+            let mut w = plant.world();
+            w.phase = *phase;
+            w.phase_index = index;
         }
-        out.completed.push((w.done_total - done_before) as f64);
-        out.stored.push((w.stored_total - stored_before) as f64);
+        for _ in 0..phase.closed_loop.unwrap_or(0) {
+            tokio::spawn(send_in_turn(plant.clone(), throttle.clone(), index));
+        }
+        let (done_before, stored_before) = plant.totals();
+        tokio::time::sleep(Duration::from_secs_f64(phase.seconds)).await;
+        let (done, stored) = plant.totals();
+        out.completed.push((done - done_before) as f64);
+        out.stored.push((stored - stored_before) as f64);
     }
-    out.left_unsent = w.offered.len();
+    stop.cancel();
+    service.await.expect("the service ran to its stop");
+    let w = plant.world();
+    out.left_unsent = w.unsent as usize;
+    for at_tick in &w.at_ticks {
+        let snapshot = decisions.try_recv().expect("a decision for every tick");
+        out.ticks.push(quality::tick(at_tick.t, &snapshot.decision));
+        out.delivered.push(at_tick.delivered);
+        out.pending.push(at_tick.pending);
+    }
     out
 }
 
-/// One step of the publisher: sends are offered, wait out the delay and the pace, and are
-/// stored as fast as the store allows.
-fn publish(w: &mut World, phase: &Phase, admission: &mut Admission, t: f64) {
-    w.offer_credit += phase.offered_per_sec * STEP;
-    match phase.closed_loop {
-        None => {
-            offer(w, admission, t, usize::MAX);
-            let ready = ready(w, admission, t);
-            let admitted = admission.paced(ready);
-            w.offered.drain(..admitted as usize);
-            w.admitted += admitted;
+/// A receiver, as a host's receive turn goes: once a message is there for it, it waits out
+/// delivery's admission, takes a permit of the queue's gate and starts its receive if the
+/// ceiling's allowance still has room (else gives the permit back and waits again); the
+/// message then runs in its handler, holding the permit.
+async fn receive_forever(plant: Arc<Plant>, throttle: Arc<Throttle>) {
+    loop {
+        match plant.stored.acquire().await {
+            Ok(claim) => claim.forget(),
+            Err(_) => return,
         }
-        // Each sender offers its next send as soon as the last is admitted, so within a step
-        // a sender goes round as often as its speed and the admission let it.
-        Some(senders) => {
-            admission.accrue();
-            loop {
-                offer(w, admission, t, senders);
-                let admitted = admission.take(ready(w, admission, t));
-                w.offered.drain(..admitted as usize);
-                w.admitted += admitted;
-                if admitted == 0.0 || w.offer_credit < 1.0 {
-                    break;
-                }
+        let (permit, receiving) = loop {
+            throttle.delivery.admit().await;
+            let permit = plant.gate.acquire().await;
+            if let Some(receiving) = throttle.delivery.start() {
+                break (permit, receiving);
             }
-            // What a waiting sender could not offer is not saved up for later.
-            w.offer_credit = w.offer_credit.min(1.0);
+        };
+        let holding = plant.start_message();
+        throttle.delivery.message_started();
+        throttle.delivery_rates.incoming();
+        drop(receiving);
+        tokio::time::sleep(Duration::from_secs_f64(holding.latency)).await;
+        plant.finish_message(holding);
+        throttle.delivery_rates.outgoing();
+        drop(permit);
+    }
+}
+
+/// The open-loop publisher: sends come at the phase's rate whether or not earlier ones have
+/// been admitted, each waiting on its own.
+async fn offer_open_loop(plant: Arc<Plant>, throttle: Arc<Throttle>) {
+    let mut next = Instant::now();
+    loop {
+        let (_, phase) = plant.phase();
+        if phase.closed_loop.is_some() || phase.offered_per_sec <= 0.0 {
+            tokio::time::sleep(IDLE_CHECK).await;
+            next = Instant::now();
+            continue;
         }
-    }
-    // Capacity not used in a step is not saved up for later.
-    let capacity = phase.store_per_sec.min(1e9) * STEP;
-    w.store_credit = (w.store_credit + capacity).min(capacity + 1.0);
-    let stored = w.admitted.min(w.store_credit.floor());
-    w.admitted -= stored;
-    w.store_credit -= stored;
-    w.stored_total += stored as u64;
-    w.backlog += stored;
-    w.insert_sessions = stored * phase.insert_seconds / STEP;
-}
-
-/// Offers what the senders' speed has accrued, up to `senders` waiting at once.
-fn offer(w: &mut World, admission: &Admission, t: f64, senders: usize) {
-    while w.offer_credit >= 1.0 && w.offered.len() < senders {
-        w.offer_credit -= 1.0;
-        w.offered.push_back((t, admission.delay));
-        w.offered_total += 1;
+        // Sends due while the timer slept (rates finer than its millisecond) go at once.
+        if next > Instant::now() {
+            tokio::time::sleep_until(next).await;
+            continue;
+        }
+        tokio::spawn(send(plant.clone(), throttle.clone()));
+        next += Duration::from_secs_f64(1.0 / phase.offered_per_sec);
     }
 }
 
-/// Sends at the head of the line that have waited out their delay: the delay in force when
-/// each asked, or less if it has relaxed since (waiters are woken when it does).
-fn ready(w: &World, admission: &Admission, t: f64) -> f64 {
-    w.offered
-        .iter()
-        .take_while(|(at, delay)| t - at >= delay.min(admission.delay))
-        .count() as f64
+/// One closed-loop sender of phase `index`: it offers its next send only once publishing has
+/// admitted the last (a retry of failed messages, a handler sending in a loop).
+async fn send_in_turn(plant: Arc<Plant>, throttle: Arc<Throttle>, index: usize) {
+    loop {
+        let (now_on, phase) = plant.phase();
+        if now_on != index {
+            return;
+        }
+        if phase.offered_per_sec <= 0.0 {
+            tokio::time::sleep(IDLE_CHECK).await;
+            continue;
+        }
+        let slot = plant.offer_slot(phase.offered_per_sec);
+        if slot > Instant::now() {
+            tokio::time::sleep_until(slot).await;
+        }
+        admit_send(&plant, &throttle).await;
+        tokio::spawn(store(plant.clone(), throttle.clone()));
+    }
+}
+
+/// One send: offered, admitted, stored.
+async fn send(plant: Arc<Plant>, throttle: Arc<Throttle>) {
+    admit_send(&plant, &throttle).await;
+    store(plant, throttle).await;
+}
+
+/// Counts a send as offered (as the host counts a request), then waits until publishing
+/// admits it.
+async fn admit_send(plant: &Plant, throttle: &Throttle) {
+    plant.world().unsent += 1;
+    throttle.publishing_rates.incoming();
+    throttle.publishing.admit().await;
+    plant.world().unsent -= 1;
+}
+
+/// Stores an admitted send when the store can take it; the insert holds a connection for the
+/// phase's insert time.
+async fn store(plant: Arc<Plant>, throttle: Arc<Throttle>) {
+    let slot = plant.store_slot();
+    if slot > Instant::now() {
+        tokio::time::sleep_until(slot).await;
+    }
+    let insert = plant.phase().1.insert_seconds;
+    if insert > 0.0 {
+        plant.world().inserting += 1;
+        tokio::time::sleep(Duration::from_secs_f64(insert)).await;
+        plant.world().inserting -= 1;
+    }
+    plant.stored_one();
+    throttle.publishing_rates.outgoing();
 }
 
 /// Every episode meets the control bounds: engaged within 2 samples, peak at most `peak` x

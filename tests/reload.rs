@@ -21,6 +21,19 @@ fn status(port: u16) -> Option<serde_json::Value> {
     serde_json::from_str(&r.body_mut().read_to_string().ok()?).ok()
 }
 
+/// The failed reloads the host has counted (its counter is exported from the start, at 0).
+fn failed_reloads(port: u16) -> f64 {
+    let text = ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_to_string().ok())
+        .unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("throttlehost_config_reloads_total{result=\"error\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 fn wait_for(port: u16, what: &str, f: impl Fn(&serde_json::Value) -> bool) {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(15) {
@@ -66,20 +79,17 @@ fn sighup_and_file_changes_reload_and_a_bad_file_keeps_the_settings() {
         s["throttling"]["delivery"]["state"] == 10 && s["queues"][0]["max"] == 9
     });
 
-    // An invalid file: the running settings stay.
+    // An invalid file: the running settings stay once the host has read it (and counted
+    // the failed reload).
     std::fs::write(&path, "[throttling]\nsample_interval = \"fast\"\n").unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while failed_reloads(port) < 1.0 {
+        assert!(Instant::now() < deadline, "the bad file read within 15 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let s = status(port).unwrap();
     assert_eq!(s["throttling"]["delivery"]["state"], 10);
-    let mut r = ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
-        .call()
-        .unwrap();
-    assert!(
-        r.body_mut()
-            .read_to_string()
-            .unwrap()
-            .contains("throttlehost_config_reloads_total{result=\"error\"}")
-    );
+    assert_eq!(s["queues"][0]["max"], 9);
 
     // SIGHUP after a change the watcher might miss (written, then signalled).
     std::fs::write(&path, config(port, "none", 3)).unwrap();

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::handlers::SimulateHandler;
 use crate::message::OutgoingMessage;
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
@@ -65,11 +64,6 @@ impl HostInner {
         &self.queues
     }
 
-    /// The built-in simulate handlers by receiving queue: the knobs load tests turn.
-    pub(crate) fn simulated(&self) -> impl Iterator<Item = &Arc<SimulateHandler>> {
-        self.simulated.iter().map(|(_, sim)| sim)
-    }
-
     /// A receiving queue by name.
     pub(crate) fn queue(&self, name: &str) -> Option<&Arc<QueueRuntime>> {
         self.queues.iter().find(|q| q.name().as_str() == name)
@@ -118,11 +112,6 @@ impl HostInner {
 }
 
 impl Host {
-    /// The shared parts, for the crate's own tools (the load runner, `run`).
-    pub(crate) fn inner(&self) -> &Arc<HostInner> {
-        &self.inner
-    }
-
     /// A handle to this host that tasks and threads can keep: send, reload, override, and
     /// read its status, throttling and metrics.
     pub fn handle(&self) -> HostHandle {

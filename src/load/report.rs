@@ -13,7 +13,7 @@ use super::record::{RunResult, Sample};
 use super::scenario::Expect;
 use super::units::format_wait;
 use crate::config::units::format_byte_size;
-use crate::host::HostInner;
+use crate::status::QueueStatus;
 use crate::throttling::controller::{ConditionStatus, DirectionDecision};
 use crate::throttling::quality::{self, Episode};
 use crate::throttling::{Condition, Direction};
@@ -679,7 +679,7 @@ fn condition_text(c: &ConditionStatus) -> String {
 
 /// The demo's live table.
 pub(crate) fn table(
-    host: &HostInner,
+    queues: &[QueueStatus],
     sample: &Sample,
     phase: &str,
     index: usize,
@@ -735,17 +735,12 @@ pub(crate) fn table(
         "  {:<24}{:<9}{:>5}{:>7}{:>11}{:>8}",
         "queue", "model", "max", "limit", "in-flight", "depth"
     );
-    for q in host.queues() {
-        let model = format!("{:?}", q.model()).to_lowercase();
+    for q in queues {
+        let model = format!("{:?}", q.model).to_lowercase();
         let _ = writeln!(
             out,
             "  {:<24}{:<9}{:>5}{:>7}{:>11}{:>8}",
-            q.name().as_str(),
-            model,
-            q.settings().max,
-            q.gate().effective(),
-            q.gate().in_flight(),
-            q.depth().get()
+            q.name, model, q.max, q.limit, q.in_flight, q.depth
         );
     }
     let threshold = |t: Option<u64>, bytes: bool| match t {

@@ -25,7 +25,8 @@ use super::options::{Display, LoadError, LoadOptions, host_config};
 use super::peer::Peers;
 use super::record::{Accounting, RunResult};
 use super::scenario::{Phase, Scenario};
-use crate::config::{Config, OverrideMode, TransportKind};
+use crate::config::{Config, HandlerConfig, OverrideMode, TransportKind};
+use crate::handlers::SimulateHandler;
 use crate::host::HostBuilder;
 use crate::throttling::Direction;
 use crate::throttling::sensors::SystemSensor;
@@ -103,12 +104,17 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     .filter(|(_, d)| d.override_mode == OverrideMode::Never)
     .map(|(direction, _)| direction)
     .collect();
-    let host = HostBuilder::new(config)
+    // The run holds the simulate handlers itself, to turn their knobs phase by phase and read
+    // the latencies they saw; the host takes them as handlers registered by name.
+    let simulated = simulate_handlers(&config);
+    let mut builder = HostBuilder::new(config.clone())
         .transport(transport.clone())
-        .observer(ledger.clone())
-        .start()
-        .await?;
-    let inner = host.inner().clone();
+        .observer(ledger.clone());
+    for (queue, handler) in &simulated {
+        builder = builder.shared_handler(queue, handler.clone());
+    }
+    let host = builder.start().await?;
+    let handle = host.handle();
     let peers = match start_peers(scenario, options, &ledger) {
         Ok(peers) => peers,
         Err(e) => {
@@ -123,8 +129,10 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     let mut session = Session {
         scenario,
         options,
-        recorder: Recorder::start(&inner, started, ledger.clone()),
-        inner,
+        recorder: Recorder::start(&handle, &simulated, started, ledger.clone()),
+        host: handle,
+        settings: config,
+        simulated: simulated.into_iter().map(|(_, handler)| handler).collect(),
         admin: host.admin_address(),
         ledger,
         body,
@@ -177,6 +185,21 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         resume_ratio,
         uncontrolled,
     })
+}
+
+/// A simulate handler for each queue configured with one, by queue name.
+fn simulate_handlers(config: &Config) -> Vec<(String, Arc<SimulateHandler>)> {
+    config
+        .queues
+        .iter()
+        .filter_map(|q| match &q.handler {
+            Some(HandlerConfig::Simulate(knobs)) => Some((
+                q.name.clone(),
+                Arc::new(SimulateHandler::new(knobs.clone())),
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The scenario's peer processes (`processes` above 1), reporting into the ledger.

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::host::HostInner;
+use crate::host::HostHandle;
 use crate::load::scenario::{Phase, Scenario};
 use crate::message::{EXECUTION_STAGE_HEADER, OutgoingMessage, PREVIOUS_STAGE_HEADER};
 use crate::transport::{QueueName, Transport, TransportError};
@@ -138,7 +138,7 @@ pub(super) async fn prefill(
 /// producers, to the publish path.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn generate(
-    host: Arc<HostInner>,
+    host: HostHandle,
     queue: QueueName,
     phase: Phase,
     length: Duration,
@@ -164,8 +164,9 @@ pub(super) async fn generate(
             message = message.with_time_to_be_received(ttbr);
         }
         sends.spawn(async move {
-            match host.publisher().send(&queue, &message).await {
-                Ok(()) => ledger.sent(&message),
+            let (id, logical_id) = (message.id, message.logical_id());
+            match host.send(queue.as_str(), message).await {
+                Ok(()) => ledger.sent_as(id, &logical_id),
                 Err(e) => {
                     ledger.send_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(error = %e, "a load-test send failed");
@@ -217,7 +218,7 @@ pub(super) async fn generate(
 /// `phase.producers` senders, each waiting for its send before the next; `cap` bounds their
 /// total rate.
 pub(super) async fn produce_closed_loop(
-    host: Arc<HostInner>,
+    host: HostHandle,
     queue: QueueName,
     phase: &Phase,
     cap: Option<f64>,
@@ -245,8 +246,9 @@ pub(super) async fn produce_closed_loop(
                 }
                 // A send already waiting when the phase ends still completes (nothing offered
                 // is dropped); the next one is not started.
-                match host.publisher().send(&queue, &message).await {
-                    Ok(()) => ledger.sent(&message),
+                let (id, logical_id) = (message.id, message.logical_id());
+                match host.send(queue.as_str(), message).await {
+                    Ok(()) => ledger.sent_as(id, &logical_id),
                     Err(e) => {
                         ledger.send_failures.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(error = %e, "a load-test send failed");

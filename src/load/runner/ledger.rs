@@ -183,12 +183,18 @@ impl Ledger {
     }
 
     pub(super) fn sent(&self, message: &OutgoingMessage) {
+        self.sent_as(message.id, &message.logical_id());
+    }
+
+    /// Records a message sent with this native id and logical id (a send that took the
+    /// message).
+    pub(super) fn sent_as(&self, id: Uuid, logical_id: &str) {
         self.sent.fetch_add(1, Ordering::Relaxed);
         if self.track_ids {
-            let key = ledger_key(&message.logical_id());
+            let key = ledger_key(logical_id);
             let mut ids = self.ids();
-            if key != message.id {
-                ids.native.insert(message.id, key);
+            if key != id {
+                ids.native.insert(id, key);
             }
             ids.messages.entry(key).or_default();
         }

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::host::HostInner;
+use crate::handlers::SimulateHandler;
+use crate::host::HostHandle;
 use crate::load::record::Sample;
 
 use super::ledger::Ledger;
@@ -22,13 +23,18 @@ pub(super) struct Recorder {
 }
 
 impl Recorder {
-    pub(super) fn start(host: &HostInner, started: Instant, ledger: Arc<Ledger>) -> Self {
+    pub(super) fn start(
+        host: &HostHandle,
+        simulated: &[(String, Arc<SimulateHandler>)],
+        started: Instant,
+        ledger: Arc<Ledger>,
+    ) -> Self {
         let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
         let phase = Arc::new(Mutex::new(String::new()));
         let stop = CancellationToken::new();
-        let mut decisions = host.control().subscribe();
+        let mut decisions = host.throttling_samples();
         let (samples2, phase2, stop2) = (samples.clone(), phase.clone(), stop.clone());
-        let sims = distinct_simulated(host);
+        let sims: Vec<Arc<SimulateHandler>> = simulated.iter().map(|(_, h)| h.clone()).collect();
         let task = tokio::spawn(async move {
             loop {
                 let snapshot = tokio::select! {
@@ -106,23 +112,9 @@ impl Recorder {
     }
 }
 
-/// The host's simulate handlers, each once (a queue and its instance queue share one).
-pub(super) fn distinct_simulated(host: &HostInner) -> Vec<Arc<crate::handlers::SimulateHandler>> {
-    let mut sims: Vec<Arc<crate::handlers::SimulateHandler>> = Vec::new();
-    for sim in host.simulated() {
-        if !sims.iter().any(|s| Arc::ptr_eq(s, sim)) {
-            sims.push(sim.clone());
-        }
-    }
-    sims
-}
-
 /// The latencies of every simulate handler since the last take, sorted.
-pub(super) fn take_latencies(host: &HostInner) -> Vec<f32> {
-    let mut all: Vec<f32> = distinct_simulated(host)
-        .iter()
-        .flat_map(|s| s.take_latencies())
-        .collect();
+pub(super) fn take_latencies(simulated: &[Arc<SimulateHandler>]) -> Vec<f32> {
+    let mut all: Vec<f32> = simulated.iter().flat_map(|s| s.take_latencies()).collect();
     all.sort_by(f32::total_cmp);
     all
 }

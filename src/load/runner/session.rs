@@ -11,13 +11,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::OverrideMode;
-use crate::host::HostInner;
+use crate::config::{Config, OverrideMode};
+use crate::handlers::SimulateHandler;
+use crate::host::HostHandle;
 use crate::load::options::{Display, LoadOptions};
 use crate::load::peer::{Peers, now_ns};
 use crate::load::record::PhaseSpan;
 use crate::load::scenario::{Phase, Scenario};
-use crate::throttling::Direction;
 use crate::transport::{QueueName, Transport};
 
 use super::first_queue;
@@ -29,7 +29,13 @@ use super::recorder::{Recorder, take_latencies};
 pub(super) struct Session<'a> {
     pub(super) scenario: &'a Scenario,
     pub(super) options: &'a LoadOptions,
-    pub(super) inner: Arc<HostInner>,
+    /// The host under load, through the handle any caller gets.
+    pub(super) host: HostHandle,
+    /// The settings in force: the scenario's, with what the phases changed so far (each
+    /// change is applied as a reload of them).
+    pub(super) settings: Config,
+    /// The simulate handlers the host runs, whose knobs the phases turn.
+    pub(super) simulated: Vec<Arc<SimulateHandler>>,
     pub(super) admin: Option<std::net::SocketAddr>,
     pub(super) recorder: Recorder,
     pub(super) ledger: Arc<Ledger>,
@@ -53,7 +59,7 @@ impl Session<'_> {
     pub(super) fn show(&mut self, phase: &str, position: (usize, usize)) {
         show(
             self.options.display,
-            &self.inner,
+            &self.host,
             &self.recorder,
             phase,
             position,
@@ -97,7 +103,7 @@ impl Session<'_> {
     /// One phase: its settings applied, its load offered, shown every sample interval.
     pub(super) async fn play_phase(&mut self, phase: &Phase, label: String, index: usize) {
         let queue = first_queue(self.scenario, phase);
-        apply_phase(&self.inner, phase, &queue);
+        self.apply_phase(phase, &queue);
         if let Some(number) = phase.kill_peer {
             self.kill_peer(number as usize);
         }
@@ -111,7 +117,7 @@ impl Session<'_> {
             None => length,
         };
         let generator = tokio::spawn(generate(
-            self.inner.clone(),
+            self.host.clone(),
             queue,
             phase.clone(),
             length,
@@ -123,7 +129,7 @@ impl Session<'_> {
         ));
         let start = self.started.elapsed().as_secs_f64();
         self.recorder.set_phase(&label);
-        take_latencies(&self.inner);
+        take_latencies(&self.simulated);
         let phase_end = Instant::now() + length;
         loop {
             tokio::select! {
@@ -134,7 +140,7 @@ impl Session<'_> {
             if self.options.stop.is_cancelled() || Instant::now() >= phase_end {
                 break;
             }
-            if phase.until_drained && generator.is_finished() && drained(&self.inner).await {
+            if phase.until_drained && generator.is_finished() && drained(&self.host).await {
                 break;
             }
         }
@@ -147,7 +153,7 @@ impl Session<'_> {
             name: label,
             start,
             end: self.started.elapsed().as_secs_f64(),
-            latencies: take_latencies(&self.inner),
+            latencies: take_latencies(&self.simulated),
             causes: phase.causes.clone(),
         });
     }
@@ -187,10 +193,12 @@ impl Session<'_> {
         {
             tracing::warn!("some sends did not finish within the drain timeout");
         }
-        for direction in Direction::ALL {
-            self.inner.set_override(direction, OverrideMode::None);
+        let throttling = &mut self.settings.throttling;
+        for direction in [&mut throttling.delivery, &mut throttling.publishing] {
+            direction.override_mode = OverrideMode::None;
         }
-        for sim in self.inner.simulated() {
+        self.host.apply_config(self.settings.clone());
+        for sim in &self.simulated {
             let mut knobs = sim.knobs();
             knobs.memory_per_message = crate::config::ByteSize(0);
             knobs.blocking = false;
@@ -203,10 +211,10 @@ impl Session<'_> {
     pub(super) async fn drain(&mut self) -> f64 {
         let drain_start = self.started.elapsed().as_secs_f64();
         self.recorder.set_phase("drain");
-        take_latencies(&self.inner);
+        take_latencies(&self.simulated);
         let drain_deadline = Instant::now() + self.scenario.drain_timeout;
         while self.options.drain
-            && !drained(&self.inner).await
+            && !drained(&self.host).await
             && Instant::now() < drain_deadline
             && !self.options.stop.is_cancelled()
         {
@@ -217,7 +225,7 @@ impl Session<'_> {
             name: "drain".into(),
             start: drain_start,
             end: self.started.elapsed().as_secs_f64(),
-            latencies: take_latencies(&self.inner),
+            latencies: take_latencies(&self.simulated),
             causes: Vec::new(),
         });
         let last_done = *self
@@ -256,31 +264,45 @@ impl Session<'_> {
     }
 }
 
-pub(super) fn apply_phase(host: &HostInner, phase: &Phase, queue: &QueueName) {
-    if let Some(max) = phase.max_concurrency
-        && let Some(q) = host.queue(queue.as_str())
-    {
-        let mut settings = (*q.settings()).clone();
-        settings.max = max;
-        q.reconfigure(settings);
-    }
-    if let Some(on) = phase.latency_limit
-        && let Some(q) = host.queue(queue.as_str())
-    {
-        let mut settings = (*q.settings()).clone();
-        settings.latency_limit.enabled = on;
-        q.reconfigure(settings);
-    }
-    if let Some(change) = &phase.handler {
-        for sim in host.simulated() {
-            sim.set_knobs(change.apply(sim.knobs()));
+impl Session<'_> {
+    /// Applies what `phase` changes: the queue's max and latency limit and the overrides as a
+    /// reload of the settings in force (so none of them undoes another), the simulate
+    /// handlers' knobs directly.
+    fn apply_phase(&mut self, phase: &Phase, queue: &QueueName) {
+        let settings = &mut self.settings;
+        let mut changed = false;
+        if let Some(q) = settings
+            .queues
+            .iter_mut()
+            .find(|q| q.name == queue.as_str())
+        {
+            if let Some(max) = phase.max_concurrency {
+                q.concurrency.max = max;
+                changed = true;
+            }
+            if let Some(on) = phase.latency_limit {
+                q.latency_limit.enabled = on;
+                changed = true;
+            }
         }
-    }
-    if let Some(mode) = phase.delivery_override {
-        host.set_override(Direction::Delivery, mode);
-    }
-    if let Some(mode) = phase.publishing_override {
-        host.set_override(Direction::Publishing, mode);
+        let throttling = &mut settings.throttling;
+        for (mode, direction) in [
+            (phase.delivery_override, &mut throttling.delivery),
+            (phase.publishing_override, &mut throttling.publishing),
+        ] {
+            if let Some(mode) = mode {
+                direction.override_mode = mode;
+                changed = true;
+            }
+        }
+        if changed {
+            self.host.apply_config(self.settings.clone());
+        }
+        if let Some(change) = &phase.handler {
+            for sim in &self.simulated {
+                sim.set_knobs(change.apply(sim.knobs()));
+            }
+        }
     }
 }
 
@@ -307,17 +329,22 @@ pub(super) async fn settle(
     }
 }
 
-pub(super) async fn drained(host: &HostInner) -> bool {
-    if host.in_process() > 0 || host.queues().iter().any(|q| q.gate().in_flight() > 0) {
+/// Whether nothing is in process and every receiving queue and its delayed table is empty.
+pub(super) async fn drained(host: &HostHandle) -> bool {
+    let queues = host.status().queues;
+    if host.in_process() > 0 || queues.iter().any(|q| q.in_flight > 0) {
         return false;
     }
-    for q in host.queues() {
-        match host.transport().peek_depth(q.name()).await {
+    for q in &queues {
+        let Ok(name) = QueueName::new(&q.name) else {
+            return false;
+        };
+        match host.transport().peek_depth(&name).await {
             Ok(0) => {}
             _ => return false,
         }
         // Delayed retries still waiting will come back: not drained yet.
-        if delayed_waiting(host.transport().as_ref(), q.name()).await > 0 {
+        if delayed_waiting(host.transport().as_ref(), &name).await > 0 {
             return false;
         }
     }
@@ -335,7 +362,7 @@ pub(super) async fn delayed_waiting(transport: &dyn Transport, queue: &QueueName
 #[allow(clippy::too_many_arguments)]
 pub(super) fn show(
     display: Display,
-    host: &HostInner,
+    host: &HostHandle,
     recorder: &Recorder,
     phase: &str,
     (index, phases): (usize, usize),
@@ -378,7 +405,14 @@ pub(super) fn show(
                 *shown_at = last.t;
                 print!(
                     "{}",
-                    crate::load::report::table(host, last, phase, index, phases, admin)
+                    crate::load::report::table(
+                        &host.status().queues,
+                        last,
+                        phase,
+                        index,
+                        phases,
+                        admin
+                    )
                 );
             }
         }

@@ -320,11 +320,6 @@ const LONGER_ALLOWED: &[(&str, &str, &str)] = &[
         "draw_waits",
         "one chart drawn top to bottom: axes, series, legend",
     ),
-    (
-        "throttling/quality.rs",
-        "next_episode",
-        "not yet split (#47)",
-    ),
     ("load/report.rs", "summarize", "not yet split (#47)"),
     ("load/report.rs", "table", "not yet split (#47)"),
     ("load/report.rs", "text_details", "not yet split (#47)"),
@@ -337,8 +332,6 @@ const LONGER_ALLOWED: &[(&str, &str, &str)] = &[
         "main",
         "the command table: one arm per subcommand",
     ),
-    ("throttling/explain.rs", "explain", "not yet split (#47)"),
-    ("transport/postgres/mod.rs", "new", "not yet split (#47)"),
     (
         "transport/postgres/statements.rs",
         "new",

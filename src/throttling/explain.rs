@@ -134,25 +134,31 @@ pub(crate) fn explain(
     if decision.recovering {
         cause = format!("under its resume line: {cause}");
     }
+    Some(Explanation {
+        cause,
+        actions: actions_in_effect(decision, limits),
+        clears_when: clears_when(decision.recovering, status, resume_ratio),
+    })
+}
+
+/// The delay, the pace and (delivery) every reduced queue limit, in words.
+fn actions_in_effect(
+    decision: &DirectionDecision,
+    limits: &BTreeMap<QueueName, (u32, u32)>,
+) -> Vec<String> {
+    let (one, many) = match decision.direction {
+        Direction::Delivery => ("receive", "receives"),
+        Direction::Publishing => ("send", "sends"),
+    };
     let mut actions = Vec::new();
     if !decision.delay.is_zero() {
         actions.push(format!(
-            "each {} waits {}",
-            match decision.direction {
-                Direction::Delivery => "receive",
-                Direction::Publishing => "send",
-            },
+            "each {one} waits {}",
             format_duration(decision.delay)
         ));
     }
     if let Some(rate) = decision.pace_rate {
-        actions.push(format!(
-            "{} paced at {rate:.0} msg/s",
-            match decision.direction {
-                Direction::Delivery => "receives",
-                Direction::Publishing => "sends",
-            }
-        ));
+        actions.push(format!("{many} paced at {rate:.0} msg/s"));
     }
     if decision.direction == Direction::Delivery {
         for (queue, (max, limit)) in limits {
@@ -161,33 +167,30 @@ pub(crate) fn explain(
             }
         }
     }
-    let clears_when = if decision.recovering {
-        match status {
-            Some(c) if c.condition != Condition::Override && c.threshold > 0.0 => format!(
-                "the actions above relax while {} stays below {}; back to 0 once they have",
-                c.condition.words(),
-                format_value(c.condition.measure(), c.threshold * resume_ratio)
-            ),
-            _ => "the actions above relax; back to 0 once they have".to_string(),
+    actions
+}
+
+/// What has to happen for the state to return to 0, given the cause's `status`.
+fn clears_when(recovering: bool, status: Option<&ConditionStatus>, resume_ratio: f64) -> String {
+    let resume_line =
+        |c: &ConditionStatus| format_value(c.condition.measure(), c.threshold * resume_ratio);
+    match (recovering, status) {
+        (true, Some(c)) if c.condition != Condition::Override && c.threshold > 0.0 => format!(
+            "the actions above relax while {} stays below {}; back to 0 once they have",
+            c.condition.words(),
+            resume_line(c)
+        ),
+        (true, _) => "the actions above relax; back to 0 once they have".to_string(),
+        (false, Some(c)) if c.condition == Condition::Override => {
+            "the override is set back to none".to_string()
         }
-    } else {
-        match status {
-            Some(c) if c.condition == Condition::Override => {
-                "the override is set back to none".to_string()
-            }
-            Some(c) if c.threshold > 0.0 => format!(
-                "{} falls below {}, then the actions relax",
-                c.condition.words(),
-                format_value(c.condition.measure(), c.threshold * resume_ratio)
-            ),
-            _ => "the cause clears, then the actions relax".to_string(),
-        }
-    };
-    Some(Explanation {
-        cause,
-        actions,
-        clears_when,
-    })
+        (false, Some(c)) if c.threshold > 0.0 => format!(
+            "{} falls below {}, then the actions relax",
+            c.condition.words(),
+            resume_line(c)
+        ),
+        (false, _) => "the cause clears, then the actions relax".to_string(),
+    }
 }
 
 /// "120 ms", "2.5 s", "5 min".

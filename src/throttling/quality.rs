@@ -188,85 +188,126 @@ struct Scoring<'a> {
     causes: &'a [CauseSpan],
 }
 
+/// One condition's readings and one direction's states over a timeline, as its episodes
+/// are read from them.
+struct Timeline<'a> {
+    ticks: &'a [Tick],
+    condition: Condition,
+    direction: Direction,
+    /// The state code this condition shows in this direction.
+    own: Option<u8>,
+}
+
+impl<'a> Timeline<'a> {
+    fn new(ticks: &'a [Tick], scoring: &Scoring) -> Self {
+        Timeline {
+            ticks,
+            condition: scoring.condition,
+            direction: scoring.direction,
+            own: scoring.condition.state_code(scoring.direction),
+        }
+    }
+
+    fn state(&self, i: usize) -> u8 {
+        self.ticks[i].states[self.direction.index()]
+    }
+
+    /// The value is past its threshold at tick `i`, or the condition engaged before it was
+    /// (the memory ceiling acts ahead of the line): an episode starts at the first of either.
+    fn over(&self, i: usize) -> bool {
+        reading(&self.ticks[i], self.condition, self.direction)
+            .is_some_and(|r| r.value > r.threshold || r.active)
+    }
+
+    /// The first tick from `from` at which the condition is active and the state not 0.
+    fn engages(&self, from: usize) -> Option<usize> {
+        (from..self.ticks.len()).find(|&i| {
+            reading(&self.ticks[i], self.condition, self.direction).is_some_and(|r| r.active)
+                && self.state(i) != 0
+        })
+    }
+
+    /// Another cause, active at tick `i`, shows in this direction: this one has handed over
+    /// (memory, then slow handlers filling the in-process count, are two causes, and the
+    /// first has recovered when the second shows).
+    fn handed_over(&self, i: usize) -> bool {
+        let s = self.state(i);
+        s != 0
+            && Some(s) != self.own
+            && self.ticks[i].readings.iter().any(|r| {
+                r.direction == self.direction
+                    && r.active
+                    && r.condition.state_code(self.direction) == Some(s)
+            })
+    }
+
+    /// The direction's state entering or leaving this condition's code from `start` to
+    /// `last`. A hand-over to a higher-ranked cause that goes on past this one (an operator's
+    /// override taking over) is one flip out, not a flap; a state swinging between causes
+    /// counts every swing.
+    fn flips(&self, start: usize, last: usize) -> u32 {
+        let shows_own = |i: usize| Some(self.state(i)) == self.own;
+        (start.max(1)..=last)
+            .filter(|&i| shows_own(i) != shows_own(i - 1))
+            .count() as u32
+    }
+}
+
 /// Finds the episode starting at or after `*from`; leaves `*from` after its end.
 fn next_episode(ticks: &[Tick], scoring: &Scoring, from: &mut usize) -> Option<Episode> {
-    let (condition, direction, resume_ratio) =
-        (scoring.condition, scoring.direction, scoring.resume_ratio);
-    // An episode starts when the value crosses its threshold or the condition engages before
-    // it does (the memory ceiling acts ahead of the line), whichever comes first.
-    let over = |i: usize| {
-        reading(&ticks[i], condition, direction).is_some_and(|r| r.value > r.threshold || r.active)
-    };
-    let start = (*from..ticks.len()).find(|&i| over(i))?;
-    let state = |i: usize| ticks[i].states[direction.index()];
-    let engages = |from: usize| {
-        (from..ticks.len()).find(|&i| {
-            reading(&ticks[i], condition, direction).is_some_and(|r| r.active) && state(i) != 0
-        })
-    };
-    let engaged = engages(start);
+    let timeline = Timeline::new(ticks, scoring);
+    let start = (*from..ticks.len()).find(|&i| timeline.over(i))?;
+    let engaged = timeline.engages(start);
     let mut peak: f64 = 0.0;
     let mut cause_end = ticks[start].t;
     let mut round = start;
     let mut engaged_now = engaged;
     // The slowest engagement of any crossing in the episode.
     let mut engage_samples = engaged.map(|e| (e - start) as u32);
-    let own = condition.state_code(direction);
-    // Another cause, active at that tick, showing in this direction: this one has handed over
-    // (memory, then slow handlers filling the in-process count, are two causes, and the first
-    // has recovered when the second shows).
-    let handed_over = |i: usize| {
-        let s = state(i);
-        s != 0
-            && Some(s) != own
-            && ticks[i].readings.iter().any(|r| {
-                r.direction == direction && r.active && r.condition.state_code(direction) == Some(s)
-            })
-    };
     let (end, last) = loop {
         // This round ends at the first tick back at state 0 after engaging, or handed over.
-        let end =
-            engaged_now.and_then(|e| (e..ticks.len()).find(|&i| state(i) == 0 || handed_over(i)));
+        let end = engaged_now.and_then(|e| {
+            (e..ticks.len()).find(|&i| timeline.state(i) == 0 || timeline.handed_over(i))
+        });
         let last = end.unwrap_or(ticks.len() - 1);
-        let (round_peak, round_cause_end) =
-            scan(&ticks[round..=last], (condition, direction), resume_ratio);
+        let (round_peak, round_cause_end) = scan(
+            &ticks[round..=last],
+            (scoring.condition, scoring.direction),
+            scoring.resume_ratio,
+        );
         peak = peak.max(round_peak);
         let by_value = round_cause_end.map(|i| ticks[round + i].t);
-        cause_end = cause_span_end(scoring.causes, condition, ticks[round].t, ticks[last].t)
-            .or(by_value)
-            .unwrap_or(cause_end);
+        cause_end = cause_span_end(
+            scoring.causes,
+            scoring.condition,
+            ticks[round].t,
+            ticks[last].t,
+        )
+        .or(by_value)
+        .unwrap_or(cause_end);
         // A crossing soon after the cause ended is this episode going on.
         let again = end.and_then(|e| {
             (e + 1..ticks.len())
                 .take_while(|&i| ticks[i].t - cause_end <= SAME_EPISODE_WITHIN)
-                .find(|&i| over(i))
+                .find(|&i| timeline.over(i))
         });
-        match again {
-            Some(next) => {
-                round = next;
-                engaged_now = engages(next);
-                engage_samples = engage_samples
-                    .zip(engaged_now)
-                    .map(|(worst, e)| worst.max((e - next) as u32));
-            }
-            None => break (end, last),
-        }
+        let Some(next) = again else {
+            break (end, last);
+        };
+        round = next;
+        engaged_now = timeline.engages(next);
+        engage_samples = engage_samples
+            .zip(engaged_now)
+            .map(|(worst, e)| worst.max((e - next) as u32));
     };
-    // Flips: the direction's state entering or leaving this condition's code. A hand-over to
-    // a higher-ranked cause that goes on past this one (an operator's override taking over)
-    // is one flip out, not a flap; a state swinging between causes counts every swing.
-    let shows_own = |i: usize| Some(state(i)) == own;
-    let flips = (start.saturating_sub(1) + 1..=last)
-        .filter(|&i| shows_own(i) != shows_own(i - 1))
-        .count() as u32;
     *from = last + 1;
     Some(Episode {
-        condition,
-        direction,
+        condition: scoring.condition,
+        direction: scoring.direction,
         crossed_at: ticks[start].t,
         engage_samples,
         peak_ratio: (peak * 1000.0).round() / 1000.0,
-        flips,
+        flips: timeline.flips(start, last),
         recovery_seconds: end.map(|e| ((ticks[e].t - cause_end).max(0.0) * 10.0).round() / 10.0),
     })
 }

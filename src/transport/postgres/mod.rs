@@ -122,66 +122,9 @@ impl PostgresTransport {
                 message,
             }
         })?;
-        check_url_userinfo(config.connection_string.expose())?;
-        let tls = tls::TlsSettings::read(config.connection_string.expose());
-        let mut pg = tokio_postgres::Config::from_str(&tls.connection_string).map_err(|e| {
-            TransportError::Setting {
-                setting: "transport.connection_string",
-                message: format!(
-                    "not a PostgreSQL connection string ({e}); got {}",
-                    config.connection_string
-                ),
-            }
-        })?;
-        libpq_environment(&mut pg);
-        pg.connect_timeout(config.connect_timeout);
-        if pg.get_application_name().is_none() {
-            pg.application_name("throttlehost");
-        }
-        let statement_timeout = format!(
-            "-c statement_timeout={}",
-            config.command_timeout.as_millis()
-        );
-        let options = match pg.get_options() {
-            Some(existing) => format!("{existing} {statement_timeout}"),
-            None => statement_timeout,
-        };
-        pg.options(&options);
-        let tls_connector = match pg.get_ssl_mode() {
-            tokio_postgres::config::SslMode::Disable => None,
-            // libpq semantics (see `tls`): prefer/require encrypt without checking the
-            // certificate; verify-ca/verify-full check it.
-            _ => Some(tls.connector().map_err(|e| TransportError::Setting {
-                setting: "transport.connection_string",
-                message: e.to_string(),
-            })?),
-        };
-        let listen_with = (pg.clone(), tls_connector.clone());
-        let pool = Lanes::split(config.pool_size as usize, |size| {
-            let manager_config = ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            };
-            let manager = match &tls_connector {
-                None => Manager::from_config(pg.clone(), tokio_postgres::NoTls, manager_config),
-                Some(tls) => Manager::from_config(pg.clone(), tls.clone(), manager_config),
-            };
-            Pool::builder(manager)
-                .max_size(size)
-                // The connection returned last is lent first: an idle host's few statements
-                // (depth reads and sweeps of many tables, safety-net peeks) go to one or two
-                // backends, which plan them and load those tables' catalog entries once. Lent
-                // in turn, every backend of the pool did that work again: with 1 000 queues,
-                // about 30 % of a core of PostgreSQL for a host doing nothing.
-                .queue_mode(QueueMode::Lifo)
-                .wait_timeout(Some(config.connect_timeout))
-                .create_timeout(Some(config.connect_timeout))
-                .runtime(Runtime::Tokio1)
-                .build()
-                .map_err(|e| TransportError::Setting {
-                    setting: "transport.pool_size",
-                    message: format!("cannot build the connection pool: {e}"),
-                })
-        })?;
+        let (pg, tls_connector) = client_config(config)?;
+        let pool = pool_of(config, &pg, tls_connector.as_ref())?;
+        let listen_with = (pg, tls_connector);
         Ok(PostgresTransport {
             inner: Arc::new(Inner {
                 pool,
@@ -211,6 +154,88 @@ impl PostgresTransport {
     pub fn schema(&self) -> &str {
         &self.inner.schema
     }
+}
+
+/// The client settings from `transport.connection_string` (libpq's environment filled in,
+/// the connect and statement timeouts, the application name) and the TLS connector its
+/// `sslmode` asks for.
+fn client_config(
+    config: &TransportConfig,
+) -> Result<
+    (
+        tokio_postgres::Config,
+        Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    ),
+    TransportError,
+> {
+    check_url_userinfo(config.connection_string.expose())?;
+    let tls = tls::TlsSettings::read(config.connection_string.expose());
+    let mut pg = tokio_postgres::Config::from_str(&tls.connection_string).map_err(|e| {
+        TransportError::Setting {
+            setting: "transport.connection_string",
+            message: format!(
+                "not a PostgreSQL connection string ({e}); got {}",
+                config.connection_string
+            ),
+        }
+    })?;
+    libpq_environment(&mut pg);
+    pg.connect_timeout(config.connect_timeout);
+    if pg.get_application_name().is_none() {
+        pg.application_name("throttlehost");
+    }
+    let statement_timeout = format!(
+        "-c statement_timeout={}",
+        config.command_timeout.as_millis()
+    );
+    let options = match pg.get_options() {
+        Some(existing) => format!("{existing} {statement_timeout}"),
+        None => statement_timeout,
+    };
+    pg.options(&options);
+    let tls_connector = match pg.get_ssl_mode() {
+        tokio_postgres::config::SslMode::Disable => None,
+        // libpq semantics (see `tls`): prefer/require encrypt without checking the
+        // certificate; verify-ca/verify-full check it.
+        _ => Some(tls.connector().map_err(|e| TransportError::Setting {
+            setting: "transport.connection_string",
+            message: e.to_string(),
+        })?),
+    };
+    Ok((pg, tls_connector))
+}
+
+/// The pool of `transport.pool_size` connections, in lanes.
+fn pool_of(
+    config: &TransportConfig,
+    pg: &tokio_postgres::Config,
+    tls_connector: Option<&tokio_postgres_rustls::MakeRustlsConnect>,
+) -> Result<Lanes, TransportError> {
+    Lanes::split(config.pool_size as usize, |size| {
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match tls_connector {
+            None => Manager::from_config(pg.clone(), tokio_postgres::NoTls, manager_config),
+            Some(tls) => Manager::from_config(pg.clone(), tls.clone(), manager_config),
+        };
+        Pool::builder(manager)
+            .max_size(size)
+            // The connection returned last is lent first: an idle host's few statements
+            // (depth reads and sweeps of many tables, safety-net peeks) go to one or two
+            // backends, which plan them and load those tables' catalog entries once. Lent
+            // in turn, every backend of the pool did that work again: with 1 000 queues,
+            // about 30 % of a core of PostgreSQL for a host doing nothing.
+            .queue_mode(QueueMode::Lifo)
+            .wait_timeout(Some(config.connect_timeout))
+            .create_timeout(Some(config.connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| TransportError::Setting {
+                setting: "transport.pool_size",
+                message: format!("cannot build the connection pool: {e}"),
+            })
+    })
 }
 
 /// How much longer than `command_timeout` the client waits for an answer: the server's own

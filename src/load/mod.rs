@@ -4,6 +4,7 @@
 
 pub mod chart;
 pub mod in_flight;
+pub(crate) mod live_table;
 pub mod options;
 pub mod peer;
 pub mod record;

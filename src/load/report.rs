@@ -11,12 +11,10 @@ use serde::Serialize;
 use super::record;
 use super::record::{RunResult, Sample};
 use super::scenario::Expect;
-use super::units::format_wait;
 use crate::config::units::format_byte_size;
-use crate::status::QueueStatus;
-use crate::throttling::controller::{ConditionStatus, DirectionDecision};
+use crate::throttling::controller::DirectionDecision;
 use crate::throttling::quality::{self, Episode};
-use crate::throttling::{Condition, Direction};
+use crate::throttling::Direction;
 
 /// `summary.json`.
 #[derive(Debug, Clone, Serialize)]
@@ -185,18 +183,14 @@ pub fn summarize(run: &RunResult) -> Summary {
         0.0
     };
     let expectations_met = missing.is_empty() && unexpected.is_empty();
-    let episodes = quality::episodes(
-        &record::ticks(&run.samples),
-        run.resume_ratio,
-        &record::cause_spans(&run.phases),
-    );
-    let controlled: Vec<Episode> = episodes
-        .iter()
-        .filter(|e| !run.uncontrolled.contains(&e.direction))
-        .cloned()
-        .collect();
-    let mut control_violations = control_violations(&run.expect, &controlled);
-    control_violations.extend(fleet_violations(&run.expect, a.fleet_in_flight.as_ref()));
+    let (episodes, control_violations) = scored_episodes(run);
+    let passed = expectations_met
+        && control_violations.is_empty()
+        && run.cleared
+        && a.lost == 0
+        && a.order_violations == 0
+        && a.stage_violations == 0
+        && a.peer_failures.is_empty();
     Summary {
         scenario: run.scenario.clone(),
         transport: run.transport.clone(),
@@ -237,16 +231,32 @@ pub fn summarize(run: &RunResult) -> Summary {
             .iter()
             .map(|p| phase_record(p, &run.samples))
             .collect(),
-        passed: expectations_met
-            && control_violations.is_empty()
-            && run.cleared
-            && a.lost == 0
-            && a.order_violations == 0
-            && a.stage_violations == 0
-            && a.peer_failures.is_empty(),
+        passed,
         episodes,
         control_violations,
     }
+}
+
+/// The run's episodes, scored from its ticks and the phases that offered each cause, and
+/// the bounds they broke (none judged in a direction the run left uncontrolled) with the
+/// fleet limit's.
+fn scored_episodes(run: &RunResult) -> (Vec<Episode>, Vec<String>) {
+    let episodes = quality::episodes(
+        &record::ticks(&run.samples),
+        run.resume_ratio,
+        &record::cause_spans(&run.phases),
+    );
+    let controlled: Vec<Episode> = episodes
+        .iter()
+        .filter(|e| !run.uncontrolled.contains(&e.direction))
+        .cloned()
+        .collect();
+    let mut violations = control_violations(&run.expect, &controlled);
+    violations.extend(fleet_violations(
+        &run.expect,
+        run.accounting.fleet_in_flight.as_ref(),
+    ));
+    (episodes, violations)
 }
 
 /// The expected states that were not seen, and the absent ones that were, as
@@ -422,6 +432,14 @@ fn active_list(d: &DirectionDecision) -> String {
     names.join("|")
 }
 
+/// The columns of `timeline.csv` before each queue's limit, in flight and depth.
+const CSV_COLUMNS: &str = "t_seconds,phase,delivery_state,delivery_wait_seconds,delivery_active,delivery_incoming_per_second,delivery_outgoing_per_second,\
+publishing_state,publishing_wait_seconds,publishing_active,publishing_incoming_per_second,publishing_outgoing_per_second,\
+process_memory_bytes,process_memory_threshold_bytes,system_memory_used_bytes,system_memory_threshold_bytes,\
+in_process,in_process_threshold,threads,threads_threshold,database_size,database_size_threshold,\
+database_sessions,database_sessions_threshold,messages_sent,messages_done,\
+delivery_waiting,delivery_pace_per_second,publishing_waiting,publishing_pace_per_second,database_sessions_mean";
+
 /// Writes `timeline.csv`: one row per sample.
 pub fn write_csv(run: &RunResult, path: &Path) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
@@ -430,65 +448,63 @@ pub fn write_csv(run: &RunResult, path: &Path) -> std::io::Result<()> {
         .first()
         .map(|s| s.queues.iter().map(|q| q.0.clone()).collect())
         .unwrap_or_default();
-    let mut header = String::from(
-        "t_seconds,phase,delivery_state,delivery_wait_seconds,delivery_active,delivery_incoming_per_second,delivery_outgoing_per_second,\
-publishing_state,publishing_wait_seconds,publishing_active,publishing_incoming_per_second,publishing_outgoing_per_second,\
-process_memory_bytes,process_memory_threshold_bytes,system_memory_used_bytes,system_memory_threshold_bytes,\
-in_process,in_process_threshold,threads,threads_threshold,database_size,database_size_threshold,\
-database_sessions,database_sessions_threshold,messages_sent,messages_done,\
-delivery_waiting,delivery_pace_per_second,publishing_waiting,publishing_pace_per_second,database_sessions_mean",
-    );
+    let mut header = String::from(CSV_COLUMNS);
     for q in &queue_names {
         let _ = write!(header, ",limit_{q},in_flight_{q},depth_{q}");
     }
     writeln!(out, "{header}")?;
     for s in &run.samples {
-        let d = &s.snapshot.decision;
-        let r = &s.snapshot.readings;
-        let th = &s.snapshot.thresholds;
-        let off = |t: Option<u64>| t.unwrap_or(0);
-        let mut row = format!(
-            "{:.3},{},{},{:.6},{},{:.1},{:.1},{},{:.6},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.1},{},{:.1},{}",
-            s.t,
-            csv_field(&s.phase),
-            d.delivery.state,
-            d.delivery.effective_wait().as_secs_f64(),
-            active_list(&d.delivery),
-            r.delivery.incoming_per_sec,
-            r.delivery.outgoing_per_sec,
-            d.publishing.state,
-            d.publishing.effective_wait().as_secs_f64(),
-            active_list(&d.publishing),
-            r.publishing.incoming_per_sec,
-            r.publishing.outgoing_per_sec,
-            r.process_memory,
-            off(th.process_memory),
-            r.system_memory_used,
-            off(th.system_memory),
-            r.in_process,
-            off(th.in_process),
-            r.threads,
-            off(th.threads),
-            r.database_size,
-            off(th.database_size),
-            r.database_sessions,
-            off(th.database_sessions),
-            s.sent,
-            s.done,
-            r.delivery.waiting,
-            d.delivery.pace_rate.unwrap_or(0.0),
-            r.publishing.waiting,
-            d.publishing.pace_rate.unwrap_or(0.0),
-            // Empty when nothing guards the sessions (the ceiling keeps no mean then).
-            r.database_sessions_mean
-                .map_or(String::new(), |m| format!("{m:.1}")),
-        );
-        for (_, limit, in_flight, depth) in &s.queues {
-            let _ = write!(row, ",{limit},{in_flight},{depth}");
-        }
-        writeln!(out, "{row}")?;
+        writeln!(out, "{}", csv_row(s))?;
     }
     out.flush()
+}
+
+/// One sample as a row of `timeline.csv`.
+fn csv_row(s: &Sample) -> String {
+    let d = &s.snapshot.decision;
+    let r = &s.snapshot.readings;
+    let th = &s.snapshot.thresholds;
+    let off = |t: Option<u64>| t.unwrap_or(0);
+    let mut row = format!(
+        "{:.3},{},{},{:.6},{},{:.1},{:.1},{},{:.6},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.1},{},{:.1},{}",
+        s.t,
+        csv_field(&s.phase),
+        d.delivery.state,
+        d.delivery.effective_wait().as_secs_f64(),
+        active_list(&d.delivery),
+        r.delivery.incoming_per_sec,
+        r.delivery.outgoing_per_sec,
+        d.publishing.state,
+        d.publishing.effective_wait().as_secs_f64(),
+        active_list(&d.publishing),
+        r.publishing.incoming_per_sec,
+        r.publishing.outgoing_per_sec,
+        r.process_memory,
+        off(th.process_memory),
+        r.system_memory_used,
+        off(th.system_memory),
+        r.in_process,
+        off(th.in_process),
+        r.threads,
+        off(th.threads),
+        r.database_size,
+        off(th.database_size),
+        r.database_sessions,
+        off(th.database_sessions),
+        s.sent,
+        s.done,
+        r.delivery.waiting,
+        d.delivery.pace_rate.unwrap_or(0.0),
+        r.publishing.waiting,
+        d.publishing.pace_rate.unwrap_or(0.0),
+        // Empty when nothing guards the sessions (the ceiling keeps no mean then).
+        r.database_sessions_mean
+            .map_or(String::new(), |m| format!("{m:.1}")),
+    );
+    for (_, limit, in_flight, depth) in &s.queues {
+        let _ = write!(row, ",{limit},{in_flight},{depth}");
+    }
+    row
 }
 
 fn csv_field(s: &str) -> String {
@@ -539,6 +555,28 @@ pub fn states_summary(s: &Summary) -> String {
 }
 
 fn text_details(s: &Summary, out: &mut String) {
+    episode_lines(s, out);
+    let _ = writeln!(
+        out,
+        "  max delay {:.3}s   peak RSS {}   throughput {:.0} msg/s",
+        s.max_delay_seconds,
+        format_byte_size(s.peak_rss_bytes),
+        s.throughput_per_second
+    );
+    message_lines(s, out);
+    if !s.min_concurrency_limit.is_empty() {
+        let limits: Vec<String> = s
+            .min_concurrency_limit
+            .iter()
+            .map(|(q, l)| format!("{q} {l}"))
+            .collect();
+        let _ = writeln!(out, "  lowest concurrency limit: {}", limits.join(", "));
+    }
+    verdict_line(s, out);
+}
+
+/// Each episode's control quality, then each violation of the bounds.
+fn episode_lines(s: &Summary, out: &mut String) {
     for e in &s.episodes {
         let or_never = |v: Option<String>| v.unwrap_or_else(|| "never".into());
         let _ = writeln!(
@@ -556,13 +594,10 @@ fn text_details(s: &Summary, out: &mut String) {
     for v in &s.control_violations {
         let _ = writeln!(out, "  CONTROL: {v}");
     }
-    let _ = writeln!(
-        out,
-        "  max delay {:.3}s   peak RSS {}   throughput {:.0} msg/s",
-        s.max_delay_seconds,
-        format_byte_size(s.peak_rss_bytes),
-        s.throughput_per_second
-    );
+}
+
+/// What became of the messages: in all, by process, and in flight across the processes.
+fn message_lines(s: &Summary, out: &mut String) {
     let _ = writeln!(
         out,
         "  messages: sent {}  processed {}  error queue {}  expired {}  remaining {}  duplicated {}  LOST {}",
@@ -598,15 +633,6 @@ fn text_details(s: &Summary, out: &mut String) {
             f.peak
         );
     }
-    if !s.min_concurrency_limit.is_empty() {
-        let limits: Vec<String> = s
-            .min_concurrency_limit
-            .iter()
-            .map(|(q, l)| format!("{q} {l}"))
-            .collect();
-        let _ = writeln!(out, "  lowest concurrency limit: {}", limits.join(", "));
-    }
-    verdict_line(s, out);
 }
 
 /// PASS, or FAIL with every reason.
@@ -657,112 +683,6 @@ fn verdict_line(s: &Summary, out: &mut String) {
             format!(": {}", reasons.join("; "))
         }
     );
-}
-
-fn condition_text(c: &ConditionStatus) -> String {
-    let fmt = |v: f64| match c.condition {
-        Condition::ProcessMemory | Condition::SystemMemory => format_byte_size(v as u64),
-        Condition::RateImbalance => format!("{v:.0}/s"),
-        _ => format!("{v:.0}"),
-    };
-    if c.condition == Condition::Override {
-        "override".into()
-    } else {
-        format!(
-            "{} {}/{}",
-            c.condition.name(),
-            fmt(c.value),
-            fmt(c.threshold)
-        )
-    }
-}
-
-/// The demo's live table.
-pub(crate) fn table(
-    queues: &[QueueStatus],
-    sample: &Sample,
-    phase: &str,
-    index: usize,
-    phases: usize,
-    admin: Option<std::net::SocketAddr>,
-) -> String {
-    let mut out = String::new();
-    let d = &sample.snapshot.decision;
-    let r = &sample.snapshot.readings;
-    let th = &sample.snapshot.thresholds;
-    let _ = writeln!(out);
-    let admin = admin
-        .map(|a| format!("   http://{a}/status"))
-        .unwrap_or_default();
-    let _ = writeln!(
-        out,
-        "t={:>5.1}s  phase {}/{}: {}{}",
-        sample.t,
-        index + 1,
-        phases.max(1),
-        phase,
-        admin
-    );
-    let _ = writeln!(
-        out,
-        "  {:<11}{:<38}{:>8}  {:>15}  active conditions",
-        "direction", "state", "wait", "in/out msg/s"
-    );
-    for (name, dd, rates) in [
-        ("delivery", &d.delivery, r.delivery),
-        ("publishing", &d.publishing, r.publishing),
-    ] {
-        let conditions: Vec<String> = dd.active().map(condition_text).collect();
-        let _ = writeln!(
-            out,
-            "  {:<11}{:<38}{:>8}  {:>15}  {}",
-            name,
-            format!("{} {}", dd.state, dd.state_name),
-            format_wait(dd.effective_wait()),
-            format!(
-                "{:.0}/{:.0}",
-                rates.incoming_per_sec, rates.outgoing_per_sec
-            ),
-            if conditions.is_empty() {
-                "-".into()
-            } else {
-                conditions.join(", ")
-            }
-        );
-    }
-    let _ = writeln!(
-        out,
-        "  {:<24}{:<9}{:>5}{:>7}{:>11}{:>8}",
-        "queue", "model", "max", "limit", "in-flight", "depth"
-    );
-    for q in queues {
-        let model = format!("{:?}", q.model).to_lowercase();
-        let _ = writeln!(
-            out,
-            "  {:<24}{:<9}{:>5}{:>7}{:>11}{:>8}",
-            q.name, model, q.max, q.limit, q.in_flight, q.depth
-        );
-    }
-    let threshold = |t: Option<u64>, bytes: bool| match t {
-        None => "off".to_string(),
-        Some(v) if bytes => format_byte_size(v),
-        Some(v) => v.to_string(),
-    };
-    let _ = writeln!(
-        out,
-        "  rss {} (threshold {})  in-process {} ({})  threads {} ({})  db size {} ({})  sessions {} ({})",
-        format_byte_size(r.process_memory),
-        threshold(th.process_memory, true),
-        r.in_process,
-        threshold(th.in_process, false),
-        r.threads,
-        threshold(th.threads, false),
-        r.database_size,
-        threshold(th.database_size, false),
-        r.database_sessions,
-        threshold(th.database_sessions, false),
-    );
-    out
 }
 
 #[cfg(test)]

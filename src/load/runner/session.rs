@@ -405,7 +405,7 @@ pub(super) fn show(
                 *shown_at = last.t;
                 print!(
                     "{}",
-                    crate::load::report::table(
+                    crate::load::live_table::render(
                         &host.status().queues,
                         last,
                         phase,

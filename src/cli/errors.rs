@@ -12,10 +12,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use throttlehost::config::{Config, TransportKind};
-use throttlehost::failed::{FailedMessages, Filter, RetryRun};
+use throttlehost::failed::{FailedMessages, Filter, Group, Page, RetryRun};
 use throttlehost::message::OutgoingMessage;
 use throttlehost::transport::{self, QueueName, Transport};
 use uuid::Uuid;
+
+mod args;
+pub use args::ErrorsCommand;
 
 /// What selects failed messages on the command line.
 #[derive(Debug, Clone, Default)]
@@ -164,12 +167,9 @@ pub async fn errors(path: &Path, queue: Option<String>, action: Action) -> ExitC
         Ok(c) => c,
         Err(code) => return code,
     };
-    let queue = queue
-        .or_else(|| config.queues.first().map(|q| q.error_queue.clone()))
-        .unwrap_or_else(|| "error".into());
-    let queue = match QueueName::new(&queue) {
+    let queue = match error_queue(&config, queue) {
         Ok(q) => q,
-        Err(e) => return invalid(format!("--queue: {e}")),
+        Err(code) => return code,
     };
     if let Action::Retry {
         selection,
@@ -201,25 +201,41 @@ pub async fn errors(path: &Path, queue: Option<String>, action: Action) -> ExitC
         Ok(t) => t,
         Err(code) => return code,
     };
-    let result = match action {
+    match on_the_table(&tool, &queue, action).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// `--queue`, else the first queue's error queue, else `error`.
+fn error_queue(config: &Config, queue: Option<String>) -> Result<QueueName, ExitCode> {
+    let queue = queue
+        .or_else(|| config.queues.first().map(|q| q.error_queue.clone()))
+        .unwrap_or_else(|| "error".into());
+    QueueName::new(&queue).map_err(|e| invalid(format!("--queue: {e}")))
+}
+
+/// Runs `action` on the error queue's table directly.
+async fn on_the_table(
+    tool: &(FailedMessages, Arc<dyn Transport>),
+    queue: &QueueName,
+    action: Action,
+) -> Result<(), ExitCode> {
+    match action {
         Action::List {
             selection,
             messages,
             json,
             offset,
             limit,
-        } => list(&tool, &queue, &selection, messages, json, offset, limit).await,
-        Action::Show { id, json } => show(&tool, &queue, &id, json).await,
+        } => list(tool, queue, &selection, messages, json, offset, limit).await,
+        Action::Show { id, json } => show(tool, queue, &id, json).await,
         Action::Retry {
             selection, to, yes, ..
-        } => retry_direct(&tool, &queue, &selection, to.as_deref(), yes).await,
-        Action::Delete { selection, yes } => delete(&tool, &queue, &selection, yes).await,
-        Action::Export { selection, out } => export(&tool, &queue, &selection, &out).await,
+        } => retry_direct(tool, queue, &selection, to.as_deref(), yes).await,
+        Action::Delete { selection, yes } => delete(tool, queue, &selection, yes).await,
+        Action::Export { selection, out } => export(tool, queue, &selection, &out).await,
         Action::Import { file, to } => import(tool.1.as_ref(), &file, &to).await,
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(code) => code,
     }
 }
 
@@ -252,45 +268,56 @@ async fn list(
             .list(queue, &filter, offset, limit)
             .await
             .map_err(failed)?;
-        if as_json {
-            println!(
-                "{}",
-                json!({ "queue": queue.as_str(), "total": page.total, "messages": page.messages })
-            );
-            return Ok(());
-        }
-        println!(
-            "{:<36}  {:<12}  {:<19}  {:<20}  CAUSE",
-            "ID", "GROUP", "FAILED", "SOURCE"
-        );
-        for m in &page.messages {
-            println!(
-                "{:<36}  {:<12}  {:<19}  {:<20}  {}: {}",
-                m.id,
-                m.group,
-                short(m.failed_at),
-                m.cause.source.as_deref().unwrap_or("-"),
-                m.cause.exception_type,
-                m.cause.message
-            );
-        }
-        eprintln!(
-            "{} of {} failed message(s) in {queue}",
-            page.messages.len(),
-            page.total
-        );
-        return Ok(());
+        print_page(queue, &page, as_json);
+    } else {
+        let groups = tool.groups(queue, &filter).await.map_err(failed)?;
+        print_groups(queue, &groups, as_json);
     }
-    let groups = tool.groups(queue, &filter).await.map_err(failed)?;
+    Ok(())
+}
+
+/// A page of failed messages, one line each (or as JSON).
+fn print_page(queue: &QueueName, page: &Page, as_json: bool) {
+    if as_json {
+        println!(
+            "{}",
+            json!({ "queue": queue.as_str(), "total": page.total, "messages": page.messages })
+        );
+        return;
+    }
+    println!(
+        "{:<36}  {:<12}  {:<19}  {:<20}  CAUSE",
+        "ID", "GROUP", "FAILED", "SOURCE"
+    );
+    for m in &page.messages {
+        println!(
+            "{:<36}  {:<12}  {:<19}  {:<20}  {}: {}",
+            m.id,
+            m.group,
+            short(m.failed_at),
+            m.cause.source.as_deref().unwrap_or("-"),
+            m.cause.exception_type,
+            m.cause.message
+        );
+    }
+    eprintln!(
+        "{} of {} failed message(s) in {queue}",
+        page.messages.len(),
+        page.total
+    );
+}
+
+/// The failed messages grouped by cause, one line a group (or as JSON).
+fn print_groups(queue: &QueueName, groups: &[Group], as_json: bool) {
     if as_json {
         println!("{}", json!({ "queue": queue.as_str(), "groups": groups }));
-        return Ok(());
+        return;
     }
     println!(
         "{:<12}  {:>7}  {:<19}  {:<19}  {:<20}  CAUSE",
         "GROUP", "COUNT", "FIRST", "LAST", "SOURCE"
     );
-    for g in &groups {
+    for g in groups {
         println!(
             "{:<12}  {:>7}  {:<19}  {:<19}  {:<20}  {}: {}",
             g.id,
@@ -307,7 +334,6 @@ async fn list(
         "{total} failed message(s) in {} group(s) in {queue}",
         groups.len()
     );
-    Ok(())
 }
 
 async fn show(
@@ -538,10 +564,20 @@ async fn retry_through_host(
         }
     }
     eprintln!("retry started on the host at {base}, paced by its publishing throttling");
+    follow_retry(&base, &token).await
+}
+
+/// Shows the host's retry moving, once a second, until it ends; then what it did.
+async fn follow_retry(base: &str, token: &str) -> ExitCode {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let Ok((200, progress)) =
-            call("GET", format!("{base}/errors/retry"), token.clone(), None).await
+        let Ok((200, progress)) = call(
+            "GET",
+            format!("{base}/errors/retry"),
+            token.to_string(),
+            None,
+        )
+        .await
         else {
             return failed(format!(
                 "lost the host at {base}; GET /errors/retry shows how far it got"
@@ -640,156 +676,4 @@ async fn import(transport: &dyn Transport, file: &Path, to: &str) -> Result<(), 
     stored += batch.len();
     println!("imported {stored} message(s) into {to}; {skipped} line(s) skipped");
     Ok(())
-}
-
-/// What selects failed messages (`errors list|retry|delete|export`).
-#[derive(Debug, Clone, clap::Args)]
-pub struct SelectionArgs {
-    /// Message ids (the rows' Id, as `errors list --messages` shows them).
-    pub ids: Vec<String>,
-    /// Only this group (as `errors list` shows it).
-    #[arg(long)]
-    pub group: Option<String>,
-    /// Only messages that failed in this queue (a name or an NServiceBus address).
-    #[arg(long)]
-    pub source: Option<String>,
-    /// Only messages that failed at or after this time (2026-11-27T10:00:00Z), or this long ago (2h).
-    #[arg(long)]
-    pub since: Option<String>,
-    /// Only messages that failed before this time, or this long ago.
-    #[arg(long)]
-    pub until: Option<String>,
-    /// Every message of the error queue (retry, delete: needed when nothing else selects).
-    #[arg(long)]
-    pub all: bool,
-}
-
-impl From<SelectionArgs> for Selection {
-    fn from(a: SelectionArgs) -> Self {
-        Selection {
-            ids: a.ids,
-            group: a.group,
-            source: a.source,
-            since: a.since,
-            until: a.until,
-            all: a.all,
-        }
-    }
-}
-
-/// `throttlehost errors ...`.
-#[derive(Debug, clap::Subcommand)]
-pub enum ErrorsCommand {
-    /// The failed messages grouped by cause (exception type, first line, queue), largest
-    /// group first; --messages lists the messages instead.
-    List {
-        #[command(flatten)]
-        selection: SelectionArgs,
-        /// List messages, not groups.
-        #[arg(long)]
-        messages: bool,
-        /// JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// Skip this many messages (with --messages).
-        #[arg(long, default_value_t = 0)]
-        offset: usize,
-        /// Show at most this many messages (with --messages).
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-    },
-    /// One failed message in full: headers, exception, stack trace, body.
-    Show {
-        /// Its id.
-        id: String,
-        /// JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Send failed messages back to the queue each failed in (or --to), each in the
-    /// transaction that removes it from the error queue. Runs on the host at
-    /// host.admin_address, paced by its publishing throttling; --direct moves without one.
-    Retry {
-        #[command(flatten)]
-        selection: SelectionArgs,
-        /// Send them here instead.
-        #[arg(long)]
-        to: Option<String>,
-        /// Needed for more than one message.
-        #[arg(long)]
-        yes: bool,
-        /// Move them from this process, without a running host: not paced.
-        #[arg(long)]
-        direct: bool,
-        /// The host's admin URL (default: http://<host.admin_address>).
-        #[arg(long)]
-        url: Option<String>,
-    },
-    /// Delete failed messages.
-    Delete {
-        #[command(flatten)]
-        selection: SelectionArgs,
-        /// Needed for more than one message.
-        #[arg(long)]
-        yes: bool,
-    },
-    /// Write failed messages as JSON lines (headers, body in base64, failure).
-    Export {
-        #[command(flatten)]
-        selection: SelectionArgs,
-        /// The file; - for standard output.
-        #[arg(long, short)]
-        out: PathBuf,
-    },
-    /// Store the messages of an exported file in a queue (headers and bodies as exported).
-    Import {
-        /// The file.
-        file: PathBuf,
-        /// The queue.
-        #[arg(long)]
-        to: String,
-    },
-}
-
-impl From<ErrorsCommand> for Action {
-    fn from(c: ErrorsCommand) -> Self {
-        match c {
-            ErrorsCommand::List {
-                selection,
-                messages,
-                json,
-                offset,
-                limit,
-            } => Action::List {
-                selection: selection.into(),
-                messages,
-                json,
-                offset,
-                limit,
-            },
-            ErrorsCommand::Show { id, json } => Action::Show { id, json },
-            ErrorsCommand::Retry {
-                selection,
-                to,
-                yes,
-                direct,
-                url,
-            } => Action::Retry {
-                selection: selection.into(),
-                to,
-                yes,
-                direct,
-                url,
-            },
-            ErrorsCommand::Delete { selection, yes } => Action::Delete {
-                selection: selection.into(),
-                yes,
-            },
-            ErrorsCommand::Export { selection, out } => Action::Export {
-                selection: selection.into(),
-                out,
-            },
-            ErrorsCommand::Import { file, to } => Action::Import { file, to },
-        }
-    }
 }

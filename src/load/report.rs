@@ -12,9 +12,9 @@ use super::record;
 use super::record::{RunResult, Sample};
 use super::scenario::Expect;
 use crate::config::units::format_byte_size;
+use crate::throttling::Direction;
 use crate::throttling::controller::DirectionDecision;
 use crate::throttling::quality::{self, Episode};
-use crate::throttling::Direction;
 
 /// `summary.json`.
 #[derive(Debug, Clone, Serialize)]

@@ -27,28 +27,7 @@ async fn start_host(
     // `WAIT_WARN_EVERY` (and one per new reason), not one per try.
     let mut warned: Option<(std::time::Instant, String)> = None;
     loop {
-        // A cheap probe first while waiting: the admin endpoint keeps answering until the
-        // database does.
-        let probe = match &waiting {
-            Some(_) => throttlehost::transport::connect(&config.transport)
-                .await
-                .map(|_| ())
-                .map_err(throttlehost::HostError::from),
-            None => Ok(()),
-        };
-        let started = match probe {
-            Ok(()) => {
-                if let Some(w) = waiting.take() {
-                    w.stop().await;
-                }
-                HostBuilder::new(config.clone())
-                    .config_path(path)
-                    .start()
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let e = match started {
+        let e = match try_start(path, &config, &mut waiting).await {
             Ok(host) => return Ok(host),
             Err(e) if e.is_unreachable_database() && config.host.wait_for_database => e,
             Err(e) => {
@@ -59,22 +38,7 @@ async fn start_host(
                 return Err(ExitCode::from(1));
             }
         };
-        let said = e.to_string();
-        let due = warned
-            .as_ref()
-            .is_none_or(|(at, last)| *last != said || at.elapsed() >= WAIT_WARN_EVERY);
-        if due {
-            tracing::warn!(
-                database = %config.transport.connection_string,
-                error = %e,
-                retry_in_seconds = retry_in.as_secs_f64(),
-                "database not reachable; starting once it answers (said again every {}s while the same)",
-                WAIT_WARN_EVERY.as_secs()
-            );
-            warned = Some((std::time::Instant::now(), said));
-        } else {
-            tracing::debug!(error = %e, "database still not reachable");
-        }
+        say_unreachable(&e, &config, retry_in, &mut warned);
         let reason = format!("waiting for the database: {e}");
         // The next try starts within `retry_in` and gives up on a connection after the
         // connect timeout; the margin covers a slow start-up of the host itself.
@@ -101,6 +65,51 @@ async fn start_host(
             },
         }
         retry_in = (retry_in * 2).min(MAX_RETRY_INTERVAL);
+    }
+}
+
+/// Starts the host; while waiting (the admin endpoint answering in its place), a cheap
+/// connection first, and the waiting endpoint is stopped before the host binds its address.
+async fn try_start(
+    path: &Path,
+    config: &throttlehost::Config,
+    waiting: &mut Option<Waiting>,
+) -> Result<throttlehost::Host, throttlehost::HostError> {
+    if waiting.is_some() {
+        throttlehost::transport::connect(&config.transport).await?;
+    }
+    if let Some(w) = waiting.take() {
+        w.stop().await;
+    }
+    HostBuilder::new(config.clone())
+        .config_path(path)
+        .start()
+        .await
+}
+
+/// Says at WARN that the database does not answer: once per `WAIT_WARN_EVERY` while the
+/// reason stays the same (`warned` holds what was said last, and when), at DEBUG between.
+fn say_unreachable(
+    e: &throttlehost::HostError,
+    config: &throttlehost::Config,
+    retry_in: Duration,
+    warned: &mut Option<(std::time::Instant, String)>,
+) {
+    let said = e.to_string();
+    let due = warned
+        .as_ref()
+        .is_none_or(|(at, last)| *last != said || at.elapsed() >= WAIT_WARN_EVERY);
+    if due {
+        tracing::warn!(
+            database = %config.transport.connection_string,
+            error = %e,
+            retry_in_seconds = retry_in.as_secs_f64(),
+            "database not reachable; starting once it answers (said again every {}s while the same)",
+            WAIT_WARN_EVERY.as_secs()
+        );
+        *warned = Some((std::time::Instant::now(), said));
+    } else {
+        tracing::debug!(error = %e, "database still not reachable");
     }
 }
 
@@ -144,27 +153,7 @@ pub async fn run(path: &Path) -> ExitCode {
     manager.ready(service::STARTED);
     let samples = host.handle().throttling_samples();
     tokio::spawn(manager.clone().follow(samples));
-    let mut failed = false;
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = host.controller_failed() => {
-                tracing::error!("the throttling controller stopped unexpectedly; shutting the host down");
-                eprintln!("error: the throttling controller stopped unexpectedly (see the log); the host shut down so a supervisor can restart it");
-                failed = true;
-                break;
-            }
-            Some(trigger) = triggers.recv() => {
-                tracing::info!(?trigger, "reloading configuration");
-                manager.reloading();
-                let status = match host.handle().reload() {
-                    Ok(_) => "configuration reloaded".to_owned(),
-                    Err(e) => format!("reload refused, running on the previous configuration: {e}"),
-                };
-                manager.ready(&status);
-            }
-        }
-    }
+    let failed = serve(&host, shutdown.as_mut(), &mut triggers, &manager).await;
     manager.stopping();
     let report = host.shutdown().await;
     if !report.drained {
@@ -177,5 +166,34 @@ pub async fn run(path: &Path) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Runs until the shutdown signal or the throttling controller's failure (true), reloading
+/// the configuration whenever a trigger comes.
+async fn serve(
+    host: &throttlehost::Host,
+    mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    triggers: &mut tokio::sync::mpsc::Receiver<reload::Trigger>,
+    manager: &ServiceManager,
+) -> bool {
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return false,
+            _ = host.controller_failed() => {
+                tracing::error!("the throttling controller stopped unexpectedly; shutting the host down");
+                eprintln!("error: the throttling controller stopped unexpectedly (see the log); the host shut down so a supervisor can restart it");
+                return true;
+            }
+            Some(trigger) = triggers.recv() => {
+                tracing::info!(?trigger, "reloading configuration");
+                manager.reloading();
+                let status = match host.handle().reload() {
+                    Ok(_) => "configuration reloaded".to_owned(),
+                    Err(e) => format!("reload refused, running on the previous configuration: {e}"),
+                };
+                manager.ready(&status);
+            }
+        }
     }
 }

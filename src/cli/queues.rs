@@ -91,17 +91,35 @@ pub async fn queues(path: &Path, action: Action) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let result = run_action(&config, &*transport, action).await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_empty() => ExitCode::from(super::INVALID),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Runs `action` on the transport's tables. Err("") when the command line was wrong (said
+/// already), else why it failed.
+async fn run_action(
+    config: &Config,
+    transport: &dyn Transport,
+    action: Action,
+) -> Result<(), String> {
     let or_configured = |names: Vec<String>| {
         if names.is_empty() {
-            configured_queues(&config)
+            configured_queues(config)
         } else {
             names
         }
     };
-    let result = match action {
+    match action {
         Action::Create(names) => {
-            let delayed = delayed_queues(&config);
-            create(&*transport, or_configured(names), &delayed).await
+            let delayed = delayed_queues(config);
+            create(transport, or_configured(names), &delayed).await
         }
         Action::List => match transport.admin().list_queues().await {
             Ok(list) => {
@@ -112,7 +130,7 @@ pub async fn queues(path: &Path, action: Action) -> ExitCode {
             }
             Err(e) => Err(e.to_string()),
         },
-        Action::Depth(names) => depth(&*transport, or_configured(names)).await,
+        Action::Depth(names) => depth(transport, or_configured(names)).await,
         Action::Purge {
             names,
             expired,
@@ -122,31 +140,23 @@ pub async fn queues(path: &Path, action: Action) -> ExitCode {
                 eprintln!(
                     "error: say what to purge: --expired (expired messages) or --all (every message)"
                 );
-                return ExitCode::from(super::INVALID);
+                return Err(String::new());
             }
-            purge(&*transport, names, expired).await
+            purge(transport, names, expired).await
         }
-        Action::Held(names) => held(&*transport, or_configured(names)).await,
-        Action::Subscriptions => super::subscriptions::list(&*transport).await,
+        Action::Held(names) => held(transport, or_configured(names)).await,
+        Action::Subscriptions => super::subscriptions::list(transport).await,
         Action::Unsubscribe { endpoint, topic } => {
-            super::subscriptions::unsubscribe(&*transport, &endpoint, &topic).await
+            super::subscriptions::unsubscribe(transport, &endpoint, &topic).await
         }
         Action::Release { name, key, all } => {
             if key.is_none() && !all {
                 eprintln!(
                     "error: say what to release: --key KEY (one key) or --all (every held key)"
                 );
-                return ExitCode::from(super::INVALID);
+                return Err(String::new());
             }
-            release(&*transport, &name, key.as_deref()).await
-        }
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.is_empty() => ExitCode::from(super::INVALID),
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(1)
+            release(transport, &name, key.as_deref()).await
         }
     }
 }

@@ -123,47 +123,14 @@ pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
             path.display()
         ));
     }
-    let destination = match (&args.queue, &args.publish) {
-        (_, Some(types)) => match EventTypes::parse(types) {
-            Ok(types) => Destination::Subscribers(types),
-            Err(e) => return invalid(format!("--publish: {e}")),
-        },
-        (Some(queue), None) => match QueueName::new(queue) {
-            Ok(q) => Destination::Queue(q),
-            Err(e) => return invalid(e.to_string()),
-        },
-        (None, None) => return invalid("name a --queue, or an event to --publish".into()),
+    let Request {
+        destination,
+        body,
+        headers,
+    } = match what_to_send(&args) {
+        Ok(request) => request,
+        Err(message) => return invalid(message),
     };
-    if args.count == 0 {
-        return invalid("--count must be at least 1".into());
-    }
-    let body = match (&args.body, &args.body_file) {
-        (Some(text), _) => text.clone().into_bytes(),
-        (None, Some(file)) => match std::fs::read(file) {
-            Ok(b) => b,
-            Err(e) => return invalid(format!("cannot read --body-file {}: {e}", file.display())),
-        },
-        (None, None) => Vec::new(),
-    };
-    let mut headers = Vec::new();
-    for h in &args.headers {
-        match h.split_once('=') {
-            Some((name, value)) if !name.trim().is_empty() => {
-                headers.push((name.trim().to_string(), value.to_string()))
-            }
-            _ => return invalid(format!("--header `{h}` is not NAME=VALUE")),
-        }
-    }
-    for (flag, name, value) in [
-        ("--type", ENCLOSED_MESSAGE_TYPES_HEADER, &args.message_type),
-        ("--reply-to", REPLY_TO_ADDRESS_HEADER, &args.reply_to),
-    ] {
-        match value.as_deref().map(str::trim) {
-            Some("") => return invalid(format!("{flag} must not be empty")),
-            Some(v) => headers.push((name.to_string(), v.to_string())),
-            None => {}
-        }
-    }
     let transport = match transport::connect(&config.transport).await {
         Ok(t) => t,
         Err(e) => {
@@ -196,6 +163,60 @@ pub async fn send(path: &Path, args: SendArgs) -> ExitCode {
         args.count as f64 / secs.max(1e-9)
     );
     ExitCode::SUCCESS
+}
+
+/// What the command line asks to send.
+struct Request {
+    destination: Destination,
+    body: Vec<u8>,
+    /// The headers named on the command line, `--type` and `--reply-to` among them.
+    headers: Vec<(String, String)>,
+}
+
+/// What `args` asks to send, or what is wrong with them, naming the flag.
+fn what_to_send(args: &SendArgs) -> Result<Request, String> {
+    let destination = match (&args.queue, &args.publish) {
+        (_, Some(types)) => Destination::Subscribers(
+            EventTypes::parse(types).map_err(|e| format!("--publish: {e}"))?,
+        ),
+        (Some(queue), None) => {
+            Destination::Queue(QueueName::new(queue).map_err(|e| e.to_string())?)
+        }
+        (None, None) => return Err("name a --queue, or an event to --publish".into()),
+    };
+    if args.count == 0 {
+        return Err("--count must be at least 1".into());
+    }
+    let body = match (&args.body, &args.body_file) {
+        (Some(text), _) => text.clone().into_bytes(),
+        (None, Some(file)) => std::fs::read(file)
+            .map_err(|e| format!("cannot read --body-file {}: {e}", file.display()))?,
+        (None, None) => Vec::new(),
+    };
+    let mut headers = Vec::new();
+    for h in &args.headers {
+        match h.split_once('=') {
+            Some((name, value)) if !name.trim().is_empty() => {
+                headers.push((name.trim().to_string(), value.to_string()))
+            }
+            _ => return Err(format!("--header `{h}` is not NAME=VALUE")),
+        }
+    }
+    for (flag, name, value) in [
+        ("--type", ENCLOSED_MESSAGE_TYPES_HEADER, &args.message_type),
+        ("--reply-to", REPLY_TO_ADDRESS_HEADER, &args.reply_to),
+    ] {
+        match value.as_deref().map(str::trim) {
+            Some("") => return Err(format!("{flag} must not be empty")),
+            Some(v) => headers.push((name.to_string(), v.to_string())),
+            None => {}
+        }
+    }
+    Ok(Request {
+        destination,
+        body,
+        headers,
+    })
 }
 
 /// Where `send` writes.

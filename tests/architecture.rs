@@ -270,7 +270,6 @@ const MAX_FUNCTION_LINES: usize = 60;
 /// The list only shrinks: an entry whose function is no longer long fails the check too.
 const LONGER_ALLOWED: &[(&str, &str, &str)] = &[
     ("admin/failed_routes.rs", "retry", "not yet split (#47)"),
-    ("cli/status.rs", "render", "not yet split (#47)"),
     (
         "config/validate.rs",
         "validate_queue",

@@ -254,59 +254,70 @@ fn render(s: &Value, all: bool) -> String {
     if t.is_null() {
         out.push_str("throttling: no sample yet\n");
     } else {
+        render_throttling(t, &mut out);
+    }
+    render_queues(s, all, &mut out);
+    out
+}
+
+/// Each direction's state with why and what is done about it, then the resources.
+fn render_throttling(t: &Value, out: &mut String) {
+    out.push_str(&format!(
+        "{:<11} {:<36} {:>9} {:>10} {:>14}\n",
+        "direction", "state", "delay", "for", "in/out msg/s"
+    ));
+    for d in ["delivery", "publishing"] {
+        let x = &t[d];
+        let wait = x["delay_seconds"].as_f64().unwrap_or(0.0)
+            + x["pacing_interval_seconds"].as_f64().unwrap_or(0.0);
+        let recovering = if x["recovering"].as_bool().unwrap_or(false) {
+            " (recovering)"
+        } else {
+            ""
+        };
         out.push_str(&format!(
-            "{:<11} {:<36} {:>9} {:>10} {:>14}\n",
-            "direction", "state", "delay", "for", "in/out msg/s"
+            "{:<11} {:<36} {:>8.3}s {:>9.0}s {:>14}\n",
+            d,
+            format!(
+                "{} {}{recovering}",
+                x["state"].as_u64().unwrap_or(0),
+                x["state_name"].as_str().unwrap_or("")
+            ),
+            wait,
+            x["state_duration_seconds"].as_f64().unwrap_or(0.0),
+            format!(
+                "{:.0}/{:.0}",
+                x["incoming_per_second"].as_f64().unwrap_or(0.0),
+                x["outgoing_per_second"].as_f64().unwrap_or(0.0)
+            ),
         ));
-        for d in ["delivery", "publishing"] {
-            let x = &t[d];
-            let wait = x["delay_seconds"].as_f64().unwrap_or(0.0)
-                + x["pacing_interval_seconds"].as_f64().unwrap_or(0.0);
-            let recovering = if x["recovering"].as_bool().unwrap_or(false) {
-                " (recovering)"
-            } else {
-                ""
-            };
-            out.push_str(&format!(
-                "{:<11} {:<36} {:>8.3}s {:>9.0}s {:>14}\n",
-                d,
-                format!(
-                    "{} {}{recovering}",
-                    x["state"].as_u64().unwrap_or(0),
-                    x["state_name"].as_str().unwrap_or("")
-                ),
-                wait,
-                x["state_duration_seconds"].as_f64().unwrap_or(0.0),
-                format!(
-                    "{:.0}/{:.0}",
-                    x["incoming_per_second"].as_f64().unwrap_or(0.0),
-                    x["outgoing_per_second"].as_f64().unwrap_or(0.0)
-                ),
-            ));
-            let e = &x["explanation"];
-            if let Some(cause) = e["cause"].as_str() {
-                out.push_str(&format!("  because  {cause}\n"));
-                for action in e["actions"].as_array().into_iter().flatten() {
-                    out.push_str(&format!("  action   {}\n", action.as_str().unwrap_or("?")));
-                }
-                if let Some(clears) = e["clears_when"].as_str() {
-                    out.push_str(&format!("  ends     when {clears}\n"));
-                }
+        let e = &x["explanation"];
+        if let Some(cause) = e["cause"].as_str() {
+            out.push_str(&format!("  because  {cause}\n"));
+            for action in e["actions"].as_array().into_iter().flatten() {
+                out.push_str(&format!("  action   {}\n", action.as_str().unwrap_or("?")));
+            }
+            if let Some(clears) = e["clears_when"].as_str() {
+                out.push_str(&format!("  ends     when {clears}\n"));
             }
         }
-        out.push_str("resources\n");
-        for r in t["resources"].as_array().into_iter().flatten() {
-            out.push_str(&format!(
-                "  {} {}\n",
-                if r["active"].as_bool().unwrap_or(false) {
-                    "*"
-                } else {
-                    " "
-                },
-                r["text"].as_str().unwrap_or("?")
-            ));
-        }
     }
+    out.push_str("resources\n");
+    for r in t["resources"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  {} {}\n",
+            if r["active"].as_bool().unwrap_or(false) {
+                "*"
+            } else {
+                " "
+            },
+            r["text"].as_str().unwrap_or("?")
+        ));
+    }
+}
+
+/// The queues (the busiest first unless `all`), then the delayed tables nobody moves.
+fn render_queues(s: &Value, all: bool, out: &mut String) {
     out.push_str(&format!(
         "{:<28} {:<9} {:>5} {:>6} {:>10} {:>8} {:>6}  breaker\n",
         "queue", "model", "max", "limit", "in-flight", "depth", "loops"
@@ -342,7 +353,6 @@ fn render(s: &Value, all: bool) -> String {
             _ => {}
         }
     }
-    out
 }
 
 #[cfg(test)]

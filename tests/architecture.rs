@@ -290,7 +290,6 @@ const LONGER_ALLOWED: &[(&str, &str, &str)] = &[
         "validate_transport",
         "independent checks, one per setting, in the order host.toml lists them",
     ),
-    ("fleet/share.rs", "run_shares", "not yet split (#47)"),
     ("host/builder.rs", "start", "not yet split (#47)"),
     (
         "load/chart.rs",

@@ -200,56 +200,15 @@ pub(crate) async fn run_shares(
         _ = stop.cancelled() => return,
         _ = ready.cancelled() => {}
     }
-    let mut created = false;
-    let mut last_success = Instant::now();
-    let mut last: HashMap<QueueName, RoundOutcome> = HashMap::new();
-    // Whether rounds fail, and whether that has closed the gates yet (said once each).
-    let mut failing: Option<bool> = None;
+    let mut rounds = Rounds {
+        created: false,
+        last_success: Instant::now(),
+        last: HashMap::new(),
+        failing: None,
+    };
     while !stop.is_cancelled() {
         let config = settings();
-        let mut unsettled = false;
-        let mut failed = None;
-        for queue in &queues {
-            let Some(fleet_max) = queue.settings().fleet_max else {
-                queue.gate().set_fleet_share(u32::MAX);
-                continue;
-            };
-            let attempt = async {
-                if !created {
-                    shares.create_shares().await?;
-                    created = true;
-                }
-                let before = last.get(queue.name()).copied();
-                round(
-                    &*transport,
-                    shares,
-                    queue,
-                    fleet_max,
-                    me,
-                    config.gone_after,
-                    before,
-                )
-                .await
-            };
-            let outcome = within_cut_off(attempt, &queues, last_success, &config).await;
-            match outcome {
-                Ok(done) => {
-                    queue.metrics().fleet_share.set(done.target as f64);
-                    unsettled |= done.unsettled();
-                    last.insert(queue.name().clone(), done);
-                }
-                Err(e) => failed = Some(e),
-            }
-        }
-        match failed {
-            None => {
-                if failing.take().is_some() {
-                    tracing::info!("the rounds of the fleet-wide limits work again");
-                }
-                last_success = Instant::now();
-            }
-            Some(e) => close_when_cut_off(&queues, last_success, &config, &e, &mut failing),
-        }
+        let unsettled = rounds.pass(&*transport, shares, &queues, me, &config).await;
         let pause = match unsettled {
             true => SETTLE,
             false => config.share_interval,
@@ -260,8 +219,78 @@ pub(crate) async fn run_shares(
             _ = any_arrival(&queues) => tokio::time::sleep(SETTLE.min(pause)).await,
         }
     }
-    if created {
+    if rounds.created {
         give_back(shares, &queues, me).await;
+    }
+}
+
+/// What the rounds carry from one pass over the queues to the next.
+struct Rounds {
+    /// The share table exists (this instance's first round makes it).
+    created: bool,
+    /// When a pass last went through without a failure.
+    last_success: Instant,
+    /// Each queue's last round.
+    last: HashMap<QueueName, RoundOutcome>,
+    /// Whether rounds fail, and whether that has closed the gates yet (said once each).
+    failing: Option<bool>,
+}
+
+impl Rounds {
+    /// A round for every queue with a fleet-wide limit (a queue without one gets its gate's
+    /// share lifted); true when some share has not settled yet.
+    async fn pass(
+        &mut self,
+        transport: &dyn Transport,
+        shares: &dyn FleetShares,
+        queues: &[Arc<QueueRuntime>],
+        me: Uuid,
+        config: &FleetConfig,
+    ) -> bool {
+        let mut unsettled = false;
+        let mut failed = None;
+        for queue in queues {
+            let Some(fleet_max) = queue.settings().fleet_max else {
+                queue.gate().set_fleet_share(u32::MAX);
+                continue;
+            };
+            let created = &mut self.created;
+            let before = self.last.get(queue.name()).copied();
+            let attempt = async {
+                if !*created {
+                    shares.create_shares().await?;
+                    *created = true;
+                }
+                round(
+                    transport,
+                    shares,
+                    queue,
+                    fleet_max,
+                    me,
+                    config.gone_after,
+                    before,
+                )
+                .await
+            };
+            match within_cut_off(attempt, queues, self.last_success, config).await {
+                Ok(done) => {
+                    queue.metrics().fleet_share.set(done.target as f64);
+                    unsettled |= done.unsettled();
+                    self.last.insert(queue.name().clone(), done);
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        match failed {
+            None => {
+                if self.failing.take().is_some() {
+                    tracing::info!("the rounds of the fleet-wide limits work again");
+                }
+                self.last_success = Instant::now();
+            }
+            Some(e) => close_when_cut_off(queues, self.last_success, config, &e, &mut self.failing),
+        }
+        unsettled
     }
 }
 

@@ -261,26 +261,12 @@ pub(super) async fn retry(
         Ok(to) => to,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("to: {e}")),
     };
-    let stop = CancellationToken::new();
-    {
-        let mut state = job.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.as_ref().is_some_and(|s| s.finished.is_none()) {
-            return error(
-                StatusCode::CONFLICT,
-                "a retry is running: GET /errors/retry shows it, DELETE /errors/retry stops it",
-            );
-        }
-        *state = Some(JobState {
-            queue: queue.to_string(),
-            selected: 0,
-            moved: 0,
-            started: Utc::now(),
-            finished: None,
-            result: None,
-            error: None,
-            stop: stop.clone(),
-        });
-    }
+    let Some(stop) = job.begin(&queue) else {
+        return error(
+            StatusCode::CONFLICT,
+            "a retry is running: GET /errors/retry shows it, DELETE /errors/retry stops it",
+        );
+    };
     let publisher = host.publisher();
     let counter = publisher.clone();
     let meter = host.clone();
@@ -291,12 +277,7 @@ pub(super) async fn retry(
         let outcome = async {
             let ids = failed.select(&queue, &filter).await?;
             runner.update(|s| s.selected = ids.len() as u64);
-            let admit = move || {
-                let publisher = publisher.clone();
-                Box::pin(async move {
-                    publisher.admit().await;
-                }) as futures_util::future::BoxFuture<'static, ()>
-            };
+            let admit = paced_by(publisher);
             let progress = |moved: u64| runner.update(|s| s.moved = moved);
             let stored =
                 |q: &QueueName, m: &crate::message::OutgoingMessage| counter.published(q, m);
@@ -314,21 +295,7 @@ pub(super) async fn retry(
         if let Ok(done) = &outcome {
             meter.failed_handled(queue.as_str(), "retried", done.moved);
         }
-        match &outcome {
-            Ok(done) => {
-                tracing::info!(queue = %queue, moved = done.moved, no_source = done.no_source,
-                unreadable = done.unreadable, gone = done.gone, stopped = done.stopped,
-                "retry of failed messages ended")
-            }
-            Err(e) => tracing::warn!(queue = %queue, error = %e, "retry of failed messages failed"),
-        }
-        runner.update(|s| {
-            s.finished = Some(Utc::now());
-            match outcome {
-                Ok(done) => s.result = Some(done),
-                Err(e) => s.error = Some(e.to_string()),
-            }
-        });
+        runner.end(&queue, outcome);
     });
     (
         StatusCode::ACCEPTED,
@@ -337,7 +304,59 @@ pub(super) async fn retry(
         .into_response()
 }
 
+/// Waits, before each message a retry moves, for the host's publishing admission: the
+/// retry is paced by publishing throttling as the host's own sends are.
+fn paced_by(
+    publisher: Arc<crate::publish::Publisher>,
+) -> impl Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync {
+    move || {
+        let publisher = publisher.clone();
+        Box::pin(async move {
+            publisher.admit().await;
+        })
+    }
+}
+
 impl RetryJob {
+    /// Starts a job on `queue` unless one is running; its stop token.
+    fn begin(&self, queue: &QueueName) -> Option<CancellationToken> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.as_ref().is_some_and(|s| s.finished.is_none()) {
+            return None;
+        }
+        let stop = CancellationToken::new();
+        *state = Some(JobState {
+            queue: queue.to_string(),
+            selected: 0,
+            moved: 0,
+            started: Utc::now(),
+            finished: None,
+            result: None,
+            error: None,
+            stop: stop.clone(),
+        });
+        Some(stop)
+    }
+
+    /// Ends the job on `queue` with its outcome, said in the log.
+    fn end<E: std::fmt::Display>(&self, queue: &QueueName, outcome: Result<Retried, E>) {
+        match &outcome {
+            Ok(done) => {
+                tracing::info!(queue = %queue, moved = done.moved, no_source = done.no_source,
+                unreadable = done.unreadable, gone = done.gone, stopped = done.stopped,
+                "retry of failed messages ended")
+            }
+            Err(e) => tracing::warn!(queue = %queue, error = %e, "retry of failed messages failed"),
+        }
+        self.update(|s| {
+            s.finished = Some(Utc::now());
+            match outcome {
+                Ok(done) => s.result = Some(done),
+                Err(e) => s.error = Some(e.to_string()),
+            }
+        });
+    }
+
     fn update(&self, change: impl FnOnce(&mut JobState)) {
         if let Some(state) = self
             .state

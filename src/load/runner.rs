@@ -21,7 +21,7 @@ use self::ledger::Ledger;
 use self::recorder::Recorder;
 use self::session::{Session, delayed_waiting};
 
-use super::options::{Display, LoadError, LoadOptions, host_config};
+use super::options::{LoadError, LoadOptions, host_config};
 use super::peer::Peers;
 use super::record::{Accounting, RunResult};
 use super::scenario::{Phase, Scenario};
@@ -93,51 +93,24 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         ledger,
         body,
     } = prepare(scenario, options).await?;
-    let sample_interval = config.throttling.sample_interval;
     let resume_ratio = config.throttling.resume_ratio;
-    let throttling = &config.throttling;
-    let uncontrolled: Vec<Direction> = [
-        (Direction::Delivery, &throttling.delivery),
-        (Direction::Publishing, &throttling.publishing),
-    ]
-    .into_iter()
-    .filter(|(_, d)| d.override_mode == OverrideMode::Never)
-    .map(|(direction, _)| direction)
-    .collect();
-    // The run holds the simulate handlers itself, to turn their knobs phase by phase and read
-    // the latencies they saw; the host takes them as handlers registered by name.
+    let uncontrolled = uncontrolled(&config);
     let simulated = simulate_handlers(&config);
-    let mut builder = HostBuilder::new(config.clone())
-        .transport(transport.clone())
-        .observer(ledger.clone());
-    for (queue, handler) in &simulated {
-        builder = builder.shared_handler(queue, handler.clone());
-    }
-    let host = builder.start().await?;
-    let handle = host.handle();
-    let peers = match start_peers(scenario, options, &ledger) {
-        Ok(peers) => peers,
-        Err(e) => {
-            host.shutdown().await;
-            return Err(e);
-        }
-    };
-    if let Some(addr) = host.admin_address() {
-        tracing::info!("status: http://{addr}/status  metrics: http://{addr}/metrics");
-    }
+    let (host, peers) =
+        start_hosts(scenario, options, &config, &transport, &ledger, &simulated).await?;
     let started = Instant::now();
     let mut session = Session {
         scenario,
         options,
-        recorder: Recorder::start(&handle, &simulated, started, ledger.clone()),
-        host: handle,
+        recorder: Recorder::start(&host.handle(), &simulated, started, ledger.clone()),
+        host: host.handle(),
+        sample_interval: config.throttling.sample_interval,
         settings: config,
         simulated: simulated.into_iter().map(|(_, handler)| handler).collect(),
         admin: host.admin_address(),
         ledger,
         body,
         started,
-        sample_interval,
         sends: TaskTracker::new(),
         outstanding: Arc::new(Semaphore::new(MAX_OUTSTANDING_SENDS)),
         shown_at: f64::NEG_INFINITY,
@@ -145,22 +118,8 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         peers,
         peer_signal_failures: Vec::new(),
     };
-    session.play().await;
-    session.stop_load().await;
-    let busy_seconds = session.drain().await;
-    // The peers finish what they hold in flight and report it before the count is taken.
-    let mut peer_failures = match session.peers.take() {
-        Some(peers) => peers.stop().await,
-        None => Vec::new(),
-    };
-    peer_failures.append(&mut session.peer_signal_failures);
-    let cleared = session.settle().await;
-    if options.display == Display::Progress {
-        eprintln!();
-    }
-
+    let (busy_seconds, peer_failures, cleared) = session.run_through().await;
     let remaining = left_in(transport.as_ref(), &queue_names).await;
-    let description = transport.describe();
     let Session {
         recorder,
         spans,
@@ -172,7 +131,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     let phase_start = spans.first().map(|s| s.start).unwrap_or(0.0);
     Ok(RunResult {
         scenario: scenario.name.clone(),
-        transport: description,
+        transport: transport.describe(),
         samples,
         phases: spans,
         accounting: Accounting {
@@ -187,7 +146,53 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
     })
 }
 
-/// A simulate handler for each queue configured with one, by queue name.
+/// The directions whose override is `never`: their episodes are shown but not judged.
+fn uncontrolled(config: &Config) -> Vec<Direction> {
+    let throttling = &config.throttling;
+    [
+        (Direction::Delivery, &throttling.delivery),
+        (Direction::Publishing, &throttling.publishing),
+    ]
+    .into_iter()
+    .filter(|(_, d)| d.override_mode == OverrideMode::Never)
+    .map(|(direction, _)| direction)
+    .collect()
+}
+
+/// The host under load, on the run's transport, telling the ledger what it handles, with the
+/// run's simulate handlers; then the scenario's peer processes (if one cannot start, the host
+/// stops again).
+async fn start_hosts(
+    scenario: &Scenario,
+    options: &LoadOptions,
+    config: &Config,
+    transport: &Arc<dyn Transport>,
+    ledger: &Arc<Ledger>,
+    simulated: &[(String, Arc<SimulateHandler>)],
+) -> Result<(crate::host::Host, Option<Peers>), LoadError> {
+    let mut builder = HostBuilder::new(config.clone())
+        .transport(transport.clone())
+        .observer(ledger.clone());
+    for (queue, handler) in simulated {
+        builder = builder.shared_handler(queue, handler.clone());
+    }
+    let host = builder.start().await?;
+    let peers = match start_peers(scenario, options, ledger) {
+        Ok(peers) => peers,
+        Err(e) => {
+            host.shutdown().await;
+            return Err(e);
+        }
+    };
+    if let Some(addr) = host.admin_address() {
+        tracing::info!("status: http://{addr}/status  metrics: http://{addr}/metrics");
+    }
+    Ok((host, peers))
+}
+
+/// A simulate handler for each queue configured with one, by queue name: the run holds them
+/// itself, to turn their knobs phase by phase and read the latencies they saw, and the host
+/// takes them as handlers registered by name.
 fn simulate_handlers(config: &Config) -> Vec<(String, Arc<SimulateHandler>)> {
     config
         .queues

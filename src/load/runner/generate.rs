@@ -187,6 +187,17 @@ pub(super) async fn generate(
         produce_closed_loop(host, queue, &phase, cap, body, ledger, stop).await;
         return;
     }
+    offer_open_loop(&phase, length, &stop, || offer(&ledger)).await;
+}
+
+/// Offers at the phase's rate (ramping to `publish_rate_end` over `length` if it says so)
+/// until `stop`, whether or not earlier sends have finished.
+async fn offer_open_loop(
+    phase: &Phase,
+    length: Duration,
+    stop: &CancellationToken,
+    offer: impl Fn(),
+) {
     let peak = phase
         .publish_rate
         .max(phase.publish_rate_end.unwrap_or(0.0));
@@ -205,7 +216,7 @@ pub(super) async fn generate(
         due += rate * (now - last).as_secs_f64();
         last = now;
         while (offered as f64) < due.floor() {
-            offer(&ledger);
+            offer();
             offered += 1;
         }
         tokio::select! {

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::handlers::SimulateHandler;
 use crate::host::HostHandle;
 use crate::load::record::Sample;
+use crate::throttling::Snapshot;
 
 use super::ledger::Ledger;
 
@@ -49,25 +50,7 @@ impl Recorder {
                     }
                     Err(_) => return,
                 };
-                let queues = snapshot
-                    .queues
-                    .iter()
-                    .map(|q| {
-                        // What the queue's gate allows once this tick is applied: the least
-                        // of its max, the controller's limit, the downstream guards' limit
-                        // and this instance's fleet share.
-                        let limit = snapshot
-                            .decision
-                            .queue_limits
-                            .get(&q.load.name)
-                            .copied()
-                            .unwrap_or(q.load.max)
-                            .min(q.load.max)
-                            .min(q.downstream_limit.unwrap_or(u32::MAX))
-                            .min(q.fleet_share.unwrap_or(u32::MAX));
-                        (q.load.name.to_string(), limit, q.load.in_flight, q.depth)
-                    })
-                    .collect();
+                let queues = queue_rows(&snapshot);
                 let outage = snapshot.readings.downstream.outage.active;
                 let sample = Sample {
                     t: started.elapsed().as_secs_f64(),
@@ -110,6 +93,28 @@ impl Recorder {
         let _ = self.task.await;
         std::mem::take(&mut *self.samples.lock().unwrap_or_else(|e| e.into_inner()))
     }
+}
+
+/// Each queue at a tick: its name, what its gate allows once the tick is applied (the least
+/// of its max, the controller's limit, the downstream guards' limit and this instance's
+/// fleet share), in flight and depth.
+fn queue_rows(snapshot: &Snapshot) -> Vec<(String, u32, u32, u64)> {
+    snapshot
+        .queues
+        .iter()
+        .map(|q| {
+            let limit = snapshot
+                .decision
+                .queue_limits
+                .get(&q.load.name)
+                .copied()
+                .unwrap_or(q.load.max)
+                .min(q.load.max)
+                .min(q.downstream_limit.unwrap_or(u32::MAX))
+                .min(q.fleet_share.unwrap_or(u32::MAX));
+            (q.load.name.to_string(), limit, q.load.in_flight, q.depth)
+        })
+        .collect()
 }
 
 /// The latencies of every simulate handler since the last take, sorted.

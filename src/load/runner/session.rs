@@ -158,6 +158,26 @@ impl Session<'_> {
         });
     }
 
+    /// Plays the phases, lets the load stop and the queues drain, stops the peers (they
+    /// report what they held before the count is taken) and waits for the states to clear:
+    /// when the last message was done (seconds from the start), what the peers reported
+    /// wrong, and whether both directions cleared.
+    pub(super) async fn run_through(&mut self) -> (f64, Vec<String>, bool) {
+        self.play().await;
+        self.stop_load().await;
+        let busy_seconds = self.drain().await;
+        let mut peer_failures = match self.peers.take() {
+            Some(peers) => peers.stop().await,
+            None => Vec::new(),
+        };
+        peer_failures.append(&mut self.peer_signal_failures);
+        let cleared = self.settle().await;
+        if self.options.display == Display::Progress {
+            eprintln!();
+        }
+        (busy_seconds, peer_failures, cleared)
+    }
+
     /// Kills peer `number` (`kill -9`) and tells the ledger, which ends its handlings then.
     pub(super) fn kill_peer(&mut self, number: usize) {
         let outcome = match self.peers.as_mut() {

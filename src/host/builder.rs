@@ -11,12 +11,13 @@ use crate::config::{Config, TransactionMode};
 use crate::dispatch::{DispatchObserver, HostIdentity};
 use crate::handlers::Handler;
 use crate::metrics::Metrics;
+use crate::receive::QueueRuntime;
 use crate::throttling::sensors::{ResourceSensor, SystemSensor};
 use crate::throttling::service::{ServiceParts, ThrottleControl};
 use crate::throttling::{Clock, Throttle, TokioClock};
 use crate::transport::{self, QueueName, Transport};
 
-use super::plan::{ArrivalWakes, ConflictCounters, QueuePlan, known_queues, plan_queues};
+use super::plan::{ArrivalWakes, ConflictCounters, known_queues, plan_queues};
 use super::prepare::prepare_transport;
 use super::probe;
 use super::tasks::{
@@ -111,29 +112,19 @@ impl HostBuilder {
         let instance = config.host.effective_instance_id();
         metrics.host_info(&config.host.name, &instance, &transport.describe());
         let identity = HostIdentity::new(&config.host.name, &instance);
-        let QueuePlan {
-            queues,
-            handlers,
-            to_create,
-            error_queues,
-            simulated,
-        } = plan_queues(&config, &self.handlers, &metrics, &instance)?;
+        let plan = plan_queues(&config, &self.handlers, &metrics, &instance)?;
+        let queues = plan.queues;
         let (throttle, publisher, dispatcher) = message_path(
             &config,
             &transport,
             &metrics,
             identity,
-            handlers,
+            plan.handlers,
             self.observer,
         );
 
-        prepare_transport(&config, transport.as_ref(), &to_create, &queues).await?;
-        let mut arrivals_told = false;
-        if let Some(hooks) = transport.host_hooks() {
-            hooks.report_conflicts_to(Arc::new(ConflictCounters::of(&queues)));
-            let names: Vec<QueueName> = queues.iter().map(|q| q.name().clone()).collect();
-            arrivals_told = hooks.wake_on_arrival(&names, Arc::new(ArrivalWakes::of(&queues)));
-        }
+        prepare_transport(&config, transport.as_ref(), &plan.to_create, &queues).await?;
+        let arrivals_told = hook_into(transport.as_ref(), &queues);
 
         let adapter = Arc::new(probe::HostAdapter::new(
             &config,
@@ -141,21 +132,26 @@ impl HostBuilder {
             &dispatcher,
             &transport,
             &publisher,
-            error_queues,
+            plan.error_queues,
         ));
-        let (sensor, clock) = (self.sensor, self.clock);
-        let (control, controller) =
-            start_throttling(&config, sensor, clock, &throttle, adapter, &metrics)?;
+        let (control, controller) = start_throttling(
+            &config,
+            self.sensor,
+            self.clock,
+            &throttle,
+            adapter,
+            &metrics,
+        )?;
 
         let receive_ctx = start_receiving(&queues, &transport, &dispatcher, &throttle, &publisher);
-        let known_queues = known_queues(to_create, &queues, &metrics);
+        let known_queues = known_queues(plan.to_create, &queues, &metrics);
         let inner = Arc::new(HostInner {
             config: ArcSwap::from_pointee(config),
             config_path: self.config_path,
             instance,
             transport,
             queues,
-            simulated,
+            simulated: plan.simulated,
             known_queues,
             dispatcher,
             publisher,
@@ -171,11 +167,7 @@ impl HostBuilder {
         });
 
         if !arrivals_told {
-            inner.receive_ctx.tasks.spawn(super::arrival_scan::run(
-                inner.queues.clone(),
-                inner.transport.clone(),
-                inner.receive_ctx.stop.clone(),
-            ));
+            scan_for_arrivals(&inner);
         }
         let admin = announce(&inner, self.serve_admin)?;
         Ok(Host {
@@ -186,6 +178,26 @@ impl HostBuilder {
             admin,
         })
     }
+}
+
+/// Gives the transport's host hooks what they report to: each queue's conflict counter and
+/// its arrival wake. True when the transport wakes queues on arrival itself.
+fn hook_into(transport: &dyn Transport, queues: &[Arc<QueueRuntime>]) -> bool {
+    let Some(hooks) = transport.host_hooks() else {
+        return false;
+    };
+    hooks.report_conflicts_to(Arc::new(ConflictCounters::of(queues)));
+    let names: Vec<QueueName> = queues.iter().map(|q| q.name().clone()).collect();
+    hooks.wake_on_arrival(&names, Arc::new(ArrivalWakes::of(queues)))
+}
+
+/// Watches idle queues for arrivals the transport does not announce.
+fn scan_for_arrivals(inner: &HostInner) {
+    inner.receive_ctx.tasks.spawn(super::arrival_scan::run(
+        inner.queues.clone(),
+        inner.transport.clone(),
+        inner.receive_ctx.stop.clone(),
+    ));
 }
 
 /// The throttling controller, reading the host through `adapter`, started on the sensor and

@@ -94,7 +94,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
         body,
     } = prepare(scenario, options).await?;
     let resume_ratio = config.throttling.resume_ratio;
-    let uncontrolled = uncontrolled(&config);
+    let uncontrolled = uncontrolled_directions(&config);
     let simulated = simulate_handlers(&config);
     let (host, peers) =
         start_hosts(scenario, options, &config, &transport, &ledger, &simulated).await?;
@@ -147,7 +147,7 @@ pub async fn run(scenario: &Scenario, options: &LoadOptions) -> Result<RunResult
 }
 
 /// The directions whose override is `never`: their episodes are shown but not judged.
-fn uncontrolled(config: &Config) -> Vec<Direction> {
+fn uncontrolled_directions(config: &Config) -> Vec<Direction> {
     let throttling = &config.throttling;
     [
         (Direction::Delivery, &throttling.delivery),

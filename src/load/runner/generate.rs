@@ -164,9 +164,9 @@ pub(super) async fn generate(
             message = message.with_time_to_be_received(ttbr);
         }
         sends.spawn(async move {
-            let (id, logical_id) = (message.id, message.logical_id());
+            let sending = ledger.sending(&message);
             match host.send(queue.as_str(), message).await {
-                Ok(()) => ledger.sent_as(id, &logical_id),
+                Ok(()) => ledger.sent_as(sending),
                 Err(e) => {
                     ledger.send_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(error = %e, "a load-test send failed");
@@ -257,9 +257,9 @@ pub(super) async fn produce_closed_loop(
                 }
                 // A send already waiting when the phase ends still completes (nothing offered
                 // is dropped); the next one is not started.
-                let (id, logical_id) = (message.id, message.logical_id());
+                let sending = ledger.sending(&message);
                 match host.send(queue.as_str(), message).await {
-                    Ok(()) => ledger.sent_as(id, &logical_id),
+                    Ok(()) => ledger.sent_as(sending),
                     Err(e) => {
                         ledger.send_failures.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(error = %e, "a load-test send failed");

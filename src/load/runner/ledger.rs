@@ -146,6 +146,10 @@ pub(super) fn key_order_problems(key: usize, runs: &[KeyRun]) -> (u64, Option<St
     (count, first)
 }
 
+/// A message about to be sent, as the ledger will record it: its native id and ledger key
+/// when ids are tracked.
+pub(super) struct Sending(Option<(Uuid, Uuid)>);
+
 /// A logical id as a ledger key: itself when it is a UUID (the host's own ids), else a
 /// name-based UUID of its text.
 pub(super) fn ledger_key(logical: &str) -> Uuid {
@@ -183,15 +187,22 @@ impl Ledger {
     }
 
     pub(super) fn sent(&self, message: &OutgoingMessage) {
-        self.sent_as(message.id, &message.logical_id());
+        self.sent_as(self.sending(message));
     }
 
-    /// Records a message sent with this native id and logical id (a send that took the
-    /// message).
-    pub(super) fn sent_as(&self, id: Uuid, logical_id: &str) {
+    /// What the ledger needs of `message` to record it once a send has taken it (nothing
+    /// when it does not track ids, so a send costs no id text then).
+    pub(super) fn sending(&self, message: &OutgoingMessage) -> Sending {
+        Sending(
+            self.track_ids
+                .then(|| (message.id, ledger_key(&message.logical_id()))),
+        )
+    }
+
+    /// Records a message sent.
+    pub(super) fn sent_as(&self, Sending(ids): Sending) {
         self.sent.fetch_add(1, Ordering::Relaxed);
-        if self.track_ids {
-            let key = ledger_key(logical_id);
+        if let Some((id, key)) = ids {
             let mut ids = self.ids();
             if key != id {
                 ids.native.insert(id, key);

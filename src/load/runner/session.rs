@@ -214,10 +214,14 @@ impl Session<'_> {
             tracing::warn!("some sends did not finish within the drain timeout");
         }
         let throttling = &mut self.settings.throttling;
+        let mut lifted = false;
         for direction in [&mut throttling.delivery, &mut throttling.publishing] {
+            lifted |= direction.override_mode != OverrideMode::None;
             direction.override_mode = OverrideMode::None;
         }
-        self.host.apply_config(self.settings.clone());
+        if lifted {
+            self.host.apply_config(self.settings.clone());
+        }
         for sim in &self.simulated {
             let mut knobs = sim.knobs();
             knobs.memory_per_message = crate::config::ByteSize(0);
@@ -351,11 +355,11 @@ pub(super) async fn settle(
 
 /// Whether nothing is in process and every receiving queue and its delayed table is empty.
 pub(super) async fn drained(host: &HostHandle) -> bool {
-    let queues = host.status().queues;
-    if host.in_process() > 0 || queues.iter().any(|q| q.in_flight > 0) {
+    let status = host.status();
+    if status.in_process > 0 || status.queues.iter().any(|q| q.in_flight > 0) {
         return false;
     }
-    for q in &queues {
+    for q in &status.queues {
         let Ok(name) = QueueName::new(&q.name) else {
             return false;
         };

@@ -226,9 +226,6 @@ const BASE_THREADS: f64 = 10.0;
 /// Memory the simulated process holds with nothing running.
 const BASE_MEMORY: f64 = 16.0 * MIB;
 
-/// How often a publisher with nothing to offer looks at the phase again.
-const IDLE_CHECK: Duration = Duration::from_millis(10);
-
 /// How far a sender or the store may catch up on slots that fell due while the timer slept:
 /// tokio's timer wakes to the millisecond, and rates finer than that are served in small
 /// batches, as the admission serves a fine pace.
@@ -291,6 +288,8 @@ struct Plant {
     /// One permit per stored message that no receiver has claimed yet: a receiver goes for a
     /// message it knows is there, as the monitor model receives what its peek saw.
     stored: Semaphore,
+    /// The index of the phase on: publishers with nothing to offer wait for it to change.
+    phase_on: tokio::sync::watch::Sender<usize>,
     clock: TokioClock,
 }
 
@@ -530,6 +529,7 @@ async fn run_paused(
         max,
         gate: Arc::new(ConcurrencyGate::new(max)),
         stored: Semaphore::new(backlog as usize),
+        phase_on: tokio::sync::watch::Sender::new(0),
         clock: TokioClock::new(),
     });
     let throttle = Arc::new(Throttle::default());
@@ -578,6 +578,7 @@ async fn run_paused(
             w.phase = *phase;
             w.phase_index = index;
         }
+        plant.phase_on.send_replace(index);
         for _ in 0..phase.closed_loop.unwrap_or(0) {
             tokio::spawn(send_in_turn(plant.clone(), throttle.clone(), index));
         }
@@ -632,10 +633,13 @@ async fn receive_forever(plant: Arc<Plant>, throttle: Arc<Throttle>) {
 /// been admitted, each waiting on its own.
 async fn offer_open_loop(plant: Arc<Plant>, throttle: Arc<Throttle>) {
     let mut next = Instant::now();
+    let mut phase_on = plant.phase_on.subscribe();
     loop {
         let (_, phase) = plant.phase();
         if phase.closed_loop.is_some() || phase.offered_per_sec <= 0.0 {
-            tokio::time::sleep(IDLE_CHECK).await;
+            if phase_on.changed().await.is_err() {
+                return;
+            }
             next = Instant::now();
             continue;
         }
@@ -658,8 +662,8 @@ async fn send_in_turn(plant: Arc<Plant>, throttle: Arc<Throttle>, index: usize) 
             return;
         }
         if phase.offered_per_sec <= 0.0 {
-            tokio::time::sleep(IDLE_CHECK).await;
-            continue;
+            // Nothing to offer in this phase: the sender ends with it.
+            return;
         }
         let slot = plant.offer_slot(phase.offered_per_sec);
         if slot > Instant::now() {

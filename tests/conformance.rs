@@ -1004,6 +1004,8 @@ pub async fn a_held_key_waits_until_released(h: &dyn Harness) {
     assert_eq!(held.len(), 1, "{held:?}");
     assert_eq!(held[0].key, "a");
     assert_eq!(held[0].message_id, messages[0].id);
+    assert!(keys(&t).is_held(&q("in"), "a").await.unwrap());
+    assert!(!keys(&t).is_held(&q("in"), "b").await.unwrap());
     assert_eq!(held[0].reason, "boom: the handler failed");
     assert!(!held[0].held_at.is_empty());
     assert_eq!(
@@ -1014,6 +1016,7 @@ pub async fn a_held_key_waits_until_released(h: &dyn Harness) {
     assert_eq!(keys(&t).release_held(&q("in"), Some("b")).await.unwrap(), 0);
     assert_eq!(keys(&t).release_held(&q("in"), Some("a")).await.unwrap(), 1);
     assert!(keys(&t).held_keys(&q("in")).await.unwrap().is_empty());
+    assert!(!keys(&t).is_held(&q("in"), "a").await.unwrap());
     let again = t
         .receive(&q("in"))
         .await

@@ -79,7 +79,22 @@ impl Drop for KeyInFlight<'_> {
 }
 
 impl Dispatcher {
+    /// A received message, unless its key was held as it was taken: tried, then committed,
+    /// deferred, held or moved to the error queue.
     pub(super) async fn handle<'a>(
+        &'a self,
+        q: &'a QueueRuntime,
+        received: Box<dyn Received>,
+    ) -> Dispatched<'a> {
+        if self.taken_while_held(q, received.payload()).await {
+            release(q, received, "its key is held").await;
+            return Dispatched::Ended;
+        }
+        self.try_and_settle(q, received).await
+    }
+
+    /// Calls the handler on a received message and settles it by the verdict.
+    async fn try_and_settle<'a>(
         &'a self,
         q: &'a QueueRuntime,
         received: Box<dyn Received>,
@@ -117,7 +132,7 @@ impl Dispatcher {
                 return self.to_commit(q, received, done, Some(in_process), key);
             }
             Verdict::Released => {
-                release(q, received, id).await;
+                release(q, received, "outage mode: one at a time").await;
                 None
             }
             Verdict::Deferred(home, retry, failure) => {
@@ -297,6 +312,30 @@ fn without_forward_header(message: &Message) -> Option<Message> {
         })
 }
 
+impl Dispatcher {
+    /// A message this receive took although its key is held: the receive's statement began
+    /// before another receive's hold was committed and read the store as it was then. Asked
+    /// only on queues that hold failed keys. When the question cannot be answered the message
+    /// goes back too, to be asked again on its next receive (never tried while maybe held).
+    async fn taken_while_held(&self, q: &QueueRuntime, payload: &Payload) -> bool {
+        let Payload::Message(message) = payload else {
+            return false;
+        };
+        let (Some(key), Some(ordering)) = (hold_key_of(q, message), self.store.key_ordering())
+        else {
+            return false;
+        };
+        match ordering.is_held(q.name(), &key).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(queue = %q.name(), id = %message.id, %key, error = %e,
+                    "could not ask whether the message's key is held; it goes back to the queue");
+                true
+            }
+        }
+    }
+}
+
 /// The key a failure of `message` holds (`failed_key = "hold"`), when it has one.
 fn hold_key_of(q: &QueueRuntime, message: &Message) -> Option<String> {
     q.ordering()
@@ -307,10 +346,10 @@ fn hold_key_of(q: &QueueRuntime, message: &Message) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Outage mode: a message in flight beside others goes back to its place, to be tried one at
-/// a time.
-async fn release(q: &QueueRuntime, received: Box<dyn Received>, id: Uuid) {
-    tracing::debug!(queue = %q.name(), %id, "outage mode: message returned to the queue to be tried one at a time");
+/// A message goes back to its place untried, for the reason `why`.
+async fn release(q: &QueueRuntime, received: Box<dyn Received>, why: &str) {
+    let id = received.payload().id();
+    tracing::debug!(queue = %q.name(), ?id, why, "message returned to the queue untried");
     if let Err(e) = received.rollback().await {
         tracing::warn!(queue = %q.name(), %id, error = %e, "rollback failed (the connection was discarded; the message returns)");
     }

@@ -21,6 +21,8 @@ pub struct HeldStatements {
     pub insert: String,
     /// The holds of a queue table: key, message id, reason, held at (text), oldest first.
     pub list: String,
+    /// A row when a key of a queue table is held (queue table, key).
+    pub is_held: String,
     /// Lifts the holds of a queue table's key (queue table, key); the count comes back.
     pub release: String,
     /// Lifts every hold of a queue table; the count comes back.
@@ -69,6 +71,12 @@ pub trait KeyOrdering: Send + Sync {
         key: &str,
         reason: &str,
     ) -> Result<(), TransportError>;
+
+    /// Whether `key` of `queue` is held, read after the asker's receive took a message. A
+    /// receive whose statement began before a hold was committed reads the store as it was
+    /// then, and once the holding receive rolls back it may take the held message; a hold
+    /// committed before that rollback is seen by any statement that starts after the take.
+    async fn is_held(&self, queue: &QueueName, key: &str) -> Result<bool, TransportError>;
 
     /// The keys of `queue` held by a failed message ([`KeyOrdering::hold`]), oldest first.
     async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError>;

@@ -179,6 +179,10 @@ pub struct Counting {
     pub abilities: bool,
     /// Hides batch receive and key order too: a transport with the message path only.
     pub bare: bool,
+    /// A header and a key: the first message received with that key has its key held in the
+    /// store before the receive returns it. What a receive sees whose statement began before
+    /// another receive's hold was committed: it took a message that is now held.
+    pub held_once_taken: std::sync::Mutex<Option<(String, String)>>,
 }
 
 impl Counting {
@@ -192,6 +196,7 @@ impl Counting {
             batches: Default::default(),
             abilities: false,
             bare: false,
+            held_once_taken: Default::default(),
         })
     }
 
@@ -245,7 +250,23 @@ impl Transport for Counting {
         queue: &QueueName,
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
         self.receives.fetch_add(1, Ordering::Relaxed);
-        self.inner.receive(queue).await
+        let received = self.inner.receive(queue).await?;
+        if let Some(throttlehost::transport::Payload::Message(m)) =
+            received.as_ref().map(|r| r.payload())
+        {
+            let to_hold = {
+                let mut once = self.held_once_taken.lock().unwrap();
+                let matches = once.as_ref().is_some_and(|(h, k)| m.header(h) == Some(k));
+                if matches { once.take() } else { None }
+            };
+            if let Some((_, key)) = to_hold {
+                let ordering = self.inner.key_ordering().unwrap();
+                ordering
+                    .hold(queue, m.id, &key, "held by another receive")
+                    .await?;
+            }
+        }
+        Ok(received)
     }
     async fn peek_depth(&self, queue: &QueueName) -> Result<u64, TransportError> {
         self.peeks.fetch_add(1, Ordering::Relaxed);

@@ -78,6 +78,12 @@ impl crate::transport::KeyOrdering for MemoryTransport {
         Ok(())
     }
 
+    async fn is_held(&self, queue: &QueueName, key: &str) -> Result<bool, TransportError> {
+        let state = self.shared.queue(queue)?;
+        let held = lock(&state).held.iter().any(|h| h.key == key);
+        Ok(held)
+    }
+
     async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
         let state = self.shared.queue(queue)?;
         let held = lock(&state).held.clone();

@@ -80,6 +80,17 @@ impl crate::transport::KeyOrdering for PostgresTransport {
             .map_err(|e| map_error(e, Some(queue)))
     }
 
+    async fn is_held(&self, queue: &QueueName, key: &str) -> Result<bool, TransportError> {
+        let st = self.inner.statements(queue)?;
+        let held = held_statements(&quote_ident(&self.inner.schema));
+        let client = self.inner.client().await?;
+        client
+            .query_opt(&held.is_held, &[&st.table, &key])
+            .await
+            .map(|row| row.is_some())
+            .map_err(|e| map_error(e, Some(queue)))
+    }
+
     async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
         let st = self.inner.statements(queue)?;
         let client = self.inner.client().await?;

@@ -450,6 +450,7 @@ pub fn held_statements(schema: &str) -> HeldStatements {
             "SELECT key, message_id, reason, held_at::text FROM {table} \
              WHERE queue_table = $1 ORDER BY held_at, key"
         ),
+        is_held: format!("SELECT 1 FROM {table} WHERE queue_table = $1 AND key = $2 LIMIT 1"),
         release: format!("DELETE FROM {table} WHERE queue_table = $1 AND key = $2"),
         release_all: format!("DELETE FROM {table} WHERE queue_table = $1"),
         table,

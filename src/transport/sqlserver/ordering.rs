@@ -82,6 +82,23 @@ impl crate::transport::KeyOrdering for SqlServerTransport {
         })
     }
 
+    async fn is_held(&self, queue: &QueueName, key: &str) -> Result<bool, TransportError> {
+        let table = self.inner.statements(queue).table.clone();
+        let mut conn = self.inner.conn().await?;
+        let is_held = self.inner.held().is_held;
+        let row = async {
+            conn.query(is_held.as_str(), &[&table.as_str(), &key])
+                .await?
+                .into_row()
+                .await
+        }
+        .await;
+        row.map(|row| row.is_some()).map_err(|e| {
+            conn.broken |= !is_server_error(&e);
+            map_error(e, Some(queue))
+        })
+    }
+
     async fn held_keys(&self, queue: &QueueName) -> Result<Vec<HeldKey>, TransportError> {
         let table = self.inner.statements(queue).table.clone();
         let mut conn = self.inner.conn().await?;

@@ -317,6 +317,7 @@ WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE queue_table = @P1 AND message_id =
             "SELECT [key], message_id, reason, CONVERT(nvarchar(30), held_at, 121) FROM {table}
 WHERE queue_table = @P1 ORDER BY held_at, [key];"
         ),
+        is_held: format!("SELECT TOP (1) 1 FROM {table} WHERE queue_table = @P1 AND [key] = @P2;"),
         release: format!(
             "DELETE FROM {table} WHERE queue_table = @P1 AND [key] = @P2;
 SELECT CAST(@@ROWCOUNT AS bigint);"

@@ -373,6 +373,25 @@ async fn a_killed_receiver_keeps_its_keys_order_on(db: Db) {
     again.commit().await.unwrap();
 }
 
+/// Sends a/0, a/1, b/0, b/1 (keys a and b) to `queue`; the messages sent.
+async fn send_two_keys(transport: &dyn Transport, queue: &str) -> Vec<OutgoingMessage> {
+    let backlog: Vec<_> = [("a", "a/0"), ("a", "a/1"), ("b", "b/0"), ("b", "b/1")]
+        .iter()
+        .map(|(k, body)| OutgoingMessage::new(body.as_bytes().to_vec()).with_header(KEY, *k))
+        .collect();
+    transport.send_batch(&q(queue), &backlog).await.unwrap();
+    backlog
+}
+
+/// The keys of `queue` held now.
+async fn held_keys(
+    transport: &dyn Transport,
+    queue: &str,
+) -> Vec<throttlehost::transport::HeldKey> {
+    let ordering = transport.key_ordering().unwrap();
+    ordering.held_keys(&q(queue)).await.unwrap()
+}
+
 /// `failed_key = "hold"` through a host: a keyed message that fails after its retries stays
 /// in the queue and holds its key (its later message waits, other keys run, nothing goes to
 /// the error queue) until released; then it is handled first, and the rest of its key after.
@@ -409,11 +428,7 @@ async fn a_failed_message_holds_its_key_until_released() {
     let queue = "orders";
     let setup = db.transport(4).await;
     setup.admin().create_queue(&q(queue)).await.unwrap();
-    let backlog: Vec<_> = [("a", "a/0"), ("a", "a/1"), ("b", "b/0"), ("b", "b/1")]
-        .iter()
-        .map(|(k, body)| OutgoingMessage::new(body.as_bytes().to_vec()).with_header(KEY, *k))
-        .collect();
-    setup.send_batch(&q(queue), &backlog).await.unwrap();
+    let backlog = send_two_keys(setup.as_ref(), queue).await;
     let state = Arc::new(FailsFirstOfA {
         failing: AtomicBool::new(true),
         attempts: AtomicU32::new(0),
@@ -459,12 +474,7 @@ async fn a_failed_message_holds_its_key_until_released() {
         ["b/0", "b/1"],
         "a/1 waits behind a/0"
     );
-    let held = setup
-        .key_ordering()
-        .unwrap()
-        .held_keys(&q(queue))
-        .await
-        .unwrap();
+    let held = held_keys(setup.as_ref(), queue).await;
     assert_eq!(
         (held[0].key.as_str(), held[0].message_id),
         ("a", backlog[0].id)
@@ -544,11 +554,7 @@ async fn a_message_taken_as_its_key_was_held_goes_back_untried() {
     let queue = "orders";
     let transport = common::Counting::with_abilities(db.transport(8).await);
     transport.admin().create_queue(&q(queue)).await.unwrap();
-    let backlog: Vec<_> = [("a", "a/0"), ("a", "a/1"), ("b", "b/0"), ("b", "b/1")]
-        .iter()
-        .map(|(k, body)| OutgoingMessage::new(body.as_bytes().to_vec()).with_header(KEY, *k))
-        .collect();
-    transport.send_batch(&q(queue), &backlog).await.unwrap();
+    let backlog = send_two_keys(transport.as_ref(), queue).await;
     *transport.held_once_taken.lock().unwrap() = Some((KEY.to_string(), "a".to_string()));
     let handled = Arc::new(Mutex::new(Vec::new()));
     let mut config = db.config(queue, 4);
@@ -581,12 +587,7 @@ async fn a_message_taken_as_its_key_was_held_goes_back_untried() {
     );
     assert_eq!(*handled.lock().unwrap(), ["b/0", "b/1"], "a/0 never tried");
     assert_eq!(transport.peek_depth(&q(queue)).await.unwrap(), 2);
-    let held = transport
-        .key_ordering()
-        .unwrap()
-        .held_keys(&q(queue))
-        .await
-        .unwrap();
+    let held = held_keys(transport.as_ref(), queue).await;
     assert_eq!(
         (held.len(), held[0].message_id),
         (1, backlog[0].id),

@@ -9,7 +9,8 @@
 //! This file is the face: the transport, its shared state and the message path's core. The
 //! rooms: `connection` (libpq settings, errors), `store` (sends and the unit of work),
 //! `receive` (rows a receive returns, batches), `pipeline` (the one-query receive), `ordering`
-//! (held keys), `lanes` (the pool in lanes, shared fairly by many queues), `admin` (tables,
+//! (held keys), `lanes` (the pool in lanes, shared fairly by many queues), `found_empty`
+//! (receives that need not run: their queue was found empty while they waited), `admin` (tables,
 //! layout, purge), `delayed` (the delayed table), `listen`
 //! (notifications), `tls`, `failed` (the failed-messages store), [`fleet`] (instances and
 //! shares).
@@ -19,6 +20,7 @@ mod connection;
 mod delayed;
 mod failed;
 pub mod fleet;
+mod found_empty;
 mod lanes;
 mod listen;
 mod ordering;
@@ -87,6 +89,8 @@ struct Inner {
     /// Which pooled connections have which receive statements prepared under their SQL
     /// names (see `pipeline`).
     prepared_receives: Mutex<HashMap<(Lane, ObjectId), Vec<String>>>,
+    /// When each queue was last found empty, so receives that waited meanwhile need not run.
+    found_empty: found_empty::FoundEmpty,
     /// How the listening connection connects (see `listen`): the pool's settings.
     listen_with: (
         tokio_postgres::Config,
@@ -143,6 +147,7 @@ impl PostgresTransport {
                 silence: Arc::default(),
                 statements: RwLock::new(HashMap::new()),
                 prepared_receives: Mutex::new(HashMap::new()),
+                found_empty: Default::default(),
                 listen_with,
                 notify_on_insert: config.notify_on_insert,
                 stop_listening: tokio_util::sync::CancellationToken::new(),
@@ -460,7 +465,12 @@ impl Transport for PostgresTransport {
         queue: &QueueName,
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
         let st = self.inner.statements(queue)?;
+        let asked = tokio::time::Instant::now();
         let client = self.inner.client_for(queue).await?;
+        if self.inner.found_empty.since(queue, asked) {
+            return Ok(None);
+        }
+        let sent = tokio::time::Instant::now();
         let lane = client.lane();
         let transactional = self.inner.mode != TransactionMode::None;
         let (client, row) = self
@@ -494,7 +504,7 @@ impl Transport for PostgresTransport {
             .await?;
         self.inner
             .clone()
-            .received(queue, client, transactional, row)
+            .received(queue, (client, sent), transactional, row)
             .await
     }
 

@@ -18,12 +18,13 @@ use super::connection::map_error;
 use super::{Inner, PostgresTransport, discard};
 
 impl Inner {
-    /// Turns the receive statement's result into a [`Received`] (or ends an empty receive).
-    /// Whatever went wrong closes the connection: the server rolls its transaction back.
+    /// Turns the result of the receive statement `client` sent at `sent` into a [`Received`]
+    /// (or ends an empty receive, and notes when the queue was found empty). Whatever went
+    /// wrong closes the connection: the server rolls its transaction back.
     pub(super) async fn received(
         self: Arc<Self>,
         queue: &QueueName,
-        client: Lent,
+        (client, sent): (Lent, tokio::time::Instant),
         transactional: bool,
         row: Result<Option<RawRow>, TransportError>,
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
@@ -35,6 +36,7 @@ impl Inner {
             }
         };
         let Some(row) = row else {
+            self.found_empty.found(queue, sent);
             if transactional && let Err(e) = client.batch_execute("ROLLBACK").await {
                 discard(client);
                 return Err(map_error(e, Some(queue)));
@@ -55,7 +57,12 @@ impl Inner {
         if st.ordered {
             return Err(crate::transport::refuse_ordered_batch(queue));
         }
+        let asked = tokio::time::Instant::now();
         let client = self.client_for(queue).await?;
+        if self.found_empty.since(queue, asked) {
+            return Ok(Vec::new());
+        }
+        let sent = tokio::time::Instant::now();
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
         let (client, asked) = self
             .answered("a receive", client, async |c| {
@@ -82,6 +89,9 @@ impl Inner {
                 return Err(map_error(e, Some(queue)));
             }
         };
+        if rows.is_empty() {
+            self.found_empty.found(queue, sent);
+        }
         let decoded = rows.iter().map(|row| decode_row(queue, row)).collect();
         split_batch(self, queue, client, decoded).await
     }

@@ -258,6 +258,7 @@ impl SqlStore for Inner {
             }
         };
         // One round trip and one answer: `COMMIT; BEGIN; EXECUTE` (see `pipeline`).
+        let sent = tokio::time::Instant::now();
         let asked = self
             .answered("a commit", client, async |c| {
                 pipeline::begin_and_receive(c, true, &st.receive_name).await
@@ -276,7 +277,7 @@ impl SqlStore for Inner {
         };
         let (committed, row) = pipelined.outcome(queue);
         let next = match row {
-            Some(row) => Some(self.received(queue, client, true, row).await),
+            Some(row) => Some(self.received(queue, (client, sent), true, row).await),
             // The COMMIT failed: the next receive counts as not attempted.
             None => {
                 discard(client);

@@ -211,3 +211,60 @@ async fn an_ordered_queue_costs_no_more_when_idle_or_waiting_for_a_key() {
         );
     }
 }
+
+/// The monitor's first peeks are one read of every queue's depth, made before the receivers
+/// start: twenty idle queues send no peek of their own as the host starts (on PostgreSQL a
+/// thousand queues spent three quarters of a second peeking one by one before the first
+/// message was handled), and a queue that held messages has them handled.
+#[tokio::test(start_paused = true)]
+async fn the_first_peeks_are_one_read_of_every_queues_depth() {
+    let memory: Arc<dyn Transport> = Arc::new(MemoryTransport::new(TransactionMode::ReceiveOnly));
+    let names: Vec<String> = (0..20).map(|i| format!("q{i:02}")).collect();
+    for name in &names {
+        memory.admin().create_queue(&q(name)).await.unwrap();
+    }
+    for n in 0..3u8 {
+        memory
+            .send(&q("q00"), &OutgoingMessage::new(vec![n]))
+            .await
+            .unwrap();
+    }
+    let counting = Counting::new(memory);
+    let mut config = common::memory_config("q00");
+    config.host.admin_address = "off".into();
+    let template = config.queues.remove(0);
+    config.queues = names
+        .iter()
+        .map(|name| {
+            let mut queue = template.clone();
+            queue.name = name.clone();
+            queue.concurrency.model = ConcurrencyModel::Monitor;
+            queue.concurrency.peek_interval = Duration::from_secs(30);
+            queue
+        })
+        .collect();
+    let probe = Probe::new(Duration::ZERO);
+    let mut builder = HostBuilder::new(config).transport(counting.clone());
+    for name in &names {
+        builder = builder.handler(name, ProbeHandler(probe.clone()));
+    }
+    let host = builder.start().await.unwrap();
+    let reads = counting
+        .depth_reads
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(reads >= 1, "the depths were read together before receiving");
+    wait_until(
+        Duration::from_secs(5),
+        "the waiting messages handled",
+        || probe.handled() >= 3,
+    )
+    .await;
+    // Only the queue that had messages peeks again, after they were taken (at once, then
+    // after 50 ms): the idle ones peek next at their interval.
+    let peeks = counting.peeks();
+    assert!(
+        peeks <= 2,
+        "{peeks} peeks: the idle queues peeked by themselves at start"
+    );
+    host.shutdown().await;
+}

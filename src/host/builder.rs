@@ -18,7 +18,7 @@ use crate::throttling::{Clock, Throttle, TokioClock};
 use crate::transport::{self, QueueName, Transport};
 
 use super::plan::{ArrivalWakes, ConflictCounters, known_queues, plan_queues};
-use super::prepare::prepare_transport;
+use super::prepare::{prepare_transport, read_first_depths};
 use super::probe;
 use super::tasks::{
     AdminServer, RunningController, message_path, serve_admin, start_census, start_controller,
@@ -125,6 +125,7 @@ impl HostBuilder {
 
         prepare_transport(&config, transport.as_ref(), &plan.to_create, &queues).await?;
         let arrivals_told = hook_into(transport.as_ref(), &queues);
+        read_first_depths(&queues, transport.as_ref()).await;
 
         let adapter = Arc::new(probe::HostAdapter::new(
             &config,

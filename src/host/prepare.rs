@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::config::{Config, TransportKind};
+use crate::config::{ConcurrencyModel, Config, TransportKind};
 use crate::receive::QueueRuntime;
 use crate::transport::{QueueName, Transport, TransportError};
 
@@ -165,6 +165,24 @@ pub(super) async fn prepare_transport(
         purge_expired(transport, &receive_names).await;
     }
     Ok(())
+}
+
+/// Reads the depths of the queues that peek before they receive (the monitor model) in as
+/// few statements as the transport can, for each one's first peek
+/// ([`QueueRuntime::seed_first_peek`]); a queue whose read failed peeks by itself.
+pub(super) async fn read_first_depths(queues: &[Arc<QueueRuntime>], transport: &dyn Transport) {
+    let peekers: Vec<&Arc<QueueRuntime>> = queues
+        .iter()
+        .filter(|q| q.model() == ConcurrencyModel::Monitor)
+        .collect();
+    let names: Vec<QueueName> = peekers.iter().map(|q| q.name().clone()).collect();
+    let starts: Vec<_> = peekers.iter().map(|q| q.depth().read_started()).collect();
+    let depths = transport.peek_depths(&names).await;
+    for ((q, start), depth) in peekers.into_iter().zip(starts).zip(depths) {
+        if let Ok(depth) = depth {
+            q.seed_first_peek(depth, start);
+        }
+    }
 }
 
 /// The subscription table (created with the queues, as NServiceBus's installers create it)

@@ -220,6 +220,9 @@ pub(crate) struct QueueRuntime {
     /// their stage, a hold) become receivable without an insert, so a queue peeks rarely
     /// only while it was last seen empty.
     last_peek_empty: AtomicBool,
+    /// The depth the read of every queue at start found, until the first peek takes it
+    /// ([`arrivals::NOT_READ`] when none is waiting).
+    first_peek: AtomicU64,
     share_wanted: Notify,
     receiver_alive: AtomicBool,
 }
@@ -272,6 +275,7 @@ impl QueueRuntime {
             arrivals: Notify::new(),
             arrivals_notified: AtomicBool::new(false),
             last_peek_empty: AtomicBool::new(false),
+            first_peek: AtomicU64::new(arrivals::NOT_READ),
             share_wanted: Notify::new(),
             receiver_alive: AtomicBool::new(false),
         }
@@ -545,14 +549,13 @@ impl QueueRuntime {
     /// rows waiting, a peek can succeed while every receive fails, and must not disarm the
     /// breaker. Err is the pause before trying again.
     pub(crate) async fn peek(&self, transport: &dyn Transport) -> Result<u64, Duration> {
+        if let Some(depth) = self.take_first_peek() {
+            return Ok(depth);
+        }
         let start = self.depth.read_started();
         match transport.peek_depth(&self.name).await {
             Ok(depth) => {
-                if depth == 0 {
-                    self.breaker.success();
-                }
-                self.last_peek_empty.store(depth == 0, Ordering::Relaxed);
-                self.depth.set_read(depth, start);
+                self.peeked(depth, start);
                 Ok(depth)
             }
             Err(e) => {
@@ -560,6 +563,15 @@ impl QueueRuntime {
                 Err(self.breaker.failure(&e))
             }
         }
+    }
+
+    /// Records a peek's `depth`, read by a statement that began at `start`.
+    fn peeked(&self, depth: u64, start: crate::depth::ReadStart) {
+        if depth == 0 {
+            self.breaker.success();
+        }
+        self.last_peek_empty.store(depth == 0, Ordering::Relaxed);
+        self.depth.set_read(depth, start);
     }
 
     /// Counts a receive's result: the receive counters, the circuit breaker, and an empty

@@ -3,9 +3,11 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::FutureExt;
+// The runtime's clock: a handler's time follows a paused clock in tests as its sleeps do.
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::{FailedKey, TransactionMode};

@@ -124,7 +124,7 @@ impl Handler for SimulateHandler {
         let knobs = self.knobs.load_full();
         self.calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let called = std::time::Instant::now();
+        let called = tokio::time::Instant::now();
         // A downstream of limited capacity: calls past it wait their turn, so latency grows
         // with the calls made at once.
         let served = match self.downstream(knobs.downstream_capacity) {

@@ -1,14 +1,17 @@
-//! Every shipped load scenario, scaled down, through the real `throttlehost load` command. Each
-//! test states what it expects itself (which states appear and clear, control quality per
-//! episode, nothing lost by id) instead of trusting the run's own `passed`. A scenario whose
-//! verdict hangs on time or memory (control bounds, detection times, latencies, peaks) runs
-//! alone: process memory, threads and CPU are shared resources. Those that check only what
-//! was done (every message once, key order, stage barriers, error-queue counts) may run two
-//! at a time with each other.
+//! The shipped load scenarios that need the wall clock, scaled down, through the real
+//! `throttlehost load` command: those on PostgreSQL, and those whose cause is a real resource
+//! of the process (its memory, its threads, the machine's memory). The memory-transport
+//! scenarios with simulated causes run in paused time in tests/load_paused.rs. Each test
+//! states what it expects itself (which states appear and clear, control quality per episode,
+//! nothing lost by id) instead of trusting the run's own `passed`. A scenario whose verdict
+//! hangs on time or memory (control bounds, detection times, latencies, peaks) runs alone:
+//! process memory, threads and CPU are shared resources. Those that check only what was done
+//! (every message once, key order, stage barriers, error-queue counts) may run two at a time
+//! with each other.
 //!
-//! The scenarios whose control bounds `src/throttling/simulation/` checks in simulated
-//! time are ignored here, so the suite stays fast and its verdicts do not hang on the
-//! machine's load; `cargo test --test load_scenarios -- --ignored` runs them.
+//! The real-resource scenarios whose control bounds `src/throttling/simulation/` checks in
+//! simulated time are ignored here, so their verdicts do not hang on the machine's load;
+//! `cargo test --test load_scenarios -- --ignored` runs them.
 
 mod common;
 
@@ -17,6 +20,8 @@ use std::process::Command;
 use std::sync::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde_json::Value;
+
+use common::load::*;
 
 /// Held for writing by a run that must be alone, for reading by one that may share.
 static TURNS: RwLock<()> = RwLock::new(());
@@ -31,7 +36,6 @@ const CORRECTNESS_ONLY: &[&str] = &[
     "publish-fanout",
     "ordered-three-hosts",
     "staged-three-hosts",
-    "poison",
 ];
 
 /// This run's turn: shared with other correctness-only runs, else alone.
@@ -168,61 +172,6 @@ fn run_unscored(
     (summary, out, output)
 }
 
-fn assert_passed(name: &str, summary: &Value) {
-    assert_eq!(summary["passed"], true, "{name}: {summary:#}");
-    assert_eq!(summary["expectations_met"], true, "{name}");
-    assert_eq!(
-        summary["control_violations"].as_array().map(Vec::len),
-        Some(0),
-        "{name}: {summary:#}"
-    );
-    assert_eq!(summary["messages_lost"], 0, "{name}");
-    assert_eq!(summary["cleared"], true, "{name}");
-    assert!(summary["messages_sent"].as_u64().unwrap() > 0, "{name}");
-    assert_eq!(
-        summary["messages_sent"], summary["messages_processed"],
-        "{name}: every message processed"
-    );
-}
-
-/// Seconds a direction spent in a state (0 when never).
-fn seconds_in(summary: &Value, direction: &str, state: u8) -> f64 {
-    summary["states_observed"][direction][state.to_string()]
-        .as_f64()
-        .unwrap_or(0.0)
-}
-
-/// The state appeared and the run ended back at 0 in both directions.
-fn assert_appeared_and_cleared(name: &str, summary: &Value, direction: &str, state: u8) {
-    assert!(
-        seconds_in(summary, direction, state) > 0.0,
-        "{name}: {direction} state {state} never appeared: {summary:#}"
-    );
-    assert_eq!(
-        summary["cleared"], true,
-        "{name}: did not return to state 0"
-    );
-}
-
-/// Every episode of `condition` engaged within 2 ticks, peaked at most at `peak`, flipped at
-/// most twice and recovered within 10 s; at least one episode happened.
-fn assert_controlled(name: &str, summary: &Value, condition: &str, peak: f64) {
-    let episodes = episodes_of(summary, condition);
-    assert!(
-        !episodes.is_empty(),
-        "{name}: no {condition} episode: {summary:#}"
-    );
-    for e in episodes {
-        assert!(e["engage_samples"].as_u64().unwrap() <= 2, "{name}: {e}");
-        assert!(e["peak_ratio"].as_f64().unwrap() <= peak, "{name}: {e}");
-        assert!(e["flips"].as_u64().unwrap() <= 2, "{name}: {e}");
-        assert!(
-            e["recovery_seconds"].as_f64().unwrap() <= 10.0,
-            "{name}: {e}"
-        );
-    }
-}
-
 fn scenario(name: &str, scale: f64) -> Value {
     let (summary, out) = run(name, scale, None);
     assert_passed(name, &summary);
@@ -287,88 +236,10 @@ fn system_memory() {
 
 #[test]
 #[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn in_process_messages() {
-    let s = scenario("in-process", 0.6);
-    assert_appeared_and_cleared("in-process", &s, "delivery", 3);
-    assert_controlled("in-process", &s, "in_process", 1.15);
-    // The ceiling holds the count; the limit is never cut for it.
-    assert_eq!(s["min_concurrency_limit"]["orders"], 200);
-}
-
-/// One busy queue and two idle ones, each of max 200, under one in-process threshold of 150:
-/// the count is held for all of them together and every limit stays at its max.
-#[test]
-fn queues_share_the_in_process_threshold_by_demand_with_limits_at_max() {
-    let s = scenario("in-process-shared", 0.6);
-    assert_appeared_and_cleared("in-process-shared", &s, "delivery", 3);
-    assert_controlled("in-process-shared", &s, "in_process", 1.15);
-    for queue in ["orders", "invoices", "shipping"] {
-        assert_eq!(s["min_concurrency_limit"][queue], 200, "{queue}: {s:#}");
-    }
-}
-
-#[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
 fn thread_count() {
     let s = scenario("threads", 0.6);
     assert_appeared_and_cleared("threads", &s, "delivery", 9);
     assert_controlled("threads", &s, "threads", 1.15);
-}
-
-#[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn steady_loads_within_capacity_start_without_an_episode() {
-    let s = scenario("steady-starts", 1.0);
-    for direction in ["delivery", "publishing"] {
-        let states = s["states_observed"][direction].as_object().unwrap();
-        assert_eq!(
-            states.keys().collect::<Vec<_>>(),
-            ["0"],
-            "steady-starts: {direction} throttled: {s:#}"
-        );
-    }
-    assert!(s["episodes"].as_array().is_none_or(Vec::is_empty), "{s:#}");
-}
-
-#[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn delivery_rate_imbalance() {
-    let s = scenario("delivery-rate", 0.6);
-    assert_appeared_and_cleared("delivery-rate", &s, "delivery", 1);
-}
-
-#[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn publishing_rate_imbalance() {
-    let s = scenario("publishing-rate", 0.6);
-    assert_appeared_and_cleared("publishing-rate", &s, "publishing", 2);
-}
-
-#[test]
-#[ignore = "wall-clock; an override's state 10 on a running host is checked by tests/admin_api.rs and the console's browser test, the law by the controller's unit tests (run: cargo test --test load_scenarios -- --ignored)"]
-fn override_delivery() {
-    let s = scenario("override-delivery", 0.5);
-    assert_appeared_and_cleared("override-delivery", &s, "delivery", 10);
-    assert_eq!(seconds_in(&s, "publishing", 11), 0.0);
-}
-
-#[test]
-#[ignore = "wall-clock; overrides are checked by the controller's unit tests and tests/admin_api.rs (run: cargo test --test load_scenarios -- --ignored)"]
-fn override_publishing() {
-    let s = scenario("override-publishing", 0.5);
-    assert_appeared_and_cleared("override-publishing", &s, "publishing", 11);
-    assert_eq!(seconds_in(&s, "delivery", 10), 0.0);
-}
-
-#[test]
-#[ignore = "wall-clock; overrides are checked by the controller's unit tests and tests/admin_api.rs (run: cargo test --test load_scenarios -- --ignored)"]
-fn override_never() {
-    let s = scenario("override-never", 0.6);
-    assert_eq!(
-        s["states_observed"]["delivery"].as_object().unwrap().len(),
-        1,
-        "delivery stays at 0"
-    );
 }
 
 #[test]
@@ -421,175 +292,6 @@ fn memory_per_message_rising_in_steps_is_held_at_the_threshold() {
     assert_controlled("memory-steps", &s, "process_memory", 1.15);
 }
 
-/// Handler latency creeping from 10 ms to 1 s at a constant rate: in-process is held.
-#[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn handler_latency_creeping_up_is_held_at_the_in_process_threshold() {
-    let s = scenario("latency-creep", 0.6);
-    assert_appeared_and_cleared("latency-creep", &s, "delivery", 3);
-    assert_controlled("latency-creep", &s, "in_process", 1.15);
-}
-
-/// Slow handlers switched on and off, two rounds far enough apart to be two causes (a
-/// crossing within 10 s of the last cause's end is the same episode): every episode is
-/// controlled on its own.
-#[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn a_cause_switched_on_and_off_is_controlled_every_time() {
-    let s = scenario("on-off", 1.0);
-    assert_appeared_and_cleared("on-off", &s, "delivery", 3);
-    assert_controlled("on-off", &s, "in_process", 1.15);
-    let episodes = s["episodes"].as_array().unwrap().len();
-    assert_eq!(episodes, 2, "on-off: {episodes} episodes in 2 rounds");
-}
-
-/// Offered load hovering at the in-process threshold: one episode, held, not flipping with
-/// every dip below the resume line.
-#[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn a_load_hovering_at_the_threshold_is_one_steady_episode() {
-    assert_one_held_in_process_episode("hovering", 0.6);
-}
-
-/// Hovering with `resume_ratio = 1.0` (no band in value): still one episode of at most two
-/// state changes, held by the band in time and the minimum time in a state.
-#[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn without_hysteresis_a_hovering_load_does_not_flap() {
-    assert_one_held_in_process_episode("no-hysteresis", 1.0);
-}
-
-/// Offered load pinned 2 % above the in-process threshold: one episode, at most two flips.
-#[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn a_load_pinned_just_above_the_threshold_is_one_episode() {
-    assert_one_held_in_process_episode("pinned", 1.0);
-}
-
-/// Ten times the sends for 2 s into 1 s handlers past their limit: delivery rate imbalance
-/// is engaged and cleared within the bounds, once, for the burst (the start, the pipeline
-/// filling below the limit, is none), and what the pace held back is not let in at once when
-/// it ends.
-#[test]
-#[ignore = "wall-clock; delivery-rate bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn a_tenfold_delivery_burst_is_paced_once_and_clears_without_a_release_burst() {
-    let (s, out) = run("delivery-burst", 1.0, None);
-    assert_passed("delivery-burst", &s);
-    // No release burst: once the burst's own sends are in (it ends at 27 s), messages in
-    // process rise by at most 90 in one tick. A pace that ended with ~190 messages still
-    // queued let them in within two ticks (+122 in one); opening over a few samples, the
-    // largest rise was 48. (The burst itself adds 400/s x 0.25 s less what completes, about
-    // 90 in its first tick, before anything can be paced.)
-    let series: Vec<(f64, i64)> = timeline_columns(&out, ["t_seconds", "in_process"])
-        .into_iter()
-        .map(|[t, in_process]| (t.parse().unwrap(), in_process.parse().unwrap()))
-        .filter(|(at, _)| *at >= 27.0)
-        .collect();
-    let rise = series.windows(2).map(|w| w[1].1 - w[0].1).max().unwrap();
-    assert!(rise <= 90, "in process rose by {rise} in one tick");
-    assert_appeared_and_cleared("delivery-burst", &s, "delivery", 1);
-    assert_controlled("delivery-burst", &s, "rate_imbalance", f64::INFINITY);
-    let episodes = episodes_of(&s, "rate_imbalance").len();
-    assert_eq!(episodes, 1, "the burst alone: {:#}", s["episodes"]);
-}
-
-/// A backlog at start into 2 s handlers: delivery's rate imbalance engages within 2 samples,
-/// before the first message has completed, as one episode within the bounds.
-#[test]
-#[ignore = "wall-clock; the cold start is checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn a_backlog_at_start_engages_the_rate_imbalance_before_anything_completes() {
-    let (s, out) = run("cold-start", 1.0, None);
-    assert_passed("cold-start", &s);
-    let [_, done] = timeline_columns(&out, ["delivery_state", "messages_done"])
-        .into_iter()
-        .find(|[state, _]| state == "1")
-        .expect("state 1 appeared");
-    assert_eq!(done, "0", "engaged before the first completion");
-    assert_appeared_and_cleared("cold-start", &s, "delivery", 1);
-    assert_controlled("cold-start", &s, "rate_imbalance", f64::INFINITY);
-}
-
-/// The named columns of every row of a run's `timeline.csv`; removes the run's directory.
-fn timeline_columns<const N: usize>(out: &std::path::Path, names: [&str; N]) -> Vec<[String; N]> {
-    let csv = std::fs::read_to_string(out.join("timeline.csv")).unwrap();
-    let _ = std::fs::remove_dir_all(out);
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let columns = names.map(|name| header.iter().position(|c| *c == name).unwrap());
-    lines
-        .map(|l| l.split(',').collect::<Vec<_>>())
-        .map(|f| columns.map(|c| f[c].to_string()))
-        .collect()
-}
-
-/// The run's episodes of `condition`.
-fn episodes_of<'a>(s: &'a Value, condition: &str) -> Vec<&'a Value> {
-    s["episodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["condition"] == condition)
-        .collect()
-}
-
-fn assert_one_episode(name: &str, s: &Value, condition: &str) {
-    assert_eq!(
-        episodes_of(s, condition).len(),
-        1,
-        "{name}: {:#}",
-        s["episodes"]
-    );
-}
-
-/// An in-process scenario at `scale`: state 3 appears and clears, one episode within the
-/// bounds.
-fn assert_one_held_in_process_episode(name: &str, scale: f64) {
-    let s = scenario(name, scale);
-    assert_appeared_and_cleared(name, &s, "delivery", 3);
-    assert_controlled(name, &s, "in_process", 1.15);
-    assert_one_episode(name, &s, "in_process");
-}
-
-/// A 10x publish burst for 2 s against a slow store: publishing is paced (state 2) once,
-/// without flapping, and lets go once the store has caught up.
-#[test]
-fn a_publish_burst_is_paced_once_and_released() {
-    let (s, out) = run("burst", 0.6, None);
-    assert_passed("burst", &s);
-    assert_appeared_and_cleared("burst", &s, "publishing", 2);
-    // The timeline shows the pace and the sends it holds, and neither once state 0 is back.
-    let rows = timeline_columns(
-        &out,
-        [
-            "publishing_state",
-            "publishing_pace_per_second",
-            "publishing_waiting",
-        ],
-    );
-    let paced = |row: &[String; 3]| row[1].parse::<f64>().unwrap() > 0.0;
-    let waiting = |row: &[String; 3]| row[2].parse::<u64>().unwrap();
-    assert!(
-        rows.iter()
-            .any(|r| r[0] == "2" && paced(r) && waiting(r) > 0),
-        "no paced tick with sends waiting"
-    );
-    let last = rows.last().unwrap();
-    assert_eq!(
-        (last[0].as_str(), paced(last), waiting(last)),
-        ("0", false, 0)
-    );
-    let rate: Vec<&Value> = episodes_of(&s, "rate_imbalance")
-        .into_iter()
-        .filter(|e| e["direction"] == "publishing")
-        .collect();
-    assert!(!rate.is_empty(), "burst: no publishing rate episode: {s:#}");
-    for e in rate {
-        assert!(e["engage_samples"].as_u64().unwrap() <= 2, "{e}");
-        assert!(e["flips"].as_u64().unwrap() <= 2, "{e}");
-        assert!(e["recovery_seconds"].as_f64().unwrap() <= 10.0, "{e}");
-    }
-}
-
 /// Slow, memory-hungry handlers push in-process and process memory at once: memory (4) leads
 /// and is held; in-process never passes 1.15 x either (memory engages first and keeps it
 /// below its line, so it need not have an episode of its own).
@@ -618,15 +320,6 @@ fn two_causes_at_once_are_both_held() {
         "together: in-process peaked at {peak:.2} x its threshold"
     );
     let _ = std::fs::remove_dir_all(out);
-}
-
-/// Closed-loop producers against a consumer cut to 1: the backlog is held at its threshold.
-#[test]
-#[ignore = "wall-clock; its bounds are checked in simulated time by src/throttling/simulation/ (run: cargo test --test load_scenarios -- --ignored)"]
-fn closed_loop_producers_are_held_at_the_database_size() {
-    let s = scenario("closed-loop", 0.6);
-    assert_appeared_and_cleared("closed-loop", &s, "publishing", 6);
-    assert_controlled("closed-loop", &s, "database_size", 1.10);
 }
 
 #[test]
@@ -858,110 +551,6 @@ fn an_unmet_state_expectation_fails_the_run() {
     assert_eq!(summary["missing_states"][0], "delivery:5");
     let _ = std::fs::remove_file(path);
     let _ = std::fs::remove_dir_all(out_dir);
-}
-
-/// The record of phase `name`.
-fn phase<'a>(summary: &'a Value, name: &str) -> &'a Value {
-    summary["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == name)
-        .unwrap_or_else(|| panic!("no phase {name}: {summary:#}"))
-}
-
-fn number(v: &Value, field: &str) -> f64 {
-    v[field]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{field} missing in {v}"))
-}
-
-#[test]
-fn a_downstream_outage_puts_nothing_in_the_error_queue_and_gets_at_most_a_call_a_second() {
-    let s = scenario("outage", 0.5);
-    assert_appeared_and_cleared("outage", &s, "delivery", 12);
-    assert_eq!(s["messages_in_error_queue"], 0, "{s:#}");
-    let outage = phase(&s, "outage");
-    assert!(number(outage, "outage_detected_after") <= 2.0, "{outage}");
-    assert!(
-        number(outage, "calls_per_second_in_outage") <= 2.0,
-        "{outage}"
-    );
-    // The backlog and the delayed retries are handled within 60 s of the downstream's return.
-    let recovered = number(phase(&s, "recovered"), "start");
-    let last_done = number(&s, "busy_seconds") + number(phase(&s, "healthy"), "start");
-    assert!(
-        last_done - recovered <= 60.0,
-        "{last_done} vs {recovered}: {s:#}"
-    );
-}
-
-#[test]
-fn a_poisoned_message_among_good_ones_reaches_the_error_queue_without_outage_mode() {
-    let (s, _) = run("poison", 0.5, None);
-    assert_eq!(s["messages_lost"], 0, "{s:#}");
-    assert_eq!(s["cleared"], true, "{s:#}");
-    let sent = s["messages_sent"].as_u64().unwrap();
-    let poisoned = s["messages_in_error_queue"].as_u64().unwrap();
-    assert_eq!(
-        poisoned,
-        sent / 100,
-        "one in 100, after its delayed retries: {s:#}"
-    );
-    assert_eq!(s["messages_processed"].as_u64().unwrap() + poisoned, sent);
-    assert_eq!(seconds_in(&s, "delivery", 12), 0.0, "no outage mode: {s:#}");
-}
-
-#[test]
-fn the_latency_aware_limit_settles_near_the_best_concurrency_of_a_sweep() {
-    let s = scenario("saturation", 1.0);
-    let sweep: Vec<(f64, f64)> = ["fixed 1", "fixed 4", "fixed 8", "fixed 16", "fixed 64"]
-        .iter()
-        .map(|name| {
-            let p = phase(&s, name);
-            (
-                number(p, "mean_limit_second_half"),
-                number(p, "done_per_second"),
-            )
-        })
-        .collect();
-    let top = sweep.iter().map(|(_, rate)| *rate).fold(0.0, f64::max);
-    // The best concurrency: the lowest that reaches (nearly) the best throughput. The points
-    // on the plateau differ by noise: a clean-clone run measured 354 msg/s at 8 and 376 at
-    // 16 (94 %), and a 95 % line picked 16 there. 90 % still tells the plateau from the
-    // slope (4 reaches about half of it).
-    let (best, at_best) = sweep
-        .iter()
-        .find(|(_, rate)| *rate >= 0.9 * top)
-        .copied()
-        .unwrap();
-    // The unloaded latency: the median at concurrency 1 (a p99 there would carry any hiccup
-    // of the machine into the bound).
-    let unloaded = number(phase(&s, "fixed 1"), "latency_p50_ms");
-    let aware = phase(&s, "latency-aware");
-    let limit = number(aware, "mean_limit_second_half");
-    assert!(
-        (limit - best).abs() <= 0.2 * best,
-        "limit {limit} vs best {best} of the sweep {sweep:?}"
-    );
-    assert!(number(aware, "latency_p99_ms") <= 2.0 * unloaded, "{aware}");
-    // Throughput is held against what the sweep's best concurrency does per slot, times the
-    // slots the limit held on average: the limit's own cost (its cuts, its waits) shows there,
-    // while how far the limit sat from the best is the bound above. A bound against the rate
-    // at the best concurrency itself failed on a busy machine: a limit cut once (x0.9 from 8,
-    // floored to 7, held 20 intervals by design) averaged 7.2 and did 311 msg/s, 84 % of 368.5
-    // at 8 and 94 % of 7.2 slots' worth (a clean-clone CI run).
-    let per_slot = at_best / best;
-    let expected = per_slot * limit.min(best);
-    assert!(
-        number(aware, "done_per_second") >= 0.85 * expected,
-        "{aware} against {expected:.1} msg/s ({per_slot:.1} per slot at {best} in the sweep \
-         {sweep:?}, times the mean limit {limit})"
-    );
-    assert!(
-        number(phase(&s, "fixed 64"), "latency_p50_ms") > 2.0 * unloaded,
-        "a fixed 8x capacity queues: {s:#}"
-    );
 }
 
 /// A fleet-wide limit across processes while one is paused: three host processes share

@@ -2,6 +2,7 @@
 //! counts statements, polling helpers.
 #![allow(dead_code)]
 
+pub mod load;
 pub mod mssql;
 
 use std::sync::Arc;

@@ -1,5 +1,11 @@
 //! The admin HTTP endpoint: status, health, ingest (throttled, limited, authorised), override,
 //! and 4xx JSON errors for bad requests. Also `throttlehost status` against a running host.
+//!
+//! In paused time: on a single-threaded runtime the host runs its controller and endpoint on
+//! the test's runtime, and each request is made on a blocking thread, during which tokio does
+//! not move a paused clock; waits for a sample or a state take no wall time. Two tests stay on
+//! the wall clock with two workers: their subject is real threads blocked by handlers, and
+//! real sockets held open by slow clients against the endpoint's timeouts.
 
 mod common;
 
@@ -51,7 +57,7 @@ async fn ingest(
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn status_health_and_readiness() {
     let (host, base) = start("").await;
     first_sample(&host).await;
@@ -98,7 +104,7 @@ async fn status_health_and_readiness() {
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn ingest_accepts_rejects_and_explains() {
     let (host, base) = start("").await;
     let (status, body, _) = call(
@@ -186,7 +192,7 @@ async fn ingest_accepts_rejects_and_explains() {
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn override_is_set_through_the_api_and_bad_requests_get_json_errors() {
     let (host, base) = start("").await;
     let (status, body, _) = call(
@@ -238,7 +244,7 @@ async fn override_is_set_through_the_api_and_bad_requests_get_json_errors() {
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn mutating_routes_need_the_bearer_token() {
     let (host, base) = start("s3cret").await;
     let (status, body, _) = ingest(&base, vec![]).await;
@@ -303,7 +309,7 @@ impl throttlehost::throttling::sensors::ResourceSensor for OverOnceRunning {
 
 /// A process memory threshold far below what the process uses: the state, its cause in units,
 /// the action and the resume line all show in /status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_throttled_direction_is_explained_in_words_and_units() {
     let mut config = common::memory_config("orders");
     config.queues[0].handler = Some(HandlerConfig::Noop);
@@ -356,7 +362,7 @@ fn status_cli(url: &str) -> (i32, String) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn the_status_command_prints_a_table_and_says_by_exit_code_whether_throttling() {
     let (host, base) = start("").await;
     first_sample(&host).await;
@@ -585,7 +591,7 @@ async fn slow_and_flooding_clients_cannot_exhaust_the_admin_endpoint() {
 /// The console: the page and its assets come from the admin address with a CSP that allows
 /// no inline script; `/console/data` answers the status document and the history samples
 /// after the one asked for; a bad `after` is refused by name.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn the_console_page_and_its_data() {
     let (host, base) = start("").await;
     first_sample(&host).await;
@@ -673,7 +679,7 @@ async fn the_console_page_and_its_data() {
 
 /// `POST /queues/{name}/batch`: a JSON array stored in order with each message's expiry and
 /// headers; a bad element refuses the whole request, naming where, and stores nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_json_array_is_ingested_as_one_batch() {
     use throttlehost::transport::{Payload, QueueName};
     let (host, base) = start("").await;
@@ -755,7 +761,7 @@ impl throttlehost::Handler for Headers {
 
 /// HTTP lowercases header names on the wire; ingest stores them in their case: NServiceBus's
 /// names, the configured ordering key, and the names a request declares in `X-Header-Names`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn ingest_keeps_header_names_in_their_case() {
     let mut config = common::memory_config("orders");
     config.queues[0].ordering.key_header = "Sales.OrderId".into();
@@ -819,7 +825,7 @@ async fn raw(address: std::net::SocketAddr, request: String) -> (u16, String) {
 /// refused, reads included; a POST from another site's page is refused and stores nothing; the
 /// console's own page, a tool without `Origin`, and a name listed in `admin.allowed_hosts`
 /// pass.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_foreign_host_name_and_a_cross_site_post_are_refused() {
     let mut config = common::memory_config("orders");
     config.queues[0].handler = Some(HandlerConfig::Noop);

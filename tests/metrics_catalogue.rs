@@ -1,4 +1,6 @@
-//! Every metric named in DESIGN section 6 appears in /metrics of a running host.
+//! Every metric named in DESIGN section 6 appears in /metrics of a running host. In paused
+//! time: the host runs on the test's single-threaded runtime and each scrape on a blocking
+//! thread, during which tokio does not move a paused clock.
 
 mod common;
 
@@ -65,7 +67,7 @@ async fn metrics_text(host: &throttlehost::Host) -> String {
     text
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn every_design_metric_is_exported() {
     let mut config = common::memory_config("orders");
     config.queues[0].handler = Some(HandlerConfig::Simulate(SimulateConfig {
@@ -120,7 +122,7 @@ async fn every_design_metric_is_exported() {
 
 /// Sends held by a publishing override show as waiting in its admission, and leave it when
 /// the override ends; delivery, with nothing held, shows none.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn requests_held_in_an_admission_show_as_waiting() {
     let mut config = common::memory_config("orders");
     config.queues[0].handler = Some(HandlerConfig::Simulate(SimulateConfig::default()));
@@ -191,7 +193,7 @@ async fn requests_held_in_an_admission_show_as_waiting() {
 /// A queue set to `metrics = false` exports no series of its own, while its messages are
 /// handled and counted in `status` as any other queue's: with many queues, an operator keeps
 /// the series to the queues charted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_queue_with_metrics_off_has_no_series_and_is_still_counted() {
     let mut config = common::memory_config("charted");
     config.queues[0].handler = Some(HandlerConfig::Noop);

@@ -273,7 +273,8 @@ async fn a_downstream_outage_puts_nothing_in_the_error_queue_and_gets_at_most_a_
 
 #[tokio::test(start_paused = true)]
 async fn a_poisoned_message_among_good_ones_reaches_the_error_queue_without_outage_mode() {
-    let (s, _) = run("poison").await;
+    let (s, out) = run("poison").await;
+    let _ = std::fs::remove_dir_all(out);
     assert_eq!(s["messages_lost"], 0, "{s:#}");
     assert_eq!(s["cleared"], true, "{s:#}");
     let sent = s["messages_sent"].as_u64().unwrap();

@@ -12,13 +12,13 @@ mod common;
 use std::path::PathBuf;
 
 use serde_json::Value;
-use throttlehost::load::{self, LoadOptions, Scenario};
+use throttlehost::load::{self, LoadOptions, RunResult, Scenario};
 
 use common::load::*;
 
-/// Runs `load/<name>.toml` at its full length in this test's paused runtime and writes its
-/// outputs as the command does; returns the summary and the output directory.
-async fn run(name: &str) -> (Value, PathBuf) {
+/// Runs `load/<name>.toml` at its full length in this test's paused runtime; returns its
+/// summary and the run, whose timeline [`timeline_of`] writes for the tests that read it.
+async fn run(name: &str) -> (Value, RunResult) {
     let path = format!("load/{name}.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     let scenario = Scenario::parse(&text, &path).unwrap();
@@ -28,18 +28,26 @@ async fn run(name: &str) -> (Value, PathBuf) {
         ..LoadOptions::default()
     };
     let result = load::run(&scenario, &options).await.unwrap();
-    let summary = load::summarize(&result);
-    let out = std::env::temp_dir().join(format!("th-paused-{name}-{}", uuid::Uuid::new_v4()));
-    load::write_outputs(&result, &summary, &out).unwrap();
-    (serde_json::to_value(summary).unwrap(), out)
+    (
+        serde_json::to_value(load::summarize(&result)).unwrap(),
+        result,
+    )
 }
 
 /// Runs `load/<name>.toml`, which must pass, and returns its summary.
 async fn scenario(name: &str) -> Value {
-    let (summary, out) = run(name).await;
+    let (summary, _) = run(name).await;
     assert_passed(name, &summary);
-    let _ = std::fs::remove_dir_all(out);
     summary
+}
+
+/// Writes the run's `timeline.csv` as the command does, into a directory of its own that
+/// [`timeline_columns`] reads and removes.
+fn timeline_of(result: &RunResult) -> PathBuf {
+    let out = std::env::temp_dir().join(format!("th-paused-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&out).unwrap();
+    load::report::write_csv(result, &out.join("timeline.csv")).unwrap();
+    out
 }
 
 #[tokio::test(start_paused = true)]
@@ -159,18 +167,19 @@ async fn a_load_pinned_just_above_the_threshold_is_one_episode() {
 /// it ends.
 #[tokio::test(start_paused = true)]
 async fn a_tenfold_delivery_burst_is_paced_once_and_clears_without_a_release_burst() {
-    let (s, out) = run("delivery-burst").await;
+    let (s, result) = run("delivery-burst").await;
     assert_passed("delivery-burst", &s);
     // No release burst: once the burst's own sends are in (it ends at 27 s), messages in
     // process rise by at most 90 in one tick. A pace that ended with ~190 messages still
     // queued let them in within two ticks (+122 in one); opening over a few samples, the
     // largest rise was 48. (The burst itself adds 400/s x 0.25 s less what completes, about
     // 90 in its first tick, before anything can be paced.)
-    let series: Vec<(f64, i64)> = timeline_columns(&out, ["t_seconds", "in_process"])
-        .into_iter()
-        .map(|[t, in_process]| (t.parse().unwrap(), in_process.parse().unwrap()))
-        .filter(|(at, _)| *at >= 27.0)
-        .collect();
+    let series: Vec<(f64, i64)> =
+        timeline_columns(&timeline_of(&result), ["t_seconds", "in_process"])
+            .into_iter()
+            .map(|[t, in_process]| (t.parse().unwrap(), in_process.parse().unwrap()))
+            .filter(|(at, _)| *at >= 27.0)
+            .collect();
     let rise = series.windows(2).map(|w| w[1].1 - w[0].1).max().unwrap();
     assert!(rise <= 90, "in process rose by {rise} in one tick");
     assert_appeared_and_cleared("delivery-burst", &s, "delivery", 1);
@@ -183,9 +192,9 @@ async fn a_tenfold_delivery_burst_is_paced_once_and_clears_without_a_release_bur
 /// before the first message has completed, as one episode within the bounds.
 #[tokio::test(start_paused = true)]
 async fn a_backlog_at_start_engages_the_rate_imbalance_before_anything_completes() {
-    let (s, out) = run("cold-start").await;
+    let (s, result) = run("cold-start").await;
     assert_passed("cold-start", &s);
-    let [_, done] = timeline_columns(&out, ["delivery_state", "messages_done"])
+    let [_, done] = timeline_columns(&timeline_of(&result), ["delivery_state", "messages_done"])
         .into_iter()
         .find(|[state, _]| state == "1")
         .expect("state 1 appeared");
@@ -207,12 +216,12 @@ async fn assert_one_held_in_process_episode(name: &str) {
 /// without flapping, and lets go once the store has caught up.
 #[tokio::test(start_paused = true)]
 async fn a_publish_burst_is_paced_once_and_released() {
-    let (s, out) = run("burst").await;
+    let (s, result) = run("burst").await;
     assert_passed("burst", &s);
     assert_appeared_and_cleared("burst", &s, "publishing", 2);
     // The timeline shows the pace and the sends it holds, and neither once state 0 is back.
     let rows = timeline_columns(
-        &out,
+        &timeline_of(&result),
         [
             "publishing_state",
             "publishing_pace_per_second",
@@ -273,8 +282,7 @@ async fn a_downstream_outage_puts_nothing_in_the_error_queue_and_gets_at_most_a_
 
 #[tokio::test(start_paused = true)]
 async fn a_poisoned_message_among_good_ones_reaches_the_error_queue_without_outage_mode() {
-    let (s, out) = run("poison").await;
-    let _ = std::fs::remove_dir_all(out);
+    let (s, _) = run("poison").await;
     assert_eq!(s["messages_lost"], 0, "{s:#}");
     assert_eq!(s["cleared"], true, "{s:#}");
     let sent = s["messages_sent"].as_u64().unwrap();

@@ -7,7 +7,7 @@
 //! hangs on time or memory (control bounds, detection times, latencies, peaks) runs alone:
 //! process memory, threads and CPU are shared resources. Those that check only what was done
 //! (every message once, key order, stage barriers, error-queue counts) may run two at a time
-//! with each other.
+//! with each other, and do not ask the command's verdict where it would judge control.
 //!
 //! The real-resource scenarios whose control bounds `src/throttling/simulation/` checks in
 //! simulated time are ignored here, so their verdicts do not hang on the machine's load;
@@ -465,12 +465,19 @@ fn forwarding_batch_drain_on_postgres() {
 
 /// Publish/subscribe under throttling on PostgreSQL: each order's event reaches its three
 /// subscribers once (processed = 4 x sent: the order and three copies), and the subscribers'
-/// growth throttles publishing (state 6), handlers' events included.
+/// growth throttles publishing (state 6), handlers' events included. What was done, not how
+/// well the growth was held: this run shares the machine with other correctness runs, so the
+/// command's own verdict, which includes the episode's control bounds, is not asked (one read
+/// a peak of 1.13 against 1.12 while a build ran beside the suite). How well database size is
+/// held is `database_size_on_postgres`'s question, which runs alone, and the simulation's.
 #[test]
 fn a_handlers_events_reach_three_subscribers_under_throttling() {
     let schema = common::PgSchema::new();
-    let (s, out) = run("publish-fanout", 1.0, Some(&schema.name));
+    let (s, out, _) = run_unscored("publish-fanout", 1.0, Some(&schema.name));
     let _ = std::fs::remove_dir_all(out);
+    assert_eq!(s["expectations_met"], true, "{s:#}");
+    // Written only when a peer process failed to run or stop cleanly.
+    assert!(s.get("peer_failures").is_none(), "{s:#}");
     let sent = s["messages_sent"].as_u64().unwrap();
     assert!(sent > 500, "{s:#}");
     assert_eq!(s["messages_processed"].as_u64().unwrap(), 4 * sent, "{s:#}");

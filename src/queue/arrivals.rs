@@ -71,6 +71,13 @@ impl QueueRuntime {
             && self.last_peek_empty.load(Ordering::Relaxed)
     }
 
+    /// Whether a receive that found this queue empty tells as much as a peek would: every
+    /// arrival is told of, and receives pass over no row a peek counts (an ordered queue's
+    /// receive passes over rows that wait for their key or stage).
+    pub(crate) fn empty_receive_settles(&self) -> bool {
+        self.arrivals_notified.load(Ordering::Relaxed) && self.ordering().is_none()
+    }
+
     /// Whether the last peek found no message this host could take.
     pub(crate) fn last_seen_empty(&self) -> bool {
         self.last_peek_empty.load(Ordering::Relaxed)

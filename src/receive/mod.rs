@@ -309,9 +309,9 @@ impl Backoff {
 
     /// A back-off that starts at its longest wait (for a queue not yet seen busy).
     pub(crate) fn idle() -> Self {
-        Backoff {
-            current_ms: AtomicU64::new(u64::MAX / 4),
-        }
+        let backoff = Backoff::new();
+        backoff.rest();
+        backoff
     }
 
     /// The next wait of an idle receiver of `q`: as [`Backoff::next`] up to its idle peek
@@ -339,6 +339,11 @@ impl Backoff {
 
     pub(crate) fn reset(&self) {
         self.current_ms.store(FIRST_BACKOFF_MS, Ordering::Relaxed);
+    }
+
+    /// Back to its longest wait, as [`Backoff::idle`] starts: no quick follow-up is owed.
+    pub(crate) fn rest(&self) {
+        self.current_ms.store(u64::MAX / 4, Ordering::Relaxed);
     }
 }
 

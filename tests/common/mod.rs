@@ -184,6 +184,12 @@ pub struct Counting {
     /// store before the receive returns it. What a receive sees whose statement began before
     /// another receive's hold was committed: it took a message that is now held.
     pub held_once_taken: std::sync::Mutex<Option<(String, String)>>,
+    /// Tells the host of arrivals its sends make only, and that it tells of all of them, as
+    /// PostgreSQL's insert notification does: a message rolled back into its queue comes
+    /// unannounced.
+    pub sends_announced_only: bool,
+    /// Sends under way (arrivals told of meanwhile are theirs).
+    sending: Arc<AtomicU64>,
 }
 
 impl Counting {
@@ -198,7 +204,17 @@ impl Counting {
             abilities: false,
             bare: false,
             held_once_taken: Default::default(),
+            sends_announced_only: false,
+            sending: Default::default(),
         })
+    }
+
+    /// Hands out the abilities of `inner` (which must tell of arrivals), and tells of the
+    /// arrivals of sends only ([`Counting::sends_announced_only`]).
+    pub fn announcing_sends_only(inner: Arc<dyn Transport>) -> Arc<Self> {
+        let mut counting = Arc::into_inner(Counting::with_abilities(inner)).unwrap();
+        counting.sends_announced_only = true;
+        Arc::new(counting)
     }
 
     /// A transport with the message path of `inner` and no ability at all.
@@ -244,7 +260,10 @@ impl Transport for Counting {
         message: &OutgoingMessage,
     ) -> Result<(), TransportError> {
         self.sends.fetch_add(1, Ordering::Relaxed);
-        self.inner.send(queue, message).await
+        self.sending.fetch_add(1, Ordering::SeqCst);
+        let sent = self.inner.send(queue, message).await;
+        self.sending.fetch_sub(1, Ordering::SeqCst);
+        sent
     }
     async fn receive(
         &self,
@@ -302,7 +321,62 @@ impl Transport for Counting {
         self.inner.key_ordering().filter(|_| !self.bare)
     }
     fn host_hooks(&self) -> Option<&dyn throttlehost::transport::HostHooks> {
-        self.inner.host_hooks().filter(|_| self.abilities)
+        match self.sends_announced_only {
+            true => Some(self as _),
+            false => self.inner.host_hooks().filter(|_| self.abilities),
+        }
+    }
+}
+
+/// The inner transport's hooks, with arrivals told of only while a send is under way.
+impl throttlehost::transport::HostHooks for Counting {
+    fn silent_for(&self) -> Option<Duration> {
+        self.inner.host_hooks()?.silent_for()
+    }
+
+    fn report_conflicts_to(&self, sink: Arc<dyn throttlehost::transport::ConflictSink>) {
+        if let Some(hooks) = self.inner.host_hooks() {
+            hooks.report_conflicts_to(sink);
+        }
+    }
+
+    fn wake_on_arrival(
+        &self,
+        queues: &[QueueName],
+        sink: Arc<dyn throttlehost::transport::ArrivalSink>,
+    ) -> bool {
+        let sends_only = Arc::new(SendsOnly {
+            sink: sink.clone(),
+            sending: self.sending.clone(),
+        });
+        let told = self
+            .inner
+            .host_hooks()
+            .is_some_and(|hooks| hooks.wake_on_arrival(queues, sends_only));
+        // As PostgreSQL's listening connection says once it listens: from now on every
+        // insert is told of.
+        for queue in queues.iter().filter(|_| told) {
+            sink.listening(queue, true);
+        }
+        told
+    }
+}
+
+/// Passes on the arrivals told of while a send is under way.
+struct SendsOnly {
+    sink: Arc<dyn throttlehost::transport::ArrivalSink>,
+    sending: Arc<AtomicU64>,
+}
+
+impl throttlehost::transport::ArrivalSink for SendsOnly {
+    fn arrived(&self, queue: &QueueName) {
+        if self.sending.load(Ordering::SeqCst) > 0 {
+            self.sink.arrived(queue);
+        }
+    }
+
+    fn listening(&self, queue: &QueueName, notified: bool) {
+        self.sink.listening(queue, notified);
     }
 }
 

@@ -11,7 +11,11 @@
 //!   them, against the same MESSAGES in one queue (max 32, same pool), in turn ROUNDS times
 //!   (default 3): the medians of messages per second, of their ratio, of the median and the
 //!   worst queue's wait for its first message (seconds from the start of the host), of the
-//!   transactions per message at the database and of the CPU of both processes.
+//!   transactions per message at the database and of the CPU of both processes;
+//! - **wave**: after each drain, as many messages again, spread the same way and inserted in
+//!   one transaction, to the host that drained the first (its backends have touched every
+//!   table, as on a host that has run a while): the same figures from the commit, and each
+//!   round's ratio.
 //!
 //! `cargo run --release --example many_queues -- [SIZES] [IDLE_SECONDS] [MESSAGES]`
 //! (SIZES comma-separated, default `10,100,1000`; IDLE_SECONDS 20; MESSAGES 20 000;
@@ -200,29 +204,22 @@ struct Drain {
     cpu: (f64, f64),
 }
 
-/// Starts a host over `messages` already waiting and measures it until all are handled.
-async fn drain(db: &tokio_postgres::Client, config: Config, messages: usize) -> Drain {
-    let recorder = Arc::new(Recorder::default());
-    let me = std::process::id();
-    let host_process = move |pid: u32, _: &str| pid == me;
-    let tx0 = transactions(db).await;
-    let (host0, pg0) = (cpu_ticks(host_process), cpu_ticks(is_postgres));
-    let started = Instant::now();
-    let (host, _) = start(config.clone(), &recorder).await;
-    while recorder.handled.load(Ordering::Relaxed) < messages as u64 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let took = started.elapsed().as_secs_f64();
-    // PostgreSQL's CPU is read before the host stops: its backends end with their connections.
-    let cpu = (
-        cpu_percent(&host0, took, host_process),
-        cpu_percent(&pg0, took, is_postgres),
-    );
-    host.shutdown().await;
-    // A backend reports its transactions at most once a second, and at its exit: the host's
-    // have ended with it by now.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let transactions = (transactions(db).await - tx0 - 1) as f64 / messages as f64;
+/// What a wave of messages sent to a running host measured. Its backends have touched every
+/// table by then, as on a host that has run a while: a cold start pays about half a
+/// millisecond of PostgreSQL's CPU for each table each backend touches first.
+struct Wave {
+    /// Messages per second, from the commit of their insert to the last message handled.
+    rate: f64,
+    /// Seconds from the commit until a queue's first message was handled: the median
+    /// queue's and the worst queue's.
+    first_wait: (f64, f64),
+    /// Per cent of one core: this process, PostgreSQL's processes.
+    cpu: (f64, f64),
+}
+
+/// Seconds from `started` until each queue's first message, the median queue's and the
+/// worst's.
+fn first_waits(recorder: &Recorder, started: Instant) -> (f64, f64) {
     let mut firsts: Vec<f64> = recorder
         .first
         .lock()
@@ -231,11 +228,101 @@ async fn drain(db: &tokio_postgres::Client, config: Config, messages: usize) -> 
         .map(|t| t.duration_since(started).as_secs_f64())
         .collect();
     firsts.sort_by(f64::total_cmp);
-    Drain {
+    (firsts[firsts.len() / 2], firsts[firsts.len() - 1])
+}
+
+/// Waits until `recorder` has handled `count` messages in all.
+async fn handled(recorder: &Recorder, count: u64) {
+    while recorder.handled.load(Ordering::Relaxed) < count {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Starts a host over `messages` already waiting in `queues` of `schema` and measures it
+/// until all are handled (the drain); then sends it as many again, spread the same way, in
+/// one transaction and measures that wave too.
+async fn drain(
+    db: &tokio_postgres::Client,
+    config: Config,
+    (schema, queues): (&str, &[String]),
+    messages: usize,
+) -> (Drain, Wave) {
+    let recorder = Arc::new(Recorder::default());
+    let me = std::process::id();
+    let host_process = move |pid: u32, _: &str| pid == me;
+    let tx0 = transactions(db).await;
+    let (host0, pg0) = (cpu_ticks(host_process), cpu_ticks(is_postgres));
+    let started = Instant::now();
+    let (host, _) = start(config.clone(), &recorder).await;
+    handled(&recorder, messages as u64).await;
+    let took = started.elapsed().as_secs_f64();
+    let cpu = (
+        cpu_percent(&host0, took, host_process),
+        cpu_percent(&pg0, took, is_postgres),
+    );
+    // A backend reports its transactions at most once a second, and an idle one, when the
+    // lock it reports under is busy (40 backends went idle at once), 10 s later
+    // (PGSTAT_IDLE_INTERVAL): read after 2 s, a drain counted 0.78 transactions a message.
+    // The idle host's own statements in the meantime are a few dozen.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    // The two reads of the count are this program's own.
+    let transactions = (transactions(db).await - tx0 - 2) as f64 / messages as f64;
+    let drain = Drain {
         rate: messages as f64 / took,
-        first_wait: (firsts[firsts.len() / 2], firsts[firsts.len() - 1]),
+        first_wait: first_waits(&recorder, started),
         transactions,
         cpu,
+    };
+    let wave = wave(db, (schema, queues), messages, &recorder).await;
+    host.shutdown().await;
+    (drain, wave)
+}
+
+/// Inserts `messages` spread over `queues` in one transaction while the host that `recorder`
+/// counts for runs, and measures from the commit until they are handled.
+async fn wave(
+    db: &tokio_postgres::Client,
+    (schema, queues): (&str, &[String]),
+    messages: usize,
+    recorder: &Recorder,
+) -> Wave {
+    use std::fmt::Write;
+    if let [one] = queues {
+        // The drain left its rows dead at the head of the one table's index, where every
+        // receive would step over them until autovacuum came; a spread table has a few.
+        db.batch_execute(&format!("VACUUM \"{schema}\".\"{one}\""))
+            .await
+            .expect("vacuumed");
+    }
+    let mut insert = String::from("BEGIN;");
+    for (i, name) in queues.iter().enumerate() {
+        let count = messages / queues.len() + usize::from(i < messages % queues.len());
+        write!(
+            insert,
+            "INSERT INTO \"{schema}\".\"{name}\" (Id, Expires, Headers, Body) \
+             SELECT gen_random_uuid(), NULL, '{{}}', '\\x01'::bytea FROM generate_series(1, {count});"
+        )
+        .unwrap();
+    }
+    db.batch_execute(&insert).await.expect("the wave inserted");
+    recorder.first.lock().unwrap().clear();
+    let before = recorder.handled.load(Ordering::Relaxed);
+    let me = std::process::id();
+    let host_process = move |pid: u32, _: &str| pid == me;
+    let (host0, pg0) = (cpu_ticks(host_process), cpu_ticks(is_postgres));
+    let started = Instant::now();
+    db.batch_execute("COMMIT")
+        .await
+        .expect("the wave committed");
+    handled(recorder, before + messages as u64).await;
+    let took = started.elapsed().as_secs_f64();
+    Wave {
+        rate: messages as f64 / took,
+        first_wait: first_waits(recorder, started),
+        cpu: (
+            cpu_percent(&host0, took, host_process),
+            cpu_percent(&pg0, took, is_postgres),
+        ),
     }
 }
 
@@ -392,6 +479,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "spread cpu% host/pg",
         "one cpu% host/pg",
     );
+    let mut waves = Vec::new();
     for n in sizes {
         let schema = format!("th_many_{me}_{n}");
         drop_schema(&db, &schema).await;
@@ -408,15 +496,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let transport = PostgresTransport::connect(&spread_config.transport).await?;
         // Spread and one queue in turn, `rounds` times: a machine's noise falls on both.
         let (mut spread, mut alone) = (Vec::new(), Vec::new());
+        let (mut spread_waves, mut alone_waves) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             fill(&transport, &queues, messages).await;
-            spread.push(drain(&db, spread_config.clone(), messages).await);
+            let (cold, warm) =
+                drain(&db, spread_config.clone(), (&schema, &queues), messages).await;
+            spread.push(cold);
+            spread_waves.push(warm);
             // A new table each round: the dead rows of the last round's 20 000 would slow
             // every receive of the next until autovacuum came (a spread table has 20).
             let one = vec![format!("single{round}")];
             transport.create_queue(&QueueName::new(&one[0])?).await?;
             fill(&transport, &one, messages).await;
-            alone.push(drain(&db, config(&url, &schema, &one, 32), messages).await);
+            let one_config = config(&url, &schema, &one, 32);
+            let (cold, warm) = drain(&db, one_config, (&schema, &one), messages).await;
+            alone.push(cold);
+            alone_waves.push(warm);
         }
         drop(transport);
         drop_schema(&db, &schema).await;
@@ -446,6 +541,40 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             median(&alone, |d| d.cpu.0),
             median(&alone, |d| d.cpu.1),
         );
+        let wave_ratios: Vec<f64> = spread_waves
+            .iter()
+            .zip(&alone_waves)
+            .map(|(s, a)| s.rate / a.rate)
+            .collect();
+        let rounds = |ratios: &[f64]| {
+            let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            each.join(" ")
+        };
+        waves.push(format!(
+            "{n:>6} {:>10.0} {:>9.0} {:>6.2} {:>6.2} / {:<6.2} {:>5.0} / {:<5.0} {:>5.0} / {:<5.0}   {} | {}",
+            median(&spread_waves, |w| w.rate),
+            median(&alone_waves, |w| w.rate),
+            median(&wave_ratios, |r| *r),
+            median(&spread_waves, |w| w.first_wait.0),
+            median(&spread_waves, |w| w.first_wait.1),
+            median(&spread_waves, |w| w.cpu.0),
+            median(&spread_waves, |w| w.cpu.1),
+            median(&alone_waves, |w| w.cpu.0),
+            median(&alone_waves, |w| w.cpu.1),
+            rounds(&wave_ratios),
+            rounds(&ratios),
+        ));
+    }
+    // The same messages again, sent in one transaction to the host that drained the first
+    // ones: what a host that has run a while does.
+    println!();
+    println!("a wave of as many messages to the running host (warm backends):");
+    println!(
+        "{:>6} {:>10} {:>9} {:>6} {:>15} {:>13} {:>13}   ratio per round: wave | drain",
+        "queues", "spread m/s", "one m/s", "ratio", "1st wait p50/max", "spread cpu%", "one cpu%",
+    );
+    for line in waves {
+        println!("{line}");
     }
     Ok(())
 }

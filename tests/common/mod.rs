@@ -175,6 +175,8 @@ pub struct Counting {
     pub sends: AtomicU64,
     /// Messages taken by each batch receive that found any.
     pub batches: std::sync::Mutex<Vec<usize>>,
+    /// Batch receives asked of the inner transport that have not returned.
+    batches_out: AtomicU64,
     /// Hands out the inner transport's abilities (delayed delivery, the instance registry,
     /// fleet shares); without, the host runs as on a transport that has none.
     pub abilities: bool,
@@ -201,6 +203,7 @@ impl Counting {
             depth_reads: AtomicU64::new(0),
             sends: AtomicU64::new(0),
             batches: Default::default(),
+            batches_out: AtomicU64::new(0),
             abilities: false,
             bare: false,
             held_once_taken: Default::default(),
@@ -229,6 +232,11 @@ impl Counting {
         let mut counting = Arc::into_inner(Counting::new(inner)).unwrap();
         counting.abilities = true;
         Arc::new(counting)
+    }
+
+    /// Batch receives under way: asked of the inner transport, not returned yet.
+    pub fn batches_out(&self) -> u64 {
+        self.batches_out.load(Ordering::SeqCst)
     }
 
     pub fn receives(&self) -> u64 {
@@ -408,12 +416,15 @@ impl throttlehost::transport::BatchReceive for Counting {
         max: usize,
     ) -> Result<Vec<Box<dyn Received>>, TransportError> {
         self.receives.fetch_add(1, Ordering::Relaxed);
+        self.batches_out.fetch_add(1, Ordering::SeqCst);
         let batch = self
             .inner
             .batch_receive()
             .expect("handed out only when the inner transport has it")
             .receive_batch(queue, max)
-            .await?;
+            .await;
+        self.batches_out.fetch_sub(1, Ordering::SeqCst);
+        let batch = batch?;
         if !batch.is_empty() {
             self.batches.lock().unwrap().push(batch.len());
         }

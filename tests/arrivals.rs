@@ -202,7 +202,7 @@ async fn drained_host(
         .unwrap()
 }
 
-fn memory_queue() -> std::sync::Arc<throttlehost::transport::memory::MemoryTransport> {
+fn memory_transport() -> std::sync::Arc<throttlehost::transport::memory::MemoryTransport> {
     let memory =
         throttlehost::transport::memory::MemoryTransport::new(TransactionMode::ReceiveOnly);
     std::sync::Arc::new(memory)
@@ -214,7 +214,7 @@ fn memory_queue() -> std::sync::Arc<throttlehost::transport::memory::MemoryTrans
 /// that receive found. 1 000 queues drained at once made 6 000 of them.
 #[tokio::test(start_paused = true)]
 async fn a_queue_drained_to_empty_peeks_once_and_rests() {
-    let memory = memory_queue();
+    let memory = memory_transport();
     memory.admin().create_queue(&q("work")).await.unwrap();
     let counting = common::Counting::announcing_sends_only(memory);
     let probe = Probe::new(Duration::ZERO);
@@ -270,7 +270,7 @@ impl throttlehost::Handler for FailsFirstSendOnce {
 /// five minutes later.
 #[tokio::test(start_paused = true)]
 async fn a_message_given_back_after_the_queue_was_found_empty_is_found_at_once() {
-    let memory = memory_queue();
+    let memory = memory_transport();
     memory.admin().create_queue(&q("work")).await.unwrap();
     let counting = common::Counting::announcing_sends_only(memory);
     let probe = Probe::new(Duration::ZERO);

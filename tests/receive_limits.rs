@@ -1,5 +1,5 @@
-//! The effective limit: lowered under load it is obeyed at once; a reloaded max applies
-//! without a restart.
+//! The effective limit: lowered under load it is obeyed at once, also by receives that were
+//! out when it shrank; a reloaded max applies without a restart.
 
 mod common;
 
@@ -11,7 +11,7 @@ use throttlehost::HostBuilder;
 use throttlehost::config::{ConcurrencyModel, TransactionMode};
 use throttlehost::transport::Transport;
 
-use common::{PgBacklog, PgSchema, Probe, ProbeHandler, q, wait_until};
+use common::{Counting, PgBacklog, PgSchema, Probe, ProbeHandler, q, wait_until};
 
 async fn lowering_the_limit_is_obeyed_within_one_completion(model: ConcurrencyModel) {
     let backlog = PgBacklog::new("work", 2000, 24).await;
@@ -41,6 +41,73 @@ async fn lowering_the_limit_is_obeyed_within_one_completion(model: ConcurrencyMo
         "concurrency seen by handlers started after the change: {after:?}"
     );
     host.shutdown().await;
+}
+
+/// Receives that were out when the limit came down (held here as a frozen server holds them,
+/// the way a fleet share is taken back from a host whose database froze) bring their messages
+/// after it: all but what the new limit allows go back to the queue instead of running past
+/// it, and are handled later within it. Before, every one ran at once.
+async fn receives_out_across_a_lowered_limit_give_their_messages_back(
+    model: ConcurrencyModel,
+    receive_batch: u32,
+) {
+    let memory = Arc::new(throttlehost::transport::memory::MemoryTransport::new(
+        TransactionMode::ReceiveOnly,
+    ));
+    let counting = Counting::new(memory.clone());
+    let messages: Vec<_> = (0..4)
+        .map(|i| throttlehost::message::OutgoingMessage::new(format!("m{i}")))
+        .collect();
+    memory.admin().create_queue(&q("work")).await.unwrap();
+    memory.send_batch(&q("work"), &messages).await.unwrap();
+    counting.stall_receives(true);
+    let probe = Probe::new(Duration::from_millis(20));
+    let mut config = common::memory_config("work");
+    config.queues[0].concurrency.model = model;
+    config.queues[0].concurrency.max = 4;
+    config.queues[0].concurrency.receive_batch = receive_batch;
+    let host = HostBuilder::new(config.clone())
+        .transport(counting.clone() as Arc<dyn Transport>)
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    // Four single receives, or one batch of four.
+    let out = 4 / receive_batch as u64;
+    wait_until(Duration::from_secs(10), "all 4 messages taken", || {
+        counting.stalled() == out
+    })
+    .await;
+
+    config.queues[0].concurrency.max = 1;
+    assert!(host.handle().apply_config(config).is_empty());
+    counting.stall_receives(false);
+    wait_until(Duration::from_secs(10), "all 4 handled", || {
+        probe.handled() == 4
+    })
+    .await;
+    assert_eq!(
+        probe.peak.load(Ordering::SeqCst),
+        1,
+        "handlers at once after the limit came down to 1"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_gives_back_what_came_past_a_lowered_limit() {
+    receives_out_across_a_lowered_limit_give_their_messages_back(ConcurrencyModel::Fixed, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_came_past_a_lowered_limit_goes_back_whole() {
+    receives_out_across_a_lowered_limit_give_their_messages_back(ConcurrencyModel::Fixed, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_gives_back_what_came_past_a_lowered_limit() {
+    receives_out_across_a_lowered_limit_give_their_messages_back(ConcurrencyModel::Monitor, 1)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,6 +57,12 @@ pub(crate) async fn receive_some(
     if batch.len() <= 1 {
         return account(q, Ok(batch.pop()));
     }
+    if !super::within_limit(q) {
+        // The limit shrank while the batch was out: none of it runs; dropping its messages
+        // rolls the whole batch back (see `give_back_past_the_limit`).
+        tracing::debug!(queue = %q.name(), messages = batch.len(), "a batch is given back: the queue's limit shrank while it was received");
+        return ReceiveOutcome::GivenBack;
+    }
     let ended = Arc::new(BatchEnd::default());
     let first = batch.remove(0);
     for (received, permit) in batch.into_iter().zip(permits) {

@@ -85,13 +85,17 @@ pub(crate) enum ReceiveOutcome {
     Empty,
     /// The transport failed; pause this long before trying again.
     Failed(Duration),
+    /// What came went back to the queue: the queue's limit shrank while the receive was out
+    /// ([`give_back_past_the_limit`]).
+    GivenBack,
 }
 
 /// What one turn of a receive loop came to.
 pub(crate) enum Turn {
     /// The host is stopping.
     Stop,
-    /// Messages were handled; the loop receives again at once.
+    /// Messages were handled, or what came was given back because the limit shrank; the loop
+    /// goes again at once (and waits at the gate for a permit).
     Handled,
     /// The queue had nothing for us.
     Empty,
@@ -113,7 +117,7 @@ pub(crate) async fn turn(
     let Some((permit, receiving)) = admit_then_acquire(q, ctx).await else {
         return Turn::Stop;
     };
-    let received = batch::receive_some(q, ctx).await;
+    let received = give_back_past_the_limit(q, batch::receive_some(q, ctx).await);
     drop(receiving);
     let outcome = match received {
         ReceiveOutcome::Got(received) => {
@@ -134,6 +138,7 @@ pub(crate) async fn turn(
     match outcome {
         ReceiveOutcome::Empty => Turn::Empty,
         ReceiveOutcome::Failed(wait) => Turn::Failed(wait),
+        ReceiveOutcome::GivenBack => Turn::Handled,
         ReceiveOutcome::Got(_) => unreachable!("process ends a chain only on a non-message"),
     }
 }
@@ -203,6 +208,23 @@ fn within_limit(q: &QueueRuntime) -> bool {
     q.gate().in_flight() <= q.gate().effective()
 }
 
+/// A message that came while the gate shrank below the permits held (a fleet share taken
+/// back while a frozen database held the receive, a throttling cut) goes back to the queue
+/// instead of running past the limit: the permit that fetched it was taken under the old
+/// limit. Checked for every receive, the first of a turn as much as one that came with a
+/// commit; before, a receive stuck in a frozen server ran its message at the thaw beside the
+/// full share the others had taken meanwhile (6 at once for a fleet limit of 4).
+fn give_back_past_the_limit(q: &QueueRuntime, outcome: ReceiveOutcome) -> ReceiveOutcome {
+    match outcome {
+        ReceiveOutcome::Got(received) if !within_limit(q) => {
+            tracing::debug!(queue = %q.name(), "a message is given back: the queue's limit shrank while it was received");
+            drop(received);
+            ReceiveOutcome::GivenBack
+        }
+        other => other,
+    }
+}
+
 /// Processes a received message and, while the commits bring the queue's next message along,
 /// the messages after it; `on_message` is called for each follow-on message. The dispatcher
 /// takes each message as far as its commit; this path decides whether the commit brings the
@@ -232,15 +254,9 @@ pub(crate) async fn process(
                 return None;
             }
         };
-        match account(q, next?) {
-            // The gate shrank while the receive was out with the commit (a fleet share taken
-            // back while the database was frozen, a throttling cut): its message goes back to
-            // the queue instead of running past the limit, and this permit is given back.
-            ReceiveOutcome::Got(received) if !within_limit(q) => {
-                tracing::debug!(queue = %q.name(), "a message that came with a commit is given back: the queue's limit shrank meanwhile");
-                drop(received);
-                return None;
-            }
+        match give_back_past_the_limit(q, account(q, next?)) {
+            // The permit is given back with the message.
+            ReceiveOutcome::GivenBack => return None,
             ReceiveOutcome::Got(received) => {
                 on_message();
                 current = received;

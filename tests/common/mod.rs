@@ -192,6 +192,11 @@ pub struct Counting {
     pub sends_announced_only: bool,
     /// Sends under way (arrivals told of meanwhile are theirs).
     sending: Arc<AtomicU64>,
+    /// While true, a receive that found a message holds it before returning it, as a frozen
+    /// server holds its answer ([`Counting::stall_receives`]).
+    stall: tokio::sync::watch::Sender<bool>,
+    /// Receives holding a message until the stall ends.
+    stalled: AtomicU64,
 }
 
 impl Counting {
@@ -209,6 +214,8 @@ impl Counting {
             held_once_taken: Default::default(),
             sends_announced_only: false,
             sending: Default::default(),
+            stall: tokio::sync::watch::Sender::new(false),
+            stalled: AtomicU64::new(0),
         })
     }
 
@@ -237,6 +244,27 @@ impl Counting {
     /// Batch receives under way: asked of the inner transport, not returned yet.
     pub fn batches_out(&self) -> u64 {
         self.batches_out.load(Ordering::SeqCst)
+    }
+
+    /// Receives that find a message hold it until `false` is set: they answer late, as those
+    /// of a frozen server do, with what they took before.
+    pub fn stall_receives(&self, stall: bool) {
+        self.stall.send_replace(stall);
+    }
+
+    /// Receives holding a message until the stall ends.
+    pub fn stalled(&self) -> u64 {
+        self.stalled.load(Ordering::SeqCst)
+    }
+
+    /// Waits, when a receive `found` messages, until the stall ends.
+    async fn held_while_stalled(&self, found: bool) {
+        if found && *self.stall.borrow() {
+            self.stalled.fetch_add(1, Ordering::SeqCst);
+            let mut stall = self.stall.subscribe();
+            let _ = stall.wait_for(|stalled| !stalled).await;
+            self.stalled.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     pub fn receives(&self) -> u64 {
@@ -279,6 +307,7 @@ impl Transport for Counting {
     ) -> Result<Option<Box<dyn Received>>, TransportError> {
         self.receives.fetch_add(1, Ordering::Relaxed);
         let received = self.inner.receive(queue).await?;
+        self.held_while_stalled(received.is_some()).await;
         if let Some(throttlehost::transport::Payload::Message(m)) =
             received.as_ref().map(|r| r.payload())
         {
@@ -428,6 +457,7 @@ impl throttlehost::transport::BatchReceive for Counting {
         if !batch.is_empty() {
             self.batches.lock().unwrap().push(batch.len());
         }
+        self.held_while_stalled(!batch.is_empty()).await;
         Ok(batch)
     }
 }

@@ -294,6 +294,54 @@ async fn a_message_given_back_after_the_queue_was_found_empty_is_found_at_once()
     host.shutdown().await;
 }
 
+/// A fleet-limited queue whose instance holds no share (it gave it back when its receivers
+/// found the queue empty) and whose arrivals are told of: a message that comes unannounced (rolled back by a crashed
+/// host, its notification lost) is seen by the share round's peek, which takes a share and
+/// wakes the receivers sleeping out the safety interval. Before, the round opened the gate
+/// and the receivers slept on: the message waited for the next depth read (hourly here) or
+/// the safety-net peek five minutes later.
+#[tokio::test(start_paused = true)]
+async fn a_share_round_that_finds_a_message_wakes_the_idle_receivers() {
+    let memory = memory_transport();
+    memory.admin().create_queue(&q("work")).await.unwrap();
+    let counting = common::Counting::announcing_sends_only(memory);
+    let probe = Probe::new(Duration::ZERO);
+    let mut config = common::memory_config("work");
+    config.host.admin_address = "off".into();
+    config.throttling.database_size_refresh = Duration::from_secs(3600);
+    config.fleet.share_interval = Duration::from_millis(200);
+    let queue = &mut config.queues[0];
+    queue.concurrency.model = ConcurrencyModel::Fixed;
+    queue.concurrency.max = 4;
+    queue.concurrency.fleet_max = Some(4);
+    queue.delayed_delivery.enabled = false;
+    let host = HostBuilder::new(config)
+        .transport(counting.clone())
+        .handler("work", ProbeHandler(probe.clone()))
+        .start()
+        .await
+        .unwrap();
+    // A first message, told of: the receivers find the queue empty after it and go idle.
+    picked_up(
+        &probe,
+        1,
+        counting.send(&q("work"), &OutgoingMessage::new(vec![0])),
+    )
+    .await;
+    // Long enough for the receivers' follow-up peeks to end in the safety interval.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(host.handle().fleet_share("work"), Some(0), "idle: no share");
+    picked_up(
+        &probe,
+        2,
+        counting
+            .inner
+            .send(&q("work"), &OutgoingMessage::new(vec![1])),
+    )
+    .await;
+    host.shutdown().await;
+}
+
 /// A message due in a second, stored in the delayed table by its send.
 fn delayed() -> OutgoingMessage {
     OutgoingMessage::new(vec![2]).with_delay(Duration::from_secs(1))

@@ -129,23 +129,7 @@ pub(crate) async fn round(
     last: Option<RoundOutcome>,
 ) -> Result<RoundOutcome, TransportError> {
     let gate = &queue.gate();
-    // Every place of its share in use: it wants more, whatever a peek would say (and a peek
-    // under load costs a statement, or on Babelfish waits behind the receives' locks).
-    let share = gate.fleet_share();
-    let saturated = share > 0 && gate.in_flight() >= share;
-    let waiting = match saturated {
-        true => true,
-        false => {
-            let depth = transport.peek_depth(queue.name()).await?;
-            queue.depth().set(depth);
-            depth > 0
-        }
-    };
-    let wanted = match waiting {
-        true => gate.local_limit(),
-        false => gate.in_flight(),
-    }
-    .min(fleet_max);
+    let wanted = wanted(transport, queue).await?.min(fleet_max);
     // Idle and already written down as idle: nothing to decide, no transaction (an idle queue
     // costs its peek only).
     if wanted == 0 && last.is_some_and(|l| l.quiet()) {
@@ -174,6 +158,33 @@ pub(crate) async fn round(
         target: target_now,
         granted: claim.granted,
         wanted,
+    })
+}
+
+/// What this instance wants of `queue`'s fleet-wide limit: its own limit while messages wait
+/// or every place of its share is in use, else what it has in flight.
+async fn wanted(transport: &dyn Transport, queue: &QueueRuntime) -> Result<u32, TransportError> {
+    let gate = queue.gate();
+    // Every place of its share in use: it wants more, whatever a peek would say (and a peek
+    // under load costs a statement, or on Babelfish waits behind the receives' locks).
+    let share = gate.fleet_share();
+    let saturated = share > 0 && gate.in_flight() >= share;
+    let waiting = match saturated {
+        true => true,
+        false => {
+            let start = queue.depth().read_started();
+            let depth = transport.peek_depth(queue.name()).await?;
+            queue.depth().set_read(depth, start);
+            // Receivers sleeping out the long safety interval (their arrivals are told of)
+            // look now: a message that came without a notification, or whose notification
+            // was lost, is otherwise left to the next depth read, after the gate opened.
+            queue.depth_read(depth);
+            depth > 0
+        }
+    };
+    Ok(match waiting {
+        true => gate.local_limit(),
+        false => gate.in_flight(),
     })
 }
 

@@ -78,6 +78,13 @@ async fn receives_out_across_a_lowered_limit_give_their_messages_back(
         counting.stalled() == out
     })
     .await;
+    if receive_batch > 1 {
+        assert_eq!(
+            *counting.batches.lock().unwrap(),
+            [4],
+            "the messages out across the change came in one batch of four"
+        );
+    }
 
     config.queues[0].concurrency.max = 1;
     assert!(host.handle().apply_config(config).is_empty());

@@ -295,11 +295,11 @@ async fn a_message_given_back_after_the_queue_was_found_empty_is_found_at_once()
 }
 
 /// A fleet-limited queue whose instance holds no share (it gave it back when its receivers
-/// found the queue empty) and whose arrivals are told of: a message that comes unannounced (rolled back by a crashed
-/// host, its notification lost) is seen by the share round's peek, which takes a share and
-/// wakes the receivers sleeping out the safety interval. Before, the round opened the gate
-/// and the receivers slept on: the message waited for the next depth read (hourly here) or
-/// the safety-net peek five minutes later.
+/// found the queue empty) and whose arrivals are told of: a message that comes unannounced
+/// (rolled back by a crashed host, its notification lost) is seen by the share round's peek,
+/// which takes a share and wakes the receivers sleeping out the safety interval. Before, the
+/// round opened the gate and the receivers slept on: the message waited for the next depth
+/// read (hourly here) or the safety-net peek five minutes later.
 #[tokio::test(start_paused = true)]
 async fn a_share_round_that_finds_a_message_wakes_the_idle_receivers() {
     let memory = memory_transport();

@@ -101,17 +101,17 @@ async fn receives_out_across_a_lowered_limit_give_their_messages_back(
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn fixed_gives_back_what_came_past_a_lowered_limit() {
     receives_out_across_a_lowered_limit_give_their_messages_back(ConcurrencyModel::Fixed, 1).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_batch_that_came_past_a_lowered_limit_goes_back_whole() {
     receives_out_across_a_lowered_limit_give_their_messages_back(ConcurrencyModel::Fixed, 4).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn monitor_gives_back_what_came_past_a_lowered_limit() {
     receives_out_across_a_lowered_limit_give_their_messages_back(ConcurrencyModel::Monitor, 1)
         .await;
